@@ -1,0 +1,188 @@
+"""``python -m spark_jobs <command>``: parse arguments, call one function, map errors to exit codes.
+
+Exit codes: 0 ok, 1 unexpected failure, 2 bad arguments or spec, 3 bad or missing input,
+4 lake (Delta) problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from spark_jobs.errors import InputError, PipelineError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from spark_jobs.spec import PipelineSpec
+
+log = logging.getLogger("spark_jobs")
+
+
+def _spec(args: argparse.Namespace) -> PipelineSpec:
+    from spark_jobs.spec import load_spec
+
+    return load_spec(args.pipeline, lake=args.lake, source_path=getattr(args, "source_path", None))
+
+
+def _session(args: argparse.Namespace, app: str) -> SparkSession:
+    from spark_jobs.session import SessionConfig, build_session
+
+    kwargs: dict[str, Any] = {"app_name": f"spark_jobs {app}", "progress": sys.stderr.isatty()}
+    if args.master:
+        kwargs["master"] = args.master
+    if args.shuffle_partitions:
+        kwargs["shuffle_partitions"] = args.shuffle_partitions
+    try:
+        return build_session(SessionConfig(**kwargs))
+    except ValueError as exc:
+        raise PipelineError(str(exc)) from exc
+
+
+def _dates(first: str, last: str | None) -> list[str]:
+    import datetime as dt
+
+    from spark_jobs.jobs.combine import parse_date
+
+    start, end = dt.date.fromisoformat(parse_date(first)), dt.date.fromisoformat(parse_date(last or first))
+    if end < start:
+        raise InputError(f"--to {end} is before --date/--from {start}; swap them")
+    return [(start + dt.timedelta(days=i)).isoformat() for i in range((end - start).days + 1)]
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from spark_jobs.jobs.generate import GenerateConfig, generate
+
+    try:
+        config = GenerateConfig(out=args.out, days=args.days, rows_per_day=args.rows_per_day, seed=args.seed,
+                                format=args.format, start=args.start, files_per_day=args.files_per_day)
+    except ValueError as exc:
+        raise InputError(str(exc)) from exc
+    result = generate(config, progress=not args.quiet)
+    print(f"wrote {result.rows:,} events ({result.bad_rows:,} bad on purpose) in {result.files} {args.format} "
+          f"files, {result.dates[0]}..{result.dates[-1]}, under {args.out}")
+    return 0
+
+
+def cmd_combine(args: argparse.Namespace) -> int:
+    from spark_jobs.jobs import combine
+
+    spec = _spec(args)
+    dates = _dates(args.date, args.to)
+    spark = _session(args, "combine")
+    for date in dates:
+        print(combine.run(spark, spec, date, run_id=args.run_id).summary())
+    return 0
+
+
+def cmd_reduce(args: argparse.Namespace) -> int:
+    from spark_jobs.jobs import reduce
+
+    spec = _spec(args)
+    spark = _session(args, "reduce")
+    print(reduce.run(spark, spec, run_id=args.run_id, full=args.full).summary())
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Combine each day of a range, then reduce once: a backfill without Airflow."""
+    from spark_jobs.jobs import combine, reduce
+
+    spec = _spec(args)
+    dates = _dates(args.date, args.to)
+    spark = _session(args, "run")
+    for date in dates:
+        print(combine.run(spark, spec, date).summary())
+    print(reduce.run(spark, spec).summary())
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from spark_jobs.inspect.cli import run_inspect
+
+    return run_inspect(args)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from spark_jobs.bench import run_bench
+
+    return run_bench(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m spark_jobs", description=__doc__.split("\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log each step")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def spark_opts(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--master", help="Spark master URL (default $SPARK_MASTER or local[*])")
+        p.add_argument("--shuffle-partitions", type=int, help="spark.sql.shuffle.partitions (default 8)")
+
+    def spec_opts(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--pipeline", required=True, help="pipeline spec YAML, e.g. pipelines/page_views.yaml")
+        p.add_argument("--lake", help="override the spec's lake root")
+        p.add_argument("--source-path", help="override the spec's source.path")
+        p.add_argument("--run-id", help="run id to record (default: generated)")
+        spark_opts(p)
+
+    g = sub.add_parser("generate", help="write sample events, hive-partitioned by event_date")
+    g.add_argument("--out", required=True, help="landing directory, e.g. data/landing/page_views")
+    g.add_argument("--days", type=int, default=3)
+    g.add_argument("--rows-per-day", type=int, default=100_000)
+    g.add_argument("--seed", type=int, default=7)
+    g.add_argument("--format", default="parquet", help="parquet, json or csv")
+    g.add_argument("--start", default="2024-03-01", help="first event_date (YYYY-MM-DD)")
+    g.add_argument("--files-per-day", type=int, default=2)
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    g.set_defaults(func=cmd_generate)
+
+    c = sub.add_parser("combine", help="pre-aggregate landing day(s) into partials (replaces those days)")
+    spec_opts(c)
+    c.add_argument("--date", required=True, help="event_date to combine, YYYY-MM-DD")
+    c.add_argument("--to", help="last date of a range to combine (inclusive)")
+    c.set_defaults(func=cmd_combine)
+
+    r = sub.add_parser("reduce", help="merge new partials into the aggregates table, exactly once")
+    spec_opts(r)
+    r.add_argument("--full", action="store_true", help="re-merge every key, not only the changed ones")
+    r.set_defaults(func=cmd_reduce)
+
+    run = sub.add_parser("run", help="combine a date range, then reduce (one Spark session)")
+    spec_opts(run)
+    run.add_argument("--date", "--from", dest="date", required=True, help="first date, YYYY-MM-DD")
+    run.add_argument("--to", help="last date (inclusive; default: the first)")
+    run.set_defaults(func=cmd_run)
+
+    from spark_jobs.inspect.cli import add_inspect_parser
+
+    add_inspect_parser(sub).set_defaults(func=cmd_inspect)
+
+    b = sub.add_parser("bench", help="benchmarks (not tests): ratios against Spark baselines")
+    b.add_argument("suite", choices=["batch"], help="which benchmark")
+    b.add_argument("--events", type=int, default=10_000_000)
+    b.add_argument("--days", type=int, default=30)
+    b.add_argument("--work-dir", default="/tmp/spark_jobs_bench")
+    spark_opts(b)
+    b.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        return int(args.func(args) or 0)
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""The accumulator contract every aggregate implements, after Flink's ``AggregateFunction``.
+
+An aggregate never sees the whole group: rows are folded into an *accumulator* with
+``accumulate`` (the combine side), and accumulators of different batches are folded
+together with ``merge`` (the reduce side). ``get_value`` turns an accumulator into the
+result. Because of that split the pipeline can pre-aggregate each batch once and keep the
+partial accumulators, and re-merge only what a backfill touched.
+
+Every method returns the new accumulator (it may mutate and return the argument), so
+immutable accumulators such as plain numbers work as well as mutable ones.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Generic, TypeVar
+
+import pyarrow as pa
+
+from spark_jobs.errors import MergeNotSupportedError, RetractNotSupportedError
+
+__all__ = ["AggregateFunction", "ACC", "OUT"]
+
+ACC = TypeVar("ACC")
+OUT = TypeVar("OUT")
+
+
+class AggregateFunction(ABC, Generic[ACC, OUT]):
+    """Base class for built-in and user-defined aggregates.
+
+    A user-defined aggregate (spec ``fn: "package.module:Class"``) subclasses this and sets:
+
+    - ``accumulator_type``: the Arrow type its accumulator is stored as in the ``partials``
+      and ``aggregates`` tables (use a struct of numbers to stay portable). The accumulator
+      object handed around is the Python value of that type (a ``dict`` for a struct).
+    - ``result_type``: the Arrow type of ``get_value``.
+    - ``num_inputs``: how many columns ``accumulate`` takes (the spec's ``columns``).
+
+    It should override ``accumulate_batch`` with a vectorised version: the engine calls it
+    once per group and Arrow batch, never once per row.
+    """
+
+    accumulator_type: ClassVar[pa.DataType | None] = None
+    result_type: ClassVar[pa.DataType | None] = None
+    num_inputs: ClassVar[int | None] = None
+
+    @abstractmethod
+    def create_accumulator(self) -> ACC:
+        """A fresh, empty accumulator: ``get_value`` of it is the aggregate of no rows."""
+
+    @abstractmethod
+    def accumulate(self, acc: ACC, *values: Any) -> ACC:
+        """Fold one input row (its column values, ``None`` for SQL NULL) into ``acc``."""
+
+    def retract(self, acc: ACC, *values: Any) -> ACC:
+        """Undo ``accumulate`` of the same values; needed for -U/-D input rows."""
+        raise RetractNotSupportedError(
+            f"{type(self).__name__} cannot retract; it cannot consume -U/-D (retraction) input"
+        )
+
+    def merge(self, acc: ACC, other: ACC) -> ACC:
+        """Fold another accumulator into ``acc``; must be associative and commutative."""
+        raise MergeNotSupportedError(
+            f"{type(self).__name__} has no merge; it cannot run as a two-phase (combine/reduce) aggregate"
+        )
+
+    @abstractmethod
+    def get_value(self, acc: ACC) -> OUT:
+        """The result for an accumulator."""
+
+    def accumulate_batch(self, acc: ACC, *arrays: pa.Array) -> ACC:
+        """Fold all rows of one group in an Arrow batch. Override with a vectorised version."""
+        for row in zip(*(a.to_pylist() for a in arrays), strict=True):
+            acc = self.accumulate(acc, *row)
+        return acc
+
+    def merge_batch(self, acc: ACC, others: list[ACC]) -> ACC:
+        """Fold several accumulators of one group; override when a vectorised merge exists."""
+        for other in others:
+            acc = self.merge(acc, other)
+        return acc
+
+    @property
+    def supports_retract(self) -> bool:
+        return type(self).retract is not AggregateFunction.retract

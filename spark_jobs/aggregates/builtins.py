@@ -1,0 +1,484 @@
+"""Built-in aggregates: each one is its algebra in Python and its two phases in Spark.
+
+The Python side (``create_accumulator`` ... ``get_value``) is the reference, testable
+without Spark. The Spark side compiles the same algebra to native expressions:
+``spark_partial`` (combine: raw rows -> accumulator columns), ``spark_merge`` (reduce:
+accumulator columns -> merged accumulator columns) and ``spark_value`` (accumulators ->
+result). Accumulators are stored as plain columns: numbers as numbers, sets as arrays,
+sketches as Apache DataSketches' standard serialized bytes (HLL_8, KLL doubles), so any
+Delta reader can use them.
+
+SQL NULL semantics: NULL inputs are ignored; an aggregate over no non-NULL input is NULL,
+except the counts, which are 0.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import datasketches as ds
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_jobs.aggregates.base import AggregateFunction
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
+
+    from spark_jobs.spec import AggregateSpec
+
+__all__ = [
+    "BUILTINS",
+    "ApproxCountDistinct",
+    "ApproxPercentile",
+    "Avg",
+    "Builtin",
+    "Count",
+    "CountDistinct",
+    "First",
+    "Last",
+    "Max",
+    "Min",
+    "Sum",
+]
+
+NUMERIC = ("int", "bigint", "float", "double")
+
+
+class Builtin(AggregateFunction[Any, Any]):
+    """A built-in aggregate bound to one spec entry and its input column type."""
+
+    fn: ClassVar[str]
+    acc_fields: ClassVar[tuple[str, ...]]
+    column_required: ClassVar[bool] = True
+    numeric_only: ClassVar[bool] = False
+    args_allowed: ClassVar[tuple[str, ...]] = ()
+    uses_event_time: ClassVar[bool] = False
+
+    def __init__(self, spec: AggregateSpec, input_type: str | None = None) -> None:
+        self.spec = spec
+        self.input_type = input_type
+
+    @classmethod
+    def check_args(cls, args: dict[str, Any]) -> list[tuple[str, str]]:
+        """Problems with ``args`` as (field, message); subclasses add range checks."""
+        return [
+            ("args", f"unknown argument {k!r} for {cls.fn}; allowed: {', '.join(cls.args_allowed) or 'none'}")
+            for k in args
+            if k not in cls.args_allowed
+        ]
+
+    def acc_columns(self) -> list[str]:
+        return [f"{self.spec.name}__{f}" for f in self.acc_fields]
+
+    # Spark phases ------------------------------------------------------------
+    def spark_partial(self, value: Column | None, event_time: Column) -> list[Column]:
+        raise NotImplementedError
+
+    def spark_merge(self, accs: list[Column]) -> list[Column]:
+        raise NotImplementedError
+
+    def spark_value(self, accs: list[Column]) -> Column:
+        return accs[0]
+
+
+class Count(Builtin):
+    """``count`` of rows, or of non-NULL values when a column is given."""
+
+    fn = "count"
+    acc_fields = ("count",)
+    column_required = False
+
+    def create_accumulator(self) -> int:
+        return 0
+
+    def accumulate(self, acc: int, *values: Any) -> int:
+        return acc + (1 if not values or values[0] is not None else 0)
+
+    def retract(self, acc: int, *values: Any) -> int:
+        return acc - (1 if not values or values[0] is not None else 0)
+
+    def merge(self, acc: int, other: int) -> int:
+        return acc + other
+
+    def get_value(self, acc: int) -> int:
+        return acc
+
+    def accumulate_batch(self, acc: int, *arrays: pa.Array) -> int:
+        if not arrays:
+            raise ValueError("count(*) over arrays needs the row count; pass any column of the batch")
+        return acc + (len(arrays[0]) if not self.spec.columns else len(arrays[0]) - arrays[0].null_count)
+
+    def spark_partial(self, value: Column | None, event_time: Column) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        return [F.count(F.lit(1)) if value is None else F.count(value)]
+
+    def spark_merge(self, accs: list[Column]) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        return [F.sum(accs[0])]
+
+
+class Sum(Builtin):
+    """``sum``: accumulator (sum, non-NULL count); the count makes retraction exact."""
+
+    fn = "sum"
+    acc_fields = ("sum", "count")
+    numeric_only = True
+
+    def create_accumulator(self) -> list[Any]:
+        return [0, 0]
+
+    def accumulate(self, acc: list[Any], *values: Any) -> list[Any]:
+        if values[0] is not None:
+            acc = [acc[0] + values[0], acc[1] + 1]
+        return acc
+
+    def retract(self, acc: list[Any], *values: Any) -> list[Any]:
+        if values[0] is not None:
+            acc = [acc[0] - values[0], acc[1] - 1]
+        return acc
+
+    def merge(self, acc: list[Any], other: list[Any]) -> list[Any]:
+        return [acc[0] + other[0], acc[1] + other[1]]
+
+    def get_value(self, acc: list[Any]) -> Any:
+        return acc[0] if acc[1] > 0 else None
+
+    def accumulate_batch(self, acc: list[Any], *arrays: pa.Array) -> list[Any]:
+        arr = arrays[0]
+        n = len(arr) - arr.null_count
+        return [acc[0] + (pc.sum(arr).as_py() or 0), acc[1] + n] if n else acc
+
+    def spark_partial(self, value: Column | None, event_time: Column) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        assert value is not None
+        return [F.sum(value), F.count(value)]
+
+    def spark_merge(self, accs: list[Column]) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        return [F.sum(accs[0]), F.sum(accs[1])]
+
+    def spark_value(self, accs: list[Column]) -> Column:
+        from pyspark.sql import functions as F
+
+        return F.when(accs[1] > 0, accs[0])
+
+
+class Avg(Sum):
+    """``avg``: the same (sum, count) accumulator as ``sum``, summed as double."""
+
+    fn = "avg"
+
+    def get_value(self, acc: list[Any]) -> float | None:
+        return acc[0] / acc[1] if acc[1] > 0 else None
+
+    def spark_partial(self, value: Column | None, event_time: Column) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        assert value is not None
+        return [F.sum(value.cast("double")), F.count(value)]
+
+    def spark_value(self, accs: list[Column]) -> Column:
+        from pyspark.sql import functions as F
+
+        return F.when(accs[1] > 0, accs[0] / accs[1])
+
+
+class _Extreme(Builtin):
+    acc_fields = ("value",)
+    _pick: ClassVar[Any]
+
+    def create_accumulator(self) -> Any:
+        return None
+
+    def accumulate(self, acc: Any, *values: Any) -> Any:
+        v = values[0]
+        return acc if v is None else v if acc is None else type(self)._pick(acc, v)
+
+    def merge(self, acc: Any, other: Any) -> Any:
+        return self.accumulate(acc, other)
+
+    def get_value(self, acc: Any) -> Any:
+        return acc
+
+    def accumulate_batch(self, acc: Any, *arrays: pa.Array) -> Any:
+        return self.accumulate(acc, pc.min_max(arrays[0])[self.fn].as_py())
+
+
+class Min(_Extreme):
+    fn = "min"
+    _pick = min
+
+    def spark_partial(self, value: Column | None, event_time: Column) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        return [F.min(value)]
+
+    def spark_merge(self, accs: list[Column]) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        return [F.min(accs[0])]
+
+
+class Max(_Extreme):
+    fn = "max"
+    _pick = max
+
+    def spark_partial(self, value: Column | None, event_time: Column) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        return [F.max(value)]
+
+    def spark_merge(self, accs: list[Column]) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        return [F.max(accs[0])]
+
+
+class CountDistinct(Builtin):
+    """Exact ``count_distinct``: the accumulator is the set of values (an array column)."""
+
+    fn = "count_distinct"
+    acc_fields = ("set",)
+
+    def create_accumulator(self) -> set[Any]:
+        return set()
+
+    def accumulate(self, acc: set[Any], *values: Any) -> set[Any]:
+        if values[0] is not None:
+            acc.add(values[0])
+        return acc
+
+    def merge(self, acc: set[Any], other: set[Any]) -> set[Any]:
+        return acc | set(other)
+
+    def get_value(self, acc: set[Any]) -> int:
+        return len(acc)
+
+    def accumulate_batch(self, acc: set[Any], *arrays: pa.Array) -> set[Any]:
+        acc.update(v for v in pc.unique(arrays[0].drop_null()).to_pylist())
+        return acc
+
+    def spark_partial(self, value: Column | None, event_time: Column) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        return [F.collect_set(value)]
+
+    def spark_merge(self, accs: list[Column]) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        return [F.array_distinct(F.flatten(F.collect_list(accs[0])))]
+
+    def spark_value(self, accs: list[Column]) -> Column:
+        from pyspark.sql import functions as F
+
+        return F.size(accs[0]).cast("bigint")
+
+
+class ApproxCountDistinct(Builtin):
+    """HyperLogLog (DataSketches HLL_8, ``args: {lg_k: 4..21}``, default 12: ~1.6% RSE)."""
+
+    fn = "approx_count_distinct"
+    acc_fields = ("hll",)
+    args_allowed = ("lg_k",)
+
+    @classmethod
+    def check_args(cls, args: dict[str, Any]) -> list[tuple[str, str]]:
+        problems = super().check_args(args)
+        lg_k = args.get("lg_k", 12)
+        if not isinstance(lg_k, int) or isinstance(lg_k, bool) or not 4 <= lg_k <= 21:
+            problems.append(("args.lg_k", f"bad value {lg_k!r}; use a whole number from 4 to 21 (12 is ~1.6% error)"))
+        return problems
+
+    @property
+    def lg_k(self) -> int:
+        return int(self.spec.arg("lg_k", 12))
+
+    def create_accumulator(self) -> ds.hll_sketch:
+        return ds.hll_sketch(self.lg_k, ds.tgt_hll_type.HLL_8)
+
+    def accumulate(self, acc: ds.hll_sketch, *values: Any) -> ds.hll_sketch:
+        if values[0] is not None:
+            acc.update(values[0] if isinstance(values[0], (int, str)) else str(values[0]))
+        return acc
+
+    def merge(self, acc: ds.hll_sketch, other: ds.hll_sketch) -> ds.hll_sketch:
+        union = ds.hll_union(self.lg_k)
+        union.update(acc)
+        union.update(other)
+        return union.get_result(ds.tgt_hll_type.HLL_8)
+
+    def get_value(self, acc: ds.hll_sketch) -> int:
+        return round(acc.get_estimate())
+
+    def spark_partial(self, value: Column | None, event_time: Column) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        assert value is not None
+        if self.input_type not in ("int", "bigint", "string"):
+            value = value.cast("string")
+        return [F.hll_sketch_agg(value, self.lg_k)]
+
+    def spark_merge(self, accs: list[Column]) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        return [F.hll_union_agg(accs[0])]
+
+    def spark_value(self, accs: list[Column]) -> Column:
+        from pyspark.sql import functions as F
+
+        return F.hll_sketch_estimate(accs[0])
+
+
+class ApproxPercentile(Builtin):
+    """KLL quantile sketch (DataSketches KLL doubles); ``args: {q: 0..1, k: 8..65535}``.
+
+    The result is a value from the input (cast back to the column's type); its rank is
+    within the KLL normalised rank error of ``q`` (about 1.3% at the default ``k`` 200).
+    """
+
+    fn = "approx_percentile"
+    acc_fields = ("kll",)
+    numeric_only = True
+    args_allowed = ("q", "k")
+
+    @classmethod
+    def check_args(cls, args: dict[str, Any]) -> list[tuple[str, str]]:
+        problems = super().check_args(args)
+        q = args.get("q")
+        if not isinstance(q, (int, float)) or isinstance(q, bool) or not 0.0 <= float(q) <= 1.0:
+            problems.append(("args.q", f"bad quantile {q!r}; give args: {{q: 0.95}} with 0 <= q <= 1"))
+        k = args.get("k", 200)
+        if not isinstance(k, int) or isinstance(k, bool) or not 8 <= k <= 65535:
+            problems.append(("args.k", f"bad value {k!r}; use a whole number from 8 to 65535 (default 200)"))
+        return problems
+
+    @property
+    def q(self) -> float:
+        return float(self.spec.arg("q"))
+
+    @property
+    def k(self) -> int:
+        return int(self.spec.arg("k", 200))
+
+    def create_accumulator(self) -> ds.kll_doubles_sketch:
+        return ds.kll_doubles_sketch(self.k)
+
+    def accumulate(self, acc: ds.kll_doubles_sketch, *values: Any) -> ds.kll_doubles_sketch:
+        if values[0] is not None:
+            acc.update(float(values[0]))
+        return acc
+
+    def accumulate_batch(self, acc: ds.kll_doubles_sketch, *arrays: pa.Array) -> ds.kll_doubles_sketch:
+        values = arrays[0].drop_null().cast(pa.float64()).to_numpy(zero_copy_only=False)
+        if len(values):
+            acc.update(values)
+        return acc
+
+    def merge(self, acc: ds.kll_doubles_sketch, other: ds.kll_doubles_sketch) -> ds.kll_doubles_sketch:
+        acc.merge(other)
+        return acc
+
+    def get_value(self, acc: ds.kll_doubles_sketch) -> float | int | None:
+        if acc.is_empty():
+            return None
+        value = acc.get_quantile(self.q)
+        return int(value) if self.input_type in ("int", "bigint") else value
+
+    def spark_partial(self, value: Column | None, event_time: Column) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        assert value is not None
+        return [F.kll_sketch_agg_double(value.cast("double"), self.k)]
+
+    def spark_merge(self, accs: list[Column]) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        return [F.kll_merge_agg_double(accs[0], self.k)]
+
+    def spark_value(self, accs: list[Column]) -> Column:
+        from pyspark.sql import functions as F
+
+        empty = F.kll_sketch_get_n_double(accs[0]) == 0
+        value = F.kll_sketch_get_quantile_double(accs[0], F.lit(self.q))
+        return F.when(~empty, value.cast(self.input_type or "double"))
+
+
+class _ByEventTime(Builtin):
+    """``first``/``last`` non-NULL value by event time; ties broken by the smaller/larger value.
+
+    The accumulator is the struct (event time, value): ordering structs makes both phases
+    plain ``min``/``max``, associative and independent of how rows were split.
+    """
+
+    acc_fields = ("acc",)
+    uses_event_time = True
+    _pick: ClassVar[Any]
+
+    def create_accumulator(self) -> tuple[Any, Any] | None:
+        return None
+
+    def accumulate(self, acc: tuple[Any, Any] | None, *values: Any) -> tuple[Any, Any] | None:
+        value, at = values
+        if value is None or at is None:
+            return acc
+        return (at, value) if acc is None else type(self)._pick(acc, (at, value))
+
+    def merge(self, acc: tuple[Any, Any] | None, other: tuple[Any, Any] | None) -> tuple[Any, Any] | None:
+        if other is None:
+            return acc
+        return self.accumulate(acc, other[1], other[0])
+
+    def get_value(self, acc: tuple[Any, Any] | None) -> Any:
+        return None if acc is None else acc[1]
+
+    def _struct(self, value: Column, event_time: Column) -> Column:
+        from pyspark.sql import functions as F
+
+        return F.when(value.isNotNull() & event_time.isNotNull(),
+                      F.struct(event_time.alias("at"), value.alias("value")))
+
+    def spark_value(self, accs: list[Column]) -> Column:
+        return accs[0].getField("value")
+
+
+class First(_ByEventTime):
+    fn = "first"
+    _pick = min
+
+    def spark_partial(self, value: Column | None, event_time: Column) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        assert value is not None
+        return [F.min(self._struct(value, event_time))]
+
+    def spark_merge(self, accs: list[Column]) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        return [F.min(accs[0])]
+
+
+class Last(_ByEventTime):
+    fn = "last"
+    _pick = max
+
+    def spark_partial(self, value: Column | None, event_time: Column) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        assert value is not None
+        return [F.max(self._struct(value, event_time))]
+
+    def spark_merge(self, accs: list[Column]) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        return [F.max(accs[0])]
+
+
+BUILTINS: dict[str, type[Builtin]] = {
+    cls.fn: cls
+    for cls in (Count, Sum, Avg, Min, Max, CountDistinct, ApproxCountDistinct, ApproxPercentile, First, Last)
+}

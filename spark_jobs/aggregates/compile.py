@@ -1,0 +1,114 @@
+"""Compile a spec's aggregates into the two Spark phases, as pure DataFrame transforms.
+
+``partial_aggregate`` is the combine-group phase (raw rows -> one accumulator row per key),
+``final_aggregate`` the reduce-group phase (accumulator rows -> merged accumulators and
+values). Built-ins run as Spark's native aggregate expressions; user-defined aggregates
+run through :mod:`spark_jobs.aggregates.vectorized` and are joined back on the keys.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+from spark_jobs.aggregates.builtins import Builtin
+from spark_jobs.aggregates.registry import resolve
+from spark_jobs.aggregates.vectorized import UserAggregate, udaf_merge, udaf_partials
+from spark_jobs.spec import AggregateSpec, PipelineSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+__all__ = ["CompiledAggregates", "assign_windows", "final_aggregate", "partial_aggregate"]
+
+
+class CompiledAggregates:
+    """A spec's aggregates bound to their implementations, in spec order."""
+
+    def __init__(self, spec: PipelineSpec) -> None:
+        self.spec = spec
+        schema = spec.source.columns
+        self.entries: list[tuple[AggregateSpec, Builtin | UserAggregate]] = []
+        for agg in spec.aggregates:
+            impl = resolve(agg, schema)
+            if isinstance(impl, Builtin):
+                self.entries.append((agg, impl))
+            else:
+                self.entries.append((agg, UserAggregate(agg.name, impl, agg.columns)))
+
+    @cached_property
+    def builtins(self) -> list[tuple[AggregateSpec, Builtin]]:
+        return [(a, i) for a, i in self.entries if isinstance(i, Builtin)]
+
+    @cached_property
+    def udafs(self) -> list[UserAggregate]:
+        return [i for _, i in self.entries if isinstance(i, UserAggregate)]
+
+    @cached_property
+    def acc_columns(self) -> list[str]:
+        out: list[str] = []
+        for _, impl in self.entries:
+            out.extend(impl.acc_columns() if isinstance(impl, Builtin) else [impl.acc_column])
+        return out
+
+    def value_columns(self) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        out = []
+        for agg, impl in self.entries:
+            if isinstance(impl, Builtin):
+                out.append(impl.spark_value([F.col(c) for c in impl.acc_columns()]).alias(agg.name))
+            else:
+                out.append(F.col(agg.name))
+        return out
+
+
+def assign_windows(df: DataFrame, spec: PipelineSpec) -> DataFrame:
+    """Add ``window_start``/``window_end`` (one row per window for hopping windows)."""
+    from pyspark.sql import functions as F
+
+    if spec.window is None:
+        return df
+    size = spec.window.size.spark
+    slide = spec.window.slide.spark if spec.window.hopping and spec.window.slide else None
+    w = F.window(F.col(spec.source.event_time), size, slide) if slide else F.window(F.col(spec.source.event_time), size)
+    return (df.withColumn("_window", w)
+            .withColumn("window_start", F.col("_window.start"))
+            .withColumn("window_end", F.col("_window.end"))
+            .drop("_window"))
+
+
+def _join(left: DataFrame, right: DataFrame, keys: list[str]) -> DataFrame:
+    return left.join(right, keys) if keys else left.crossJoin(right)
+
+
+def partial_aggregate(rows: DataFrame, compiled: CompiledAggregates) -> DataFrame:
+    """Combine phase over typed, windowed rows: keys, ``n_rows`` and accumulator columns."""
+    from pyspark.sql import functions as F
+
+    spec = compiled.spec
+    keys = list(spec.key_columns)
+    event_time = F.col(spec.source.event_time)
+    exprs = [F.count(F.lit(1)).alias("n_rows")]
+    for agg, impl in compiled.builtins:
+        value = F.col(agg.columns[0]) if agg.columns else None
+        exprs.extend(c.alias(n) for c, n in zip(impl.spark_partial(value, event_time), impl.acc_columns(), strict=True))
+    out = rows.groupBy(*keys).agg(*exprs)
+    if compiled.udafs:
+        out = _join(out, udaf_partials(rows, keys, compiled.udafs), keys)
+    return out.select(*keys, "n_rows", *compiled.acc_columns)
+
+
+def final_aggregate(partials: DataFrame, compiled: CompiledAggregates) -> DataFrame:
+    """Reduce phase over partial rows: keys, one value column per aggregate, merged accumulators."""
+    from pyspark.sql import functions as F
+
+    keys = list(compiled.spec.key_columns)
+    exprs = [F.sum("n_rows").alias("n_rows")]
+    for _, impl in compiled.builtins:
+        accs = [F.col(c) for c in impl.acc_columns()]
+        exprs.extend(c.alias(n) for c, n in zip(impl.spark_merge(accs), impl.acc_columns(), strict=True))
+    merged = partials.groupBy(*keys).agg(*exprs)
+    if compiled.udafs:
+        merged = _join(merged, udaf_merge(partials, keys, compiled.udafs, with_value=True), keys)
+    return merged.select(*keys, *compiled.value_columns(), "n_rows", *compiled.acc_columns)

@@ -1,0 +1,60 @@
+"""A user-defined aggregate shipped as an example: the weighted mean of a column.
+
+Use it in a spec as ``fn: "spark_jobs.aggregates.examples:WeightedAvg"`` with
+``columns: [value, weight]``. It shows the contract a user aggregate follows: an
+accumulator stored as a struct of numbers, and a vectorised ``accumulate_batch``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_jobs.aggregates.base import AggregateFunction
+
+__all__ = ["WeightedAvg"]
+
+Acc = dict[str, float]
+
+
+class WeightedAvg(AggregateFunction[Acc, "float | None"]):
+    """sum(value * weight) / sum(weight) over rows where both are non-NULL."""
+
+    accumulator_type = pa.struct([("weighted_sum", pa.float64()), ("weight", pa.float64())])
+    result_type = pa.float64()
+    num_inputs = 2
+
+    def create_accumulator(self) -> Acc:
+        return {"weighted_sum": 0.0, "weight": 0.0}
+
+    def accumulate(self, acc: Acc, *values: Any) -> Acc:
+        value, weight = values
+        if value is not None and weight is not None:
+            acc["weighted_sum"] += float(value) * float(weight)
+            acc["weight"] += float(weight)
+        return acc
+
+    def retract(self, acc: Acc, *values: Any) -> Acc:
+        value, weight = values
+        if value is not None and weight is not None:
+            acc["weighted_sum"] -= float(value) * float(weight)
+            acc["weight"] -= float(weight)
+        return acc
+
+    def accumulate_batch(self, acc: Acc, *arrays: pa.Array) -> Acc:
+        values, weights = (a.cast(pa.float64()) for a in arrays)
+        both = pc.and_(pc.is_valid(values), pc.is_valid(weights))
+        acc["weighted_sum"] += pc.sum(pc.multiply(values, weights).filter(both)).as_py() or 0.0
+        acc["weight"] += pc.sum(weights.filter(both)).as_py() or 0.0
+        return acc
+
+    def merge(self, acc: Acc, other: Acc) -> Acc:
+        return {k: acc[k] + other[k] for k in acc}
+
+    def merge_batch(self, acc: Acc, others: list[Acc]) -> Acc:
+        return {k: acc[k] + sum(o[k] for o in others) for k in acc}
+
+    def get_value(self, acc: Acc) -> float | None:
+        return acc["weighted_sum"] / acc["weight"] if acc["weight"] else None

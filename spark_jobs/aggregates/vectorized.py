@@ -1,0 +1,148 @@
+"""Two-phase execution of user-defined aggregates over Arrow batches (Flink's local-global).
+
+Local phase (``mapInArrow``): each Spark task buffers up to ``flush_rows`` rows, sorts them
+by key once, and hands each group's zero-copy slice to ``accumulate_batch``: one Python
+call per group and buffer, never per row. It emits one partial accumulator per key per
+task. Global phase: partials are hash-partitioned by key and merged with ``merge_batch``.
+No group is ever shipped whole to one worker: only its partial accumulators are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from spark_jobs.aggregates.base import AggregateFunction
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["UserAggregate", "udaf_merge", "udaf_partials"]
+
+FLUSH_ROWS = 262_144
+
+
+@dataclass(frozen=True)
+class UserAggregate:
+    name: str
+    function: AggregateFunction[Any, Any]
+    columns: tuple[str, ...]
+
+    @property
+    def acc_column(self) -> str:
+        return f"{self.name}__acc"
+
+
+def _grouped(table: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, list[tuple[Any, ...]], np.ndarray]:
+    """Sort ``table`` by key; return it, each group's key and the group offsets."""
+    if not keys:
+        return table, [()], np.array([0, table.num_rows])
+    codes = table.select(list(keys)).to_pandas().groupby(list(keys), sort=False, dropna=False).ngroup().to_numpy()
+    order = np.argsort(codes, kind="stable")
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(codes))])
+    firsts = order[offsets[:-1]]
+    key_values = [table.column(k).take(pa.array(firsts)).to_pylist() for k in keys]
+    return table.take(pa.array(order)).combine_chunks(), list(zip(*key_values, strict=True)), offsets
+
+
+def _buffered(batches: Iterator[pa.RecordBatch], flush_rows: int) -> Iterator[pa.Table]:
+    buf: list[pa.RecordBatch] = []
+    rows = 0
+    for batch in batches:
+        buf.append(batch)
+        rows += batch.num_rows
+        if rows >= flush_rows:
+            yield pa.Table.from_batches(buf)
+            buf, rows = [], 0
+    if buf:
+        yield pa.Table.from_batches(buf)
+
+
+def _emit(state: dict[tuple[Any, ...], list[Any]], key_fields: list[pa.Field], aggs: Sequence[UserAggregate],
+          with_value: bool) -> pa.RecordBatch:
+    keys = list(state)
+    arrays = [pa.array([k[i] for k in keys], type=f.type) for i, f in enumerate(key_fields)]
+    names = [f.name for f in key_fields]
+    for j, agg in enumerate(aggs):
+        accs = [state[k][j] for k in keys]
+        arrays.append(pa.array(accs, type=agg.function.accumulator_type))
+        names.append(agg.acc_column)
+        if with_value:
+            arrays.append(pa.array([agg.function.get_value(a) for a in accs], type=agg.function.result_type))
+            names.append(agg.name)
+    return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def _schema(df: DataFrame, keys: Sequence[str], aggs: Sequence[UserAggregate], with_value: bool) -> Any:
+    from pyspark.sql.pandas.types import from_arrow_type
+    from pyspark.sql.types import StructField, StructType
+
+    fields = [df.schema[k] for k in keys]
+    for agg in aggs:
+        fields.append(StructField(agg.acc_column, from_arrow_type(agg.function.accumulator_type)))
+        if with_value:
+            fields.append(StructField(agg.name, from_arrow_type(agg.function.result_type)))
+    return StructType(fields)
+
+
+def _key_fields(df: DataFrame, keys: Sequence[str]) -> list[pa.Field]:
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    return [pa.field(k, to_arrow_type(df.schema[k].dataType, timezone="UTC")) for k in keys]
+
+
+def udaf_partials(df: DataFrame, keys: Sequence[str], aggs: Sequence[UserAggregate],
+                  flush_rows: int = FLUSH_ROWS) -> DataFrame:
+    """Combine phase: one accumulator per key (and aggregate) for the rows of ``df``."""
+    keys, aggs = list(keys), list(aggs)
+    key_fields = _key_fields(df, keys)
+    inputs = sorted({c for a in aggs for c in a.columns})
+
+    def local(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        state: dict[tuple[Any, ...], list[Any]] = {}
+        for table in _buffered(batches, flush_rows):
+            table, group_keys, offsets = _grouped(table, keys)
+            columns = {c: table.column(c).combine_chunks() for c in inputs}
+            for g, key in enumerate(group_keys):
+                start, length = int(offsets[g]), int(offsets[g + 1] - offsets[g])
+                accs = state.get(key)
+                if accs is None:
+                    accs = state[key] = [a.function.create_accumulator() for a in aggs]
+                for j, agg in enumerate(aggs):
+                    arrays = [columns[c].slice(start, length) for c in agg.columns]
+                    accs[j] = agg.function.accumulate_batch(accs[j], *arrays)
+        if state:
+            yield _emit(state, key_fields, aggs, with_value=False)
+
+    local_partials = df.select(*keys, *inputs).mapInArrow(local, _schema(df, keys, aggs, with_value=False))
+    return udaf_merge(local_partials, keys, aggs, with_value=False, flush_rows=flush_rows)
+
+
+def udaf_merge(partials: DataFrame, keys: Sequence[str], aggs: Sequence[UserAggregate], *,
+               with_value: bool = True, flush_rows: int = FLUSH_ROWS) -> DataFrame:
+    """Reduce phase: merge partial accumulators per key; add the result when ``with_value``."""
+    keys, aggs = list(keys), list(aggs)
+    key_fields = _key_fields(partials, keys)
+
+    def merge(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        state: dict[tuple[Any, ...], list[Any]] = {}
+        for table in _buffered(batches, flush_rows):
+            table, group_keys, offsets = _grouped(table, keys)
+            columns = [table.column(a.acc_column).to_pylist() for a in aggs]
+            for g, key in enumerate(group_keys):
+                start, stop = int(offsets[g]), int(offsets[g + 1])
+                accs = state.get(key)
+                if accs is None:
+                    accs = state[key] = [a.function.create_accumulator() for a in aggs]
+                for j, agg in enumerate(aggs):
+                    accs[j] = agg.function.merge_batch(accs[j], columns[j][start:stop])
+        if state:
+            yield _emit(state, key_fields, aggs, with_value=with_value)
+
+    shuffled = partials.select(*keys, *(a.acc_column for a in aggs))
+    shuffled = shuffled.repartition(*keys) if keys else shuffled.repartition(1)
+    return shuffled.mapInArrow(merge, _schema(partials, keys, aggs, with_value=with_value))

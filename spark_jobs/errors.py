@@ -1,0 +1,59 @@
+"""Every exception the product raises on purpose, in one place.
+
+Each error carries a message that names the thing that is wrong, the bad value and the fix;
+the CLI maps the classes to exit codes (see ``spark_jobs.__main__``).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "PipelineError",
+    "SpecError",
+    "InputError",
+    "SchemaMismatchError",
+    "LakeError",
+    "RetractNotSupportedError",
+    "MergeNotSupportedError",
+]
+
+
+class PipelineError(Exception):
+    """Base class: an expected failure with a message meant for the user."""
+
+    exit_code = 1
+
+
+class SpecError(PipelineError):
+    """The pipeline spec is invalid; raised before any Spark work starts."""
+
+    exit_code = 2
+
+    def __init__(self, origin: str, problems: list[str]) -> None:
+        self.origin = origin
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"invalid pipeline spec {origin}:\n{lines}")
+
+
+class InputError(PipelineError):
+    """The input of a job is missing or unreadable (no partition, corrupt file)."""
+
+    exit_code = 3
+
+
+class SchemaMismatchError(InputError):
+    """Input files do not carry the columns or types the spec declares."""
+
+
+class LakeError(PipelineError):
+    """A Delta table is missing, incompatible with the spec, or cannot be committed."""
+
+    exit_code = 4
+
+
+class RetractNotSupportedError(NotImplementedError):
+    """The aggregate has no ``retract``: it cannot consume -U/-D rows."""
+
+
+class MergeNotSupportedError(NotImplementedError):
+    """The aggregate has no ``merge``: it cannot be split into combine and reduce phases."""

@@ -1,0 +1,117 @@
+"""combine-group: pre-aggregate one day of landing data into partial accumulators.
+
+Idempotent: the day's batch partials are replaced in one Delta commit, so running a day
+twice (or backfilling it) gives the same table. Rejected rows go to ``dead_letter``,
+replacing that day's earlier rejects, and ``runs`` records rows in = aggregated + rejected.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import TYPE_CHECKING
+
+from spark_jobs.aggregates.compile import CompiledAggregates, assign_windows, partial_aggregate
+from spark_jobs.errors import InputError, PipelineError
+from spark_jobs.jobs.landing import classify, read_partition, spark_read_error
+from spark_jobs.jobs.runs import RunRecord, recorded_run
+from spark_jobs.lake import Commit, Lake, PipelineTables, open_lake
+from spark_jobs.spec import PipelineSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+__all__ = ["PARTIALS_PARTITIONS", "combine", "parse_date", "run", "write_dead_letters"]
+
+PARTIALS_PARTITIONS = ("event_date", "source")
+
+
+def parse_date(text: str) -> str:
+    try:
+        return dt.date.fromisoformat(text).isoformat()
+    except (TypeError, ValueError):
+        raise InputError(f"bad date {text!r}; use YYYY-MM-DD, e.g. 2024-03-01") from None
+
+
+def batch_columns(partials: DataFrame, *, batch: str, source: str, event_date: Column, run_id: str) -> DataFrame:
+    """Lay out partial rows as the ``partials`` table stores them."""
+    from pyspark.sql import functions as F
+
+    return partials.select(
+        F.lit(batch).alias("batch"), F.lit(source).alias("source"), event_date.alias("event_date"),
+        *partials.columns, F.lit(run_id).alias("run_id"), F.current_timestamp().alias("created_at"),
+    )
+
+
+def combine(rows: DataFrame, spec: PipelineSpec, compiled: CompiledAggregates, *, date: str,
+            run_id: str) -> DataFrame:
+    """Pure transform: valid typed rows of one day -> that day's ``partials`` rows."""
+    from pyspark.sql import functions as F
+
+    partials = partial_aggregate(assign_windows(rows, spec), compiled)
+    return batch_columns(partials, batch=date, source="batch", event_date=F.lit(date).cast("date"), run_id=run_id)
+
+
+def write_dead_letters(lake: Lake, tables: PipelineTables, rows: DataFrame, *, job: str, batch: str,
+                       run_id: str, rejected: int) -> Commit | None:
+    """Replace the rejects of (job, batch) with this run's; skip the commit when both are empty."""
+    from pyspark.sql import functions as F
+
+    path = tables.dead_letter
+    spark = rows.sparkSession
+    if rejected == 0:
+        if lake.version(path) is None:
+            return None
+        if lake.read(path).where((F.col("job") == job) & (F.col("batch") == batch)).limit(1).count() == 0:
+            return None
+    bad = rows.where(F.col("_reason").isNotNull()).select(
+        F.lit(run_id).alias("run_id"), F.lit(job).alias("job"), F.lit(batch).alias("batch"),
+        F.col("_reason").alias("reason"), F.col("_raw").alias("raw"), F.col("_file").alias("source_file"),
+        F.current_timestamp().alias("rejected_at"),
+    )
+    touched = spark.createDataFrame([(job, batch)], "job string, batch string")
+    return lake.replace_keys(bad, path, keys=["job", "batch"], touched=touched,
+                             metadata={"run_id": run_id, "job": job, "batch": batch})
+
+
+def run(spark: SparkSession, spec: PipelineSpec, date: str, *, lake: Lake | None = None,
+        run_id: str | None = None) -> RunRecord:
+    """Combine one landing day into ``partials`` (replacing that day's batch partials)."""
+    from pyspark import StorageLevel
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    date = parse_date(date)
+    lake = lake or open_lake(spark)
+    tables = PipelineTables(spec.lake, spec.name)
+    compiled = CompiledAggregates(spec)
+    with recorded_run(lake, tables, job="combine", batch=date, run_id=run_id) as record:
+        source = spec.source.partition_path(date)
+        record.inputs = [source]
+        record.versions_read = {"partials": lake.version(tables.partials)}
+        rows = classify(read_partition(spark, spec, date), spec, date)
+        seen, kept = Observation("rows_in"), Observation("rows_aggregated")
+        rows = rows.observe(seen, F.count(F.lit(1)).alias("n"), F.count("_reason").alias("rejected"))
+        if compiled.udafs:  # two branches read the rows: read the input once
+            rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
+        valid = rows.where(F.col("_reason").isNull()).drop("_raw", "_reason", "_file")
+        valid = valid.observe(kept, F.count(F.lit(1)).alias("n"))
+        partials = combine(valid, spec, compiled, date=date, run_id=record.run_id)
+        metadata = {"run_id": record.run_id, "job": "combine", "batch": date, "inputs": [source]}
+        try:
+            commit = lake.replace_partition(partials, tables.partials, partition_by=PARTIALS_PARTITIONS,
+                                            partition={"event_date": date, "source": "batch"}, metadata=metadata)
+        except PipelineError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - Spark surfaces unreadable input here, as many classes
+            raise InputError(f"combine of {date} failed reading {source}: {spark_read_error(exc)}") from exc
+        counts = seen.get
+        record.rows_in, record.rows_rejected = int(counts["n"]), int(counts["rejected"])
+        record.rows_aggregated = int(kept.get["n"])
+        written = {"partials": commit.version}
+        dead = write_dead_letters(lake, tables, rows, job="combine", batch=date, run_id=record.run_id,
+                                  rejected=record.rows_rejected)
+        if dead is not None:
+            written["dead_letter"] = dead.version
+        record.versions_written = written
+        rows.unpersist()
+    return record

@@ -1,0 +1,127 @@
+"""Read a landing partition and type its rows; every row comes out valid or with a reason.
+
+Nothing is dropped: a row that cannot be parsed or typed, lacks its event time or a group
+key, or has an event time outside its partition's date carries ``_reason`` and its
+original record in ``_raw``; the job sends those rows to ``dead_letter``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from spark_jobs.errors import InputError, SchemaMismatchError
+from spark_jobs.spec import PipelineSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+__all__ = ["CORRUPT", "classify", "read_partition", "spark_read_error"]
+
+CORRUPT = "_corrupt_record"
+_CASTABLE = {  # spec type -> Parquet/Spark types that convert to it without losing meaning
+    "string": {"string"},
+    "int": {"int", "smallint", "tinyint", "bigint", "string"},
+    "bigint": {"int", "smallint", "tinyint", "bigint", "string"},
+    "float": {"float", "double", "int", "bigint", "string"},
+    "double": {"float", "double", "int", "bigint", "decimal", "string"},
+    "boolean": {"boolean", "string"},
+    "date": {"date", "timestamp", "string"},
+    "timestamp": {"timestamp", "timestamp_ntz", "date", "string"},
+}
+
+
+def read_partition(spark: SparkSession, spec: PipelineSpec, date: str) -> DataFrame:
+    """The raw rows of one landing partition with ``_raw``; spec columns as read (untyped)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    path = spec.source.partition_path(date)
+    if not os.path.isdir(path):
+        raise InputError(
+            f"no landing partition {path}; check --date, or land the day's files there "
+            f"(python -m spark_jobs generate writes sample data)"
+        )
+    if not any(not n.startswith((".", "_")) for n in os.listdir(path)):
+        raise InputError(f"landing partition {path} has no data files; land the day's files first")
+    columns = [c for c, _ in spec.source.schema]
+    file_col = F.col("_metadata.file_path").alias("_file")
+    fmt = spec.source.format
+    if fmt == "parquet":
+        try:
+            df = spark.read.parquet(path)
+        except Exception as exc:  # noqa: BLE001 - Spark raises many classes; the message says which file
+            raise InputError(f"cannot read landing partition {path}: {spark_read_error(exc)}") from exc
+        _check_parquet_schema(df, spec, path)
+        return df.select(*columns, F.to_json(F.struct(*df.columns)).alias("_raw"), file_col)
+    text_schema = StructType([StructField(c, StringType()) for c in columns] + [StructField(CORRUPT, StringType())])
+    reader = spark.read.schema(text_schema).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT)
+    if fmt == "json":
+        df = reader.json(path)
+    else:
+        df = reader.option("header", True).option("enforceSchema", False).csv(path)
+    raw = F.coalesce(F.col(CORRUPT), F.to_json(F.struct(*columns)))
+    return df.select(*columns, F.col(CORRUPT), raw.alias("_raw"), file_col)
+
+
+def _check_parquet_schema(df: DataFrame, spec: PipelineSpec, path: str) -> None:
+    found = {f.name: f.dataType.simpleString() for f in df.schema.fields}
+    missing = [c for c, _ in spec.source.schema if c not in found]
+    if missing:
+        raise SchemaMismatchError(
+            f"landing partition {path} lacks columns {missing} that source.schema declares "
+            f"(files have {sorted(found)}); fix the files or the spec's source.schema"
+        )
+    wrong = []
+    for col, typ in spec.source.schema:
+        have = found[col].split("(")[0]
+        if have not in _CASTABLE[typ]:
+            wrong.append(f"{col} is {found[col]}, spec says {typ}")
+    if wrong:
+        raise SchemaMismatchError(
+            f"landing partition {path} has column types that cannot be read as the spec's: "
+            f"{'; '.join(wrong)}; fix the files or the spec's source.schema"
+        )
+
+
+def classify(raw: DataFrame, spec: PipelineSpec, date: str | None) -> DataFrame:
+    """Typed spec columns plus ``_reason`` (NULL for valid rows), ``_raw`` and ``_file``."""
+    from pyspark.sql import functions as F
+
+    reasons: list[Column] = []
+    typed: list[Column] = []
+    corrupt = F.col(CORRUPT).isNotNull() if CORRUPT in raw.columns else F.lit(False)
+    reasons.append(F.when(corrupt, F.lit("malformed record")))
+    kinds = {f.name: f.dataType.simpleString() for f in raw.schema.fields}
+    for col, typ in spec.source.schema:
+        src = F.col(col)
+        value = src if kinds[col] == typ else src.try_cast(typ)
+        typed.append(value.alias(col))
+        if kinds[col] != typ:
+            reasons.append(F.when(~corrupt & src.isNotNull() & value.isNull(),
+                                  F.concat(F.lit(f"{col}: cannot read "), src.cast("string"), F.lit(f" as {typ}"))))
+    et = F.col(spec.source.event_time)
+    missing = [F.when(~F.col("_corrupt") & et.isNull(), F.lit(f"{spec.source.event_time} is missing"))]
+    missing += [F.when(~F.col("_corrupt") & F.col(k).isNull(), F.lit(f"group key {k} is missing"))
+                for k in spec.group_by]
+    if date is not None:
+        missing.append(F.when(et.isNotNull() & (F.to_date(et) != F.lit(date).cast("date")),
+                              F.concat(F.lit(f"{spec.source.event_time} "), et.cast("string"),
+                                       F.lit(f" is outside partition event_date={date}"))))
+    # type reasons read the untyped columns, the others the typed ones: two selects
+    typed_reasons = F.concat_ws("; ", F.array_compact(F.array(*reasons)))
+    staged = raw.select(*typed, corrupt.alias("_corrupt"), "_raw", "_file", typed_reasons.alias("_type_reason"))
+    all_reasons = F.concat_ws("; ", F.array_compact(F.array(
+        F.when(F.col("_type_reason") != "", F.col("_type_reason")), *missing)))
+    return staged.select(*(c for c, _ in spec.source.schema), "_raw", "_file",
+                         F.when(all_reasons != "", all_reasons).alias("_reason"))
+
+
+def spark_read_error(exc: BaseException) -> str:
+    """The first informative line of a Spark/Py4J error, for messages meant for users."""
+    text = str(exc)
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("at ", "JVM stacktrace", "Traceback")):
+            return line[:500]
+    return text[:500]

@@ -1,0 +1,123 @@
+"""reduce-group: merge partial accumulators into the serving ``aggregates`` table, exactly once.
+
+The last ``partials`` version merged is recorded as a Delta app transaction on
+``aggregates`` (app id ``<pipeline>.reduce``). A run compares the partial files that count
+now with those that counted at that version; only the keys in files added or removed since
+are re-merged (from all their current partials) and rewritten, in one commit. A rerun after
+a crash either finds its commit (a no-op) or recomputes the same keys.
+
+Hybrid rule: once a day has batch partials, its streaming partials no longer count.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from spark_jobs.aggregates.compile import CompiledAggregates, final_aggregate
+from spark_jobs.errors import LakeError
+from spark_jobs.jobs.runs import RunRecord, recorded_run
+from spark_jobs.lake import AppTxn, DataFile, Lake, PipelineTables, open_lake
+from spark_jobs.spec import PipelineSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["app_id", "counted_files", "reduce", "run"]
+
+log = logging.getLogger("spark_jobs")
+
+
+def app_id(spec: PipelineSpec) -> str:
+    return f"{spec.name}.reduce"
+
+
+def counted_files(files: Iterable[DataFile]) -> dict[str, DataFile]:
+    """The partial files that count: all batch files, and stream files of days without batch."""
+    files = list(files)
+    batch_days = {f.partition_values.get("event_date") for f in files if f.partition_values.get("source") == "batch"}
+    return {f.path: f for f in files
+            if f.partition_values.get("source") == "batch" or f.partition_values.get("event_date") not in batch_days}
+
+
+def reduce(partials: DataFrame, compiled: CompiledAggregates, *, run_id: str) -> DataFrame:
+    """Pure transform: partial rows -> ``aggregates`` rows."""
+    from pyspark.sql import functions as F
+
+    out = final_aggregate(partials, compiled)
+    return out.select(*out.columns, F.current_timestamp().alias("updated_at"), F.lit(run_id).alias("run_id"))
+
+
+def _sort_keys(spec: PipelineSpec) -> list[str]:
+    """Cluster files by window first, so a backfilled day rewrites few files."""
+    return (["window_start", *spec.group_by]) if spec.window else list(spec.group_by)
+
+
+def _in_day_range(files: dict[str, DataFile], first: dt.date, last: dt.date) -> list[str]:
+    out = []
+    for path, f in files.items():
+        day = f.partition_values.get("event_date")
+        if day is None or first <= dt.date.fromisoformat(day) <= last:
+            out.append(path)
+    return out
+
+
+def run(spark: SparkSession, spec: PipelineSpec, *, lake: Lake | None = None, run_id: str | None = None,
+        full: bool = False) -> RunRecord:
+    """Merge what changed in ``partials`` since the last reduce into ``aggregates``."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    lake = lake or open_lake(spark)
+    tables = PipelineTables(spec.lake, spec.name)
+    compiled = CompiledAggregates(spec)
+    keys = list(spec.key_columns)
+    with recorded_run(lake, tables, job="reduce", batch=None, run_id=run_id) as record:
+        version = lake.version(tables.partials)
+        if version is None:
+            raise LakeError(f"no partials table at {tables.partials}; run combine for at least one day first")
+        consumed = lake.txn_version(tables.aggregates, app_id(spec))
+        record.inputs = [tables.partials]
+        record.versions_read = {"partials": version, "aggregates": lake.version(tables.aggregates),
+                                "partials_consumed": consumed}
+        if consumed is not None and consumed >= version and not full:
+            record.status = "noop"
+            record.message = f"partials version {version} is already merged"
+            return record
+        now = counted_files(lake.files(tables.partials, version))
+        changed: list[str] | None = None
+        if consumed is not None and not full:
+            try:
+                before = counted_files(lake.files(tables.partials, consumed))
+                changed = sorted(set(now) ^ set(before))
+            except LakeError as exc:
+                log.warning("cannot load partials version %s (%s): merging everything", consumed, exc)
+        if changed is None:
+            paths = list(now)
+            touched = lake.read_files(tables.partials, paths).select(*keys)
+            if lake.version(tables.aggregates) is not None:
+                touched = touched.unionByName(lake.read(tables.aggregates).select(*keys))
+            inputs = lake.read_files(tables.partials, paths)
+        else:
+            touched = lake.read_files(tables.partials, changed).select(*keys).distinct()
+            paths = list(now)
+            if spec.window is not None and changed:
+                bounds = touched.agg(F.min("window_start").alias("lo"), F.max("window_end").alias("hi")).first()
+                if bounds is not None and bounds["lo"] is not None:
+                    paths = _in_day_range(now, bounds["lo"].date() - dt.timedelta(days=1), bounds["hi"].date())
+            inputs = lake.read_files(tables.partials, paths).join(touched, keys, "left_semi")
+        if compiled.udafs:
+            inputs = inputs.persist(StorageLevel.MEMORY_AND_DISK)
+        rows = reduce(inputs, compiled, run_id=record.run_id)
+        commit = lake.replace_keys(rows, tables.aggregates, keys=keys, touched=touched,
+                                   app_txn=AppTxn(app_id(spec), version), sort_by=_sort_keys(spec),
+                                   metadata={"run_id": record.run_id, "job": "reduce",
+                                             "partials_version": version, "partials_consumed": consumed})
+        # partial rows in the files read (from Delta stats: no extra Spark job)
+        record.rows_in = record.rows_aggregated = sum(now[p].num_records or 0 for p in paths)
+        record.versions_written = {"aggregates": commit.version}
+        record.message = "full merge" if changed is None else f"{len(changed)} partial files changed"
+        inputs.unpersist()
+    return record

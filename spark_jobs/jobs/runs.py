@@ -1,0 +1,109 @@
+"""One row in the ``runs`` table per job run, written whether the run succeeds or fails."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import pyarrow as pa
+
+from spark_jobs.lake import Lake, PipelineTables
+
+__all__ = ["RUNS_SCHEMA", "RunRecord", "new_run_id", "recorded_run"]
+
+log = logging.getLogger("spark_jobs")
+
+RUNS_SCHEMA = pa.schema([
+    ("run_id", pa.string()),
+    ("pipeline", pa.string()),
+    ("job", pa.string()),
+    ("batch", pa.string()),
+    ("status", pa.string()),
+    ("started_at", pa.timestamp("us", tz="UTC")),
+    ("finished_at", pa.timestamp("us", tz="UTC")),
+    ("duration_s", pa.float64()),
+    ("rows_in", pa.int64()),
+    ("rows_aggregated", pa.int64()),
+    ("rows_rejected", pa.int64()),
+    ("inputs", pa.string()),
+    ("versions_read", pa.string()),
+    ("versions_written", pa.string()),
+    ("backend", pa.string()),
+    ("message", pa.string()),
+])
+
+
+def new_run_id(job: str) -> str:
+    return f"{job}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
+
+
+@dataclass
+class RunRecord:
+    """What a run read, wrote and counted; ``status`` is success, noop or failed."""
+
+    run_id: str
+    pipeline: str
+    job: str
+    batch: str | None
+    backend: str
+    started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    finished_at: datetime | None = None
+    status: str = "running"
+    rows_in: int = 0
+    rows_aggregated: int = 0
+    rows_rejected: int = 0
+    inputs: list[str] = field(default_factory=list)
+    versions_read: dict[str, int | None] = field(default_factory=dict)
+    versions_written: dict[str, int | None] = field(default_factory=dict)
+    message: str = ""
+
+    @property
+    def duration_s(self) -> float:
+        end = self.finished_at or datetime.now(timezone.utc)
+        return (end - self.started_at).total_seconds()
+
+    @property
+    def reconciles(self) -> bool:
+        return self.rows_in == self.rows_aggregated + self.rows_rejected
+
+    def to_arrow(self) -> pa.Table:
+        row: dict[str, Any] = asdict(self)
+        row["duration_s"] = self.duration_s
+        for key in ("inputs", "versions_read", "versions_written"):
+            row[key] = json.dumps(row[key])
+        return pa.Table.from_pylist([row], schema=RUNS_SCHEMA)
+
+    def summary(self) -> str:
+        return (f"{self.job} {self.batch or ''} {self.status}: rows in {self.rows_in}, aggregated "
+                f"{self.rows_aggregated}, rejected {self.rows_rejected}, wrote {self.versions_written} "
+                f"in {self.duration_s:.1f}s (run {self.run_id})").replace("  ", " ")
+
+
+@contextmanager
+def recorded_run(lake: Lake, tables: PipelineTables, *, job: str, batch: str | None,
+                 run_id: str | None) -> Iterator[RunRecord]:
+    """Time the block and append its record to ``runs``; a failure is recorded, then re-raised."""
+    run = RunRecord(run_id or new_run_id(job), tables.pipeline, job, batch, lake.name)
+    started = time.monotonic()
+    try:
+        yield run
+        if run.status == "running":
+            run.status = "success"
+    except BaseException as exc:
+        run.status = "failed"
+        run.message = f"{type(exc).__name__}: {exc}"[:4000]
+        raise
+    finally:
+        run.finished_at = datetime.now(timezone.utc)
+        log.info("%s (%.1fs)", run.summary(), time.monotonic() - started)
+        try:
+            lake.append_rows(run.to_arrow(), tables.runs, metadata={"run_id": run.run_id, "job": job})
+        except Exception:  # noqa: BLE001 - never hide the job's own error behind the log's
+            log.exception("could not record run %s in %s", run.run_id, tables.runs)

@@ -1,0 +1,69 @@
+"""Delta I/O: the only package that reads or commits Delta tables.
+
+Two backends with one interface (:class:`Lake`): ``embedded`` (Spark writes Parquet,
+delta-rs commits; the default, needs no JVM jars) and ``delta-spark`` (DeltaTable and MERGE,
+chosen automatically when the Delta Lake jars are on Spark's classpath, or by
+``SPARK_JOBS_DELTA_BACKEND``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from spark_jobs.lake._types import AppTxn, Commit, DataFile
+from spark_jobs.lake.tables import TABLES, PipelineTables, TableName
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["AppTxn", "Backend", "Commit", "DataFile", "Lake", "PipelineTables", "TABLES", "TableName", "open_lake"]
+
+Backend = Literal["embedded", "delta-spark"]
+BACKENDS: tuple[str, ...] = ("embedded", "delta-spark")
+
+
+class Lake(Protocol):
+    name: str
+
+    def version(self, path: str) -> int | None: ...
+    def txn_version(self, path: str, app_id: str) -> int | None: ...
+    def files(self, path: str, version: int | None = None) -> list[DataFile]: ...
+    def read(self, path: str, *, version: int | None = None,
+             partitions: Sequence[tuple[str, str, Any]] | None = None) -> DataFrame: ...
+    def read_files(self, path: str, files: Sequence[str], *, version: int | None = None) -> DataFrame: ...
+    def append(self, df: DataFrame, path: str, *, partition_by: Sequence[str] = (),
+               app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None) -> Commit: ...
+    def replace_partition(self, df: DataFrame, path: str, *, partition_by: Sequence[str],
+                          partition: Mapping[str, str], app_txn: AppTxn | None = None,
+                          metadata: Mapping[str, Any] | None = None) -> Commit: ...
+    def replace_keys(self, rows: DataFrame, path: str, *, keys: Sequence[str], touched: DataFrame,
+                     app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None,
+                     sort_by: Sequence[str] = ()) -> Commit: ...
+    def append_rows(self, table: pa.Table, path: str, *, metadata: Mapping[str, Any] | None = None) -> Commit: ...
+
+
+def open_lake(spark: SparkSession, backend: str | None = None) -> Lake:
+    """The backend named by ``backend`` or ``$SPARK_JOBS_DELTA_BACKEND``, else by classpath."""
+    from spark_jobs.errors import LakeError
+    from spark_jobs.session import delta_jars_available
+
+    choice = backend or os.environ.get("SPARK_JOBS_DELTA_BACKEND") or "auto"
+    if choice not in (*BACKENDS, "auto"):
+        raise LakeError(f"unknown Delta backend {choice!r}; use one of auto, {', '.join(BACKENDS)}")
+    if choice == "auto":
+        choice = "delta-spark" if delta_jars_available(spark) else "embedded"
+    if choice == "delta-spark":
+        if not delta_jars_available(spark):
+            raise LakeError(
+                "the delta-spark backend needs the Delta Lake jars on Spark's classpath "
+                "(io.delta:delta-spark_2.13); add them with --jars/--packages or use the embedded backend"
+            )
+        from spark_jobs.lake._spark_delta import SparkDeltaLake
+
+        return SparkDeltaLake(spark)
+    from spark_jobs.lake._embedded import EmbeddedLake
+
+    return EmbeddedLake(spark)

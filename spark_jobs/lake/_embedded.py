@@ -1,0 +1,337 @@
+"""Embedded Delta backend: Spark executors write Parquet, the driver commits through delta-rs.
+
+No JVM Delta jars are needed. A write goes in three steps: Spark writes the data files in
+parallel into a staging folder inside the table, the driver moves them into place and reads
+only their Parquet footers (for Delta statistics), then one delta-rs transaction adds them,
+removes what they replace and records the app transaction that makes a replay a no-op.
+A crash before the commit leaves unreferenced files that ``vacuum`` removes; the table
+itself only ever changes in that one commit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import date, datetime, timedelta, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlparse
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable, write_deltalake
+from deltalake import Schema as DeltaSchema
+from deltalake.exceptions import TableNotFoundError
+from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction, create_table_with_add_actions
+
+from spark_jobs._failpoints import failpoint
+from spark_jobs.errors import LakeError
+from spark_jobs.lake._types import AppTxn, Commit, DataFile
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["EmbeddedLake"]
+
+_STAGING = "_staging"
+_HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+
+
+def _local(path: str) -> str:
+    parsed = urlparse(path)
+    if parsed.scheme in ("", "file"):
+        return unquote(parsed.path) if parsed.scheme else path
+    raise LakeError(
+        f"the embedded Delta backend writes to local or mounted paths, not {path!r}; "
+        "for object stores run with SPARK_JOBS_DELTA_BACKEND=delta-spark on a cluster with the Delta jars"
+    )
+
+
+def _nullable(schema: pa.Schema) -> pa.Schema:
+    """Delta schemas here are all-nullable: files read back by Spark are, too."""
+    return pa.schema([pa.field(f.name, f.type, nullable=True) for f in schema])
+
+
+def _same_columns(a: pa.Schema, b: pa.Schema) -> bool:
+    return [(f.name, f.type) for f in a] == [(f.name, f.type) for f in b]
+
+
+def _stat_value(value: Any, *, upper: bool) -> Any:
+    if isinstance(value, datetime):
+        value = value.astimezone(timezone.utc) if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        if upper and value.microsecond % 1000:
+            value = value + timedelta(microseconds=1000 - value.microsecond % 1000)
+        value = value.replace(microsecond=value.microsecond - value.microsecond % 1000)
+        return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+    if isinstance(value, date):
+        return value.isoformat()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (int, float, str)):
+        return value
+    return None
+
+
+def _file_stats(path: str) -> tuple[int, str]:
+    """Delta ``stats`` JSON from a Parquet footer (no data pages are read)."""
+    meta = pq.read_metadata(path)
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    schema = meta.schema
+    for ci in range(meta.num_columns):
+        col_path = schema.column(ci).path
+        if "." in col_path:  # nested: Delta wants nested maps; skip rather than guess
+            continue
+        lo = hi = None
+        null_count = 0
+        complete = True
+        for rg in range(meta.num_row_groups):
+            st = meta.row_group(rg).column(ci).statistics
+            if st is None:
+                complete = False
+                break
+            null_count += st.null_count or 0
+            if st.has_min_max:
+                lo = st.min if lo is None or st.min < lo else lo
+                hi = st.max if hi is None or st.max > hi else hi
+        if not complete:
+            continue
+        nulls[col_path] = null_count
+        lo_v, hi_v = _stat_value(lo, upper=False), _stat_value(hi, upper=True)
+        if lo_v is not None and hi_v is not None:
+            mins[col_path], maxs[col_path] = lo_v, hi_v
+    stats = {"numRecords": meta.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+    return meta.num_rows, json.dumps(stats, separators=(",", ":"))
+
+
+def _partition_values(rel: str) -> dict[str, str | None]:
+    values: dict[str, str | None] = {}
+    for part in rel.split("/")[:-1]:
+        if "=" in part:
+            key, value = part.split("=", 1)
+            value = unquote(value)
+            values[unquote(key)] = None if value == _HIVE_NULL else value
+    return values
+
+
+class EmbeddedLake:
+    """Delta tables on a local (or mounted) file system, committed with delta-rs."""
+
+    name = "embedded"
+
+    def __init__(self, spark: SparkSession) -> None:
+        self.spark = spark
+
+    # ---------------------------------------------------------------- metadata
+    def table(self, path: str, version: int | None = None) -> DeltaTable | None:
+        local = _local(path)
+        if not DeltaTable.is_deltatable(local):
+            return None
+        try:
+            return DeltaTable(local, version=version)
+        except TableNotFoundError:
+            return None
+        except Exception as exc:  # delta-rs raises plain exceptions for unknown versions
+            raise LakeError(f"cannot load version {version} of Delta table {path}: {exc}") from exc
+
+    def version(self, path: str) -> int | None:
+        dt = self.table(path)
+        return None if dt is None else dt.version()
+
+    def txn_version(self, path: str, app_id: str) -> int | None:
+        dt = self.table(path)
+        return None if dt is None else dt.transaction_version(app_id)
+
+    def files(self, path: str, version: int | None = None) -> list[DataFile]:
+        dt = self.table(path, version)
+        if dt is None:
+            return []
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        part_cols = [c for c in actions.column_names if c.startswith("partition.")]
+        out = []
+        for row in actions.select(["path", "size_bytes", "num_records", *part_cols]).to_pylist():
+            pv = {c[len("partition."):]: (None if row[c] is None else str(row[c])) for c in part_cols}
+            out.append(DataFile(unquote(row["path"]), int(row["size_bytes"]), row["num_records"], pv))
+        return out
+
+    # ------------------------------------------------------------------- reads
+    def read(self, path: str, *, version: int | None = None,
+             partitions: Sequence[tuple[str, str, Any]] | None = None) -> DataFrame:
+        """The table's snapshot as a DataFrame, read by Spark in parallel from its file list."""
+        dt = self.table(path, version)
+        if dt is None:
+            raise LakeError(f"no Delta table at {path}; run the job that creates it first (combine, then reduce)")
+        self._check_readable(dt, path)
+        uris = dt.file_uris(partition_filters=list(partitions) if partitions else None)
+        return self._read_uris(path, dt, uris)
+
+    def read_files(self, path: str, files: Sequence[str], *, version: int | None = None) -> DataFrame:
+        """Rows of some data files of the table (relative paths, as in ``files()``)."""
+        dt = self.table(path, version)
+        if dt is None:
+            raise LakeError(f"no Delta table at {path}")
+        root = _local(path).rstrip("/")
+        return self._read_uris(path, dt, [f"{root}/{f}" for f in files])
+
+    def _check_readable(self, dt: DeltaTable, path: str) -> None:
+        features = set(getattr(dt.protocol(), "reader_features", None) or [])
+        unsupported = features & {"deletionVectors", "columnMapping"}
+        if unsupported:
+            raise LakeError(
+                f"Delta table {path} uses reader features {sorted(unsupported)} that the embedded backend "
+                "cannot read; use the delta-spark backend (SPARK_JOBS_DELTA_BACKEND=delta-spark)"
+            )
+
+    def _read_uris(self, path: str, dt: DeltaTable, uris: Sequence[str]) -> DataFrame:
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        schema = pa.schema(dt.schema().to_arrow())
+        spark_schema = from_arrow_schema(schema)
+        if not uris:
+            return self.spark.createDataFrame([], spark_schema)
+        root = _local(path).rstrip("/")
+        df = self.spark.read.schema(spark_schema).option("basePath", root).parquet(*uris)
+        return df.select(*schema.names)
+
+    # ------------------------------------------------------------------ writes
+    def append(self, df: DataFrame, path: str, *, partition_by: Sequence[str] = (),
+               app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None) -> Commit:
+        return self._commit_df(df, path, partition_by=partition_by, app_txn=app_txn, metadata=metadata)
+
+    def replace_partition(self, df: DataFrame, path: str, *, partition_by: Sequence[str],
+                          partition: Mapping[str, str], app_txn: AppTxn | None = None,
+                          metadata: Mapping[str, Any] | None = None) -> Commit:
+        """Replace exactly the rows of one partition with ``df`` in one commit."""
+        bad = [k for k in partition if k not in partition_by]
+        if bad:
+            raise ValueError(f"{bad} are not partition columns of {path} ({list(partition_by)})")
+        return self._commit_df(df, path, partition_by=partition_by, replace=partition, app_txn=app_txn,
+                               metadata=metadata)
+
+    def replace_keys(self, rows: DataFrame, path: str, *, keys: Sequence[str], touched: DataFrame,
+                     app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None,
+                     sort_by: Sequence[str] = ()) -> Commit:
+        """Copy-on-write upsert: rows whose keys are in ``touched`` are replaced by ``rows``.
+
+        Only the data files holding a touched key are rewritten; keys in ``touched`` that have
+        no row in ``rows`` disappear from the table.
+        """
+        from pyspark.sql import functions as F
+
+        keys = list(keys)
+        touched = touched.select(*keys).distinct()
+        if self.table(path) is None:
+            return self._commit_df(rows, path, app_txn=app_txn, metadata=metadata, sort_by=sort_by)
+        by_path = {f.path: f for f in self.files(path)}
+        current = self.read(path).select(*keys, F.col("_metadata.file_path").alias("_file"))
+        hit = [r["_file"] for r in current.join(touched, keys, "left_semi").select("_file").distinct().collect()]
+        root = Path(_local(path)).resolve()
+        affected = [os.path.relpath(_local(unquote(uri)), root) for uri in hit]
+        missing = [f for f in affected if f not in by_path]
+        if missing:
+            raise LakeError(f"files {missing[:3]} of {path} are not in its snapshot; the table changed meanwhile, rerun")
+        out = rows
+        if affected:
+            kept = self.read_files(path, affected).join(touched, keys, "left_anti")
+            out = kept.unionByName(rows)
+        removes = [by_path[f] for f in affected]
+        return self._commit_df(out, path, removes=removes, app_txn=app_txn, metadata=metadata, sort_by=sort_by)
+
+    def append_rows(self, table: pa.Table, path: str, *, metadata: Mapping[str, Any] | None = None) -> Commit:
+        """Append a few driver-side rows (run records); never used for pipeline data."""
+        local = _local(path)
+        props = CommitProperties(custom_metadata=_meta(metadata))
+        write_deltalake(local, table, mode="append", commit_properties=props, schema_mode="merge")
+        dt = DeltaTable(local)
+        return Commit(dt.version(), files_added=1, files_removed=0, rows_added=table.num_rows)
+
+    # ---------------------------------------------------------------- internal
+    def _commit_df(self, df: DataFrame, path: str, *, partition_by: Sequence[str] = (),
+                   replace: Mapping[str, str] | None = None, removes: Sequence[DataFile] = (),
+                   app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None,
+                   sort_by: Sequence[str] = ()) -> Commit:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        schema = _nullable(to_arrow_schema(df.schema, timezone="UTC"))
+        table_name = Path(_local(path)).name
+        existing = self.table(path)
+        if existing is not None:
+            current = pa.schema(existing.schema().to_arrow())
+            if not _same_columns(current, schema):
+                raise LakeError(
+                    f"Delta table {path} has columns {current.names} ({_types(current)}) but the job writes "
+                    f"{schema.names} ({_types(schema)}); the pipeline spec changed: write to a new lake or "
+                    "remove the table and recompute it"
+                )
+            if list(existing.metadata().partition_columns) != list(partition_by):
+                raise LakeError(f"Delta table {path} is partitioned by {existing.metadata().partition_columns}, "
+                                f"expected {list(partition_by)}; remove the table and recompute it")
+        if sort_by:
+            df = df.sortWithinPartitions(*sort_by)
+        adds = self._stage(df, path, partition_by)
+        rows = sum(a_rows for _, a_rows in adds)
+        props = CommitProperties(
+            custom_metadata=_meta(metadata),
+            app_transactions=[Transaction(app_txn.app_id, app_txn.version)] if app_txn else None,
+        )
+        now = int(time.time() * 1000)
+        remove_actions = [RemoveAction(f.path, True, now, f.size, dict(f.partition_values)) for f in removes]
+        failpoint(f"commit:{table_name}:before")
+        try:
+            if existing is None:
+                create_table_with_add_actions(_local(path), DeltaSchema.from_arrow(schema), [a for a, _ in adds], mode="error",
+                                              partition_by=list(partition_by) or None, commit_properties=props)
+            elif replace is not None:
+                filters = [(k, "=", v) for k, v in replace.items()]
+                existing.create_write_transaction([a for a, _ in adds], "overwrite", schema,
+                                                  partition_by=list(partition_by) or None,
+                                                  partition_filters=filters, commit_properties=props)
+            else:
+                existing.create_write_transaction([*(a for a, _ in adds), *remove_actions], "append", schema,
+                                                  partition_by=list(partition_by) or None, commit_properties=props)
+        except Exception as exc:
+            raise LakeError(f"commit to Delta table {path} failed: {exc}") from exc
+        failpoint(f"commit:{table_name}:after")
+        dt = DeltaTable(_local(path))
+        return Commit(dt.version(), files_added=len(adds), files_removed=len(removes), rows_added=rows)
+
+    def _stage(self, df: DataFrame, path: str, partition_by: Sequence[str]) -> list[tuple[AddAction, int]]:
+        root = _local(path).rstrip("/")
+        staging = f"{root}/{_STAGING}/{uuid.uuid4().hex}"
+        df.write.mode("errorifexists").partitionBy(*partition_by).parquet(staging)
+        adds: list[tuple[AddAction, int]] = []
+        try:
+            for dirpath, _, names in os.walk(staging):
+                for name in sorted(names):
+                    if not name.endswith(".parquet"):
+                        continue
+                    src = os.path.join(dirpath, name)
+                    rel = os.path.relpath(src, staging)
+                    num_rows, stats = _file_stats(src)
+                    if num_rows == 0:
+                        continue
+                    dest = os.path.join(root, rel)
+                    os.makedirs(os.path.dirname(dest), exist_ok=True)
+                    os.replace(src, dest)
+                    st = os.stat(dest)
+                    action = AddAction(rel, st.st_size, _partition_values(rel), int(st.st_mtime * 1000), True, stats)
+                    adds.append((action, num_rows))
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return adds
+
+
+def _meta(metadata: Mapping[str, Any] | None) -> dict[str, str] | None:
+    if not metadata:
+        return None
+    return {k: v if isinstance(v, str) else json.dumps(v, default=str) for k, v in metadata.items()}
+
+
+def _types(schema: pa.Schema) -> str:
+    return ", ".join(str(f.type) for f in schema)

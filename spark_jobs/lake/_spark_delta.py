@@ -1,0 +1,107 @@
+"""delta-spark backend: writes and MERGEs through the Delta Lake Spark jars.
+
+Selected where the jars are on the classpath (a cluster, the docker image). Table metadata
+(versions, app transactions, file lists) is still read with delta-rs, which reads any Delta
+table; data goes through Spark's ``delta`` format, so deletion vectors and column mapping
+written by other engines are honoured.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from spark_jobs._failpoints import failpoint
+from spark_jobs.lake._embedded import EmbeddedLake
+from spark_jobs.lake._types import AppTxn, Commit
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, DataFrameWriter
+
+__all__ = ["SparkDeltaLake"]
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+class SparkDeltaLake(EmbeddedLake):
+    name = "delta-spark"
+
+    def read(self, path: str, *, version: int | None = None,
+             partitions: Sequence[tuple[str, str, Any]] | None = None) -> DataFrame:
+        reader = self.spark.read.format("delta")
+        if version is not None:
+            reader = reader.option("versionAsOf", version)
+        df = reader.load(path)
+        for col, op, value in partitions or ():
+            df = df.where(f"`{col}` {op} {_quote(str(value))}")
+        return df
+
+    def _writer(self, df: DataFrame, mode: str, partition_by: Sequence[str], app_txn: AppTxn | None,
+                metadata: Mapping[str, Any] | None) -> DataFrameWriter:
+        writer = df.write.format("delta").mode(mode)
+        if partition_by:
+            writer = writer.partitionBy(*partition_by)
+        if app_txn:
+            writer = writer.option("txnAppId", app_txn.app_id).option("txnVersion", app_txn.version)
+        if metadata:
+            writer = writer.option("userMetadata", json.dumps(dict(metadata), default=str))
+        return writer
+
+    def _done(self, path: str) -> Commit:
+        failpoint(f"commit:{Path(path).name}:after")
+        return Commit(self.version(path))
+
+    def append(self, df: DataFrame, path: str, *, partition_by: Sequence[str] = (),
+               app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None) -> Commit:
+        failpoint(f"commit:{Path(path).name}:before")
+        self._writer(df, "append", partition_by, app_txn, metadata).save(path)
+        return self._done(path)
+
+    def replace_partition(self, df: DataFrame, path: str, *, partition_by: Sequence[str],
+                          partition: Mapping[str, str], app_txn: AppTxn | None = None,
+                          metadata: Mapping[str, Any] | None = None) -> Commit:
+        where = " AND ".join(f"`{k}` = {_quote(v)}" for k, v in partition.items())
+        failpoint(f"commit:{Path(path).name}:before")
+        writer = self._writer(df, "overwrite", partition_by, app_txn, metadata)
+        writer.option("replaceWhere", where).save(path)
+        return self._done(path)
+
+    def replace_keys(self, rows: DataFrame, path: str, *, keys: Sequence[str], touched: DataFrame,
+                     app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None,
+                     sort_by: Sequence[str] = ()) -> Commit:
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as F
+
+        if self.table(path) is None:
+            return self.append(rows, path, app_txn=app_txn, metadata=metadata)
+        source = touched.select(*keys).distinct().join(rows.withColumn("_present", F.lit(True)), list(keys), "left")
+        cond = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in keys)
+        columns = {c: f"s.`{c}`" for c in rows.columns}
+        conf = self.spark.conf
+        if app_txn:
+            conf.set("spark.databricks.delta.write.txnAppId", app_txn.app_id)
+            conf.set("spark.databricks.delta.write.txnVersion", str(app_txn.version))
+        if metadata:
+            conf.set("spark.databricks.delta.commitInfo.userMetadata", json.dumps(dict(metadata), default=str))
+        failpoint(f"commit:{Path(path).name}:before")
+        try:
+            (DeltaTable.forPath(self.spark, path).alias("t").merge(source.alias("s"), cond)
+             .whenMatchedDelete(condition="s._present IS NULL")
+             .whenMatchedUpdate(set=columns)
+             .whenNotMatchedInsert(condition="s._present IS NOT NULL", values=columns)
+             .execute())
+        finally:
+            for key in ("spark.databricks.delta.write.txnAppId", "spark.databricks.delta.write.txnVersion",
+                        "spark.databricks.delta.commitInfo.userMetadata"):
+                conf.unset(key)
+        return self._done(path)
+
+    def append_rows(self, table: pa.Table, path: str, *, metadata: Mapping[str, Any] | None = None) -> Commit:
+        df = self.spark.createDataFrame(table.to_pandas())
+        self._writer(df, "append", (), None, metadata).option("mergeSchema", "true").save(path)
+        return Commit(self.version(path), rows_added=table.num_rows)

@@ -1,0 +1,36 @@
+"""Small value types shared by the Delta backends."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["AppTxn", "Commit", "DataFile"]
+
+
+@dataclass(frozen=True)
+class AppTxn:
+    """A Delta app transaction: ``app_id`` consumed its input up to ``version``."""
+
+    app_id: str
+    version: int
+
+
+@dataclass(frozen=True)
+class Commit:
+    """What one write did; ``version`` is the table version it produced."""
+
+    version: int | None
+    files_added: int = 0
+    files_removed: int = 0
+    rows_added: int = 0
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One data file of a snapshot: path relative to the table root."""
+
+    path: str
+    size: int
+    num_records: int | None
+    partition_values: Mapping[str, str | None] = field(default_factory=dict)

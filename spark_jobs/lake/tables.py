@@ -1,0 +1,42 @@
+"""Where a pipeline's tables live and what they are called."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["TABLES", "TableName", "PipelineTables"]
+
+TableName = Literal["partials", "aggregates", "changelog", "dead_letter", "runs"]
+TABLES: tuple[TableName, ...] = ("partials", "aggregates", "changelog", "dead_letter", "runs")
+
+
+@dataclass(frozen=True)
+class PipelineTables:
+    """The five Delta tables of one pipeline, under ``<lake>/<pipeline>/``."""
+
+    lake: str
+    pipeline: str
+
+    def path(self, table: TableName) -> str:
+        return f"{self.lake.rstrip('/')}/{self.pipeline}/{table}"
+
+    @property
+    def partials(self) -> str:
+        return self.path("partials")
+
+    @property
+    def aggregates(self) -> str:
+        return self.path("aggregates")
+
+    @property
+    def changelog(self) -> str:
+        return self.path("changelog")
+
+    @property
+    def dead_letter(self) -> str:
+        return self.path("dead_letter")
+
+    @property
+    def runs(self) -> str:
+        return self.path("runs")

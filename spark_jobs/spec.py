@@ -1,0 +1,366 @@
+"""Pipeline spec: YAML in, frozen dataclasses out, every check done before Spark starts.
+
+Errors are collected, not raised one at a time, so a user fixes a spec in one pass; each
+names the field path, the bad value and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, cast
+
+import yaml
+
+from spark_jobs.errors import SpecError
+
+__all__ = [
+    "AggregateSpec",
+    "Duration",
+    "PipelineSpec",
+    "SourceSpec",
+    "StreamSpec",
+    "WindowSpec",
+    "load_spec",
+    "parse_duration",
+    "parse_spec",
+]
+
+SourceFormat = Literal["parquet", "json", "csv"]
+FORMATS: tuple[str, ...] = ("parquet", "json", "csv")
+
+# spec type name -> Spark SQL type name
+TYPES: dict[str, str] = {
+    "string": "string",
+    "int": "int",
+    "integer": "int",
+    "long": "bigint",
+    "bigint": "bigint",
+    "float": "float",
+    "double": "double",
+    "boolean": "boolean",
+    "date": "date",
+    "timestamp": "timestamp",
+}
+NUMERIC_TYPES = frozenset({"int", "bigint", "float", "double"})
+
+# Columns the tables own; aggregates and group keys may not take these names.
+RESERVED_COLUMNS = frozenset(
+    {
+        "batch",
+        "source",
+        "event_date",
+        "window_start",
+        "window_end",
+        "n_rows",
+        "run_id",
+        "created_at",
+        "updated_at",
+        "op",
+        "batch_id",
+        "seq",
+    }
+)
+PARTITION_COLUMN = "event_date"
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_DURATION = re.compile(
+    r"^\s*(\d+)\s*(s|sec|secs|second|seconds|m|min|mins|minute|minutes|h|hour|hours|d|day|days)\s*$"
+)
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+@dataclass(frozen=True)
+class Duration:
+    """A positive span of time, kept in seconds; ``spark`` renders Spark's interval text."""
+
+    seconds: int
+
+    @property
+    def spark(self) -> str:
+        return f"{self.seconds} seconds"
+
+    def __str__(self) -> str:
+        for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+            if self.seconds % size == 0:
+                n = self.seconds // size
+                return f"{n} {unit}{'s' if n != 1 else ''}"
+        return f"{self.seconds} seconds"
+
+
+def parse_duration(text: object) -> Duration:
+    """Parse ``'1 hour'``, ``'90 s'``, ``'10 minutes'``; raise ValueError with the accepted forms."""
+    match = _DURATION.match(str(text)) if isinstance(text, (str, int)) else None
+    if not match or int(match.group(1)) <= 0:
+        raise ValueError(
+            f"bad duration {text!r}; write a positive whole number and a unit, "
+            "e.g. '30 seconds', '10 minutes', '1 hour', '1 day'"
+        )
+    unit = match.group(2)
+    key = "m" if unit.startswith("min") or unit == "m" else unit[0]
+    return Duration(int(match.group(1)) * _UNIT_SECONDS[key])
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    path: str
+    format: SourceFormat
+    event_time: str
+    schema: tuple[tuple[str, str], ...]  # (column, Spark SQL type), in declared order
+
+    @property
+    def columns(self) -> dict[str, str]:
+        return dict(self.schema)
+
+    def partition_path(self, date: str) -> str:
+        return f"{self.path.rstrip('/')}/{PARTITION_COLUMN}={date}"
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    size: Duration
+    slide: Duration | None = None
+
+    @property
+    def hopping(self) -> bool:
+        return self.slide is not None and self.slide != self.size
+
+
+@dataclass(frozen=True)
+class AggregateSpec:
+    name: str
+    fn: str
+    columns: tuple[str, ...] = ()
+    args: tuple[tuple[str, Any], ...] = ()
+
+    def arg(self, key: str, default: Any = None) -> Any:
+        return dict(self.args).get(key, default)
+
+    @property
+    def user_defined(self) -> bool:
+        return ":" in self.fn
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    max_files_per_batch: int = 100
+    trigger: Duration = Duration(5)
+    watermark: Duration = Duration(600)
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """A validated pipeline. Paths are absolute (relative ones resolve against the spec file)."""
+
+    name: str
+    source: SourceSpec
+    group_by: tuple[str, ...]
+    aggregates: tuple[AggregateSpec, ...]
+    lake: str
+    window: WindowSpec | None = None
+    stream: StreamSpec = StreamSpec()
+    origin: str = "<memory>"
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        """Group keys plus the window bounds: one row per value of these in ``aggregates``."""
+        return self.group_by + (("window_start", "window_end") if self.window else ())
+
+    @property
+    def table_root(self) -> str:
+        return f"{self.lake.rstrip('/')}/{self.name}"
+
+    def with_paths(self, *, lake: str | None = None, source_path: str | None = None) -> PipelineSpec:
+        source = self.source if source_path is None else dataclasses.replace(self.source, path=_abs(source_path, None))
+        return dataclasses.replace(self, source=source, lake=self.lake if lake is None else _abs(lake, None))
+
+
+def load_spec(path: str | Path, *, lake: str | None = None, source_path: str | None = None) -> PipelineSpec:
+    """Read and validate a spec file; ``lake``/``source_path`` override the file's paths."""
+    origin = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise SpecError(origin, [f"cannot read the spec file: {exc.strerror}; pass an existing YAML file"]) from exc
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(origin, [f"not valid YAML: {exc}"]) from exc
+    spec = parse_spec(raw, origin=origin, base_dir=Path(path).resolve().parent)
+    return spec.with_paths(lake=lake, source_path=source_path)
+
+
+def _abs(value: str, base_dir: Path | None) -> str:
+    if "://" in value:
+        return value
+    p = Path(value).expanduser()
+    if not p.is_absolute():
+        p = (base_dir or Path.cwd()) / p
+    return str(p.resolve())
+
+
+class _Checker:
+    """Collects problems while walking the raw mapping."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def add(self, field: str, message: str) -> None:
+        self.problems.append(f"{field}: {message}")
+
+    def mapping(self, value: Any, field: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> dict[str, Any]:
+        if not isinstance(value, Mapping):
+            self.add(field, f"expected a mapping with keys {', '.join(allowed)}, got {type(value).__name__} {value!r}")
+            return {}
+        for key in value:
+            if key not in allowed:
+                self.add(f"{field}.{key}" if field else str(key), f"unknown field; allowed fields are {', '.join(allowed)}")
+        for key in required:
+            if key not in value or value[key] is None:
+                self.add(f"{field}.{key}" if field else key, "is required")
+        return dict(value)
+
+
+def parse_spec(raw: Any, *, origin: str = "<memory>", base_dir: Path | None = None) -> PipelineSpec:
+    """Validate a spec mapping (as loaded from YAML) into a :class:`PipelineSpec`."""
+    from spark_jobs.aggregates.registry import validate_aggregate
+
+    c = _Checker()
+    top = c.mapping(raw, "", ("name", "source", "group_by", "window", "aggregates", "stream", "lake"),
+                    ("name", "source", "group_by", "aggregates", "lake"))
+
+    name = top.get("name")
+    if name is not None and (not isinstance(name, str) or not _NAME.match(name)):
+        c.add("name", f"bad name {name!r}; use lower-case letters, digits and '_', starting with a letter, e.g. page_views")
+
+    src = c.mapping(top.get("source", {}), "source", ("path", "format", "event_time", "schema"),
+                    ("path", "event_time", "schema"))
+    fmt = src.get("format", "parquet")
+    if fmt not in FORMATS:
+        c.add("source.format", f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    schema: dict[str, str] = {}
+    raw_schema = src.get("schema")
+    if raw_schema is not None and not isinstance(raw_schema, Mapping):
+        c.add("source.schema", "expected a mapping of column: type, e.g. {event_time: timestamp, page: string}")
+    elif raw_schema:
+        for col, typ in raw_schema.items():
+            if not isinstance(col, str) or not _NAME.match(col):
+                c.add(f"source.schema.{col}", "bad column name; use lower-case letters, digits and '_'")
+            elif str(typ).lower() not in TYPES:
+                c.add(f"source.schema.{col}", f"unknown type {typ!r}; use one of {', '.join(TYPES)}")
+            else:
+                schema[col] = TYPES[str(typ).lower()]
+    event_time = src.get("event_time")
+    if event_time is not None and schema:
+        if event_time not in schema:
+            c.add("source.event_time", f"column {event_time!r} is not in source.schema; add it as {event_time}: timestamp")
+        elif schema[event_time] != "timestamp":
+            c.add("source.event_time", f"column {event_time!r} has type {schema[event_time]}; declare it as timestamp")
+    for col in schema:
+        if col in RESERVED_COLUMNS:
+            c.add(f"source.schema.{col}", f"{col!r} is reserved by the pipeline tables; rename the column")
+
+    group_by = top.get("group_by")
+    keys: tuple[str, ...] = ()
+    if group_by is not None:
+        if not isinstance(group_by, list) or not all(isinstance(k, str) for k in group_by):
+            c.add("group_by", f"expected a list of column names, got {group_by!r}")
+        else:
+            keys = tuple(group_by)
+            for k in keys:
+                if schema and k not in schema:
+                    c.add("group_by", f"column {k!r} is not in source.schema; add it or remove it from group_by")
+            if len(set(keys)) != len(keys):
+                c.add("group_by", f"duplicate columns in {list(keys)}; list each column once")
+
+    window = None
+    if top.get("window") is not None:
+        w = c.mapping(top["window"], "window", ("size", "slide"), ("size",))
+        try:
+            size = parse_duration(w.get("size"))
+            slide = parse_duration(w["slide"]) if w.get("slide") is not None else None
+            if slide is not None and slide.seconds > size.seconds:
+                c.add("window.slide", f"slide {slide} is longer than size {size}; use a slide <= size")
+            window = WindowSpec(size, slide)
+        except ValueError as exc:
+            c.add("window", str(exc))
+
+    aggregates: list[AggregateSpec] = []
+    raw_aggs = top.get("aggregates")
+    if raw_aggs is not None and (not isinstance(raw_aggs, list) or not raw_aggs):
+        c.add("aggregates", "expected a non-empty list, e.g. [{name: views, fn: count}]")
+    seen: set[str] = set()
+    for i, item in enumerate(raw_aggs if isinstance(raw_aggs, list) else []):
+        field = f"aggregates[{i}]"
+        a = c.mapping(item, field, ("name", "fn", "column", "columns", "args"), ("name", "fn"))
+        agg_name = a.get("name")
+        if agg_name is not None:
+            if not isinstance(agg_name, str) or not _NAME.match(agg_name) or "__" in agg_name:
+                c.add(f"{field}.name", f"bad name {agg_name!r}; use lower-case letters, digits and single '_'")
+            elif agg_name in RESERVED_COLUMNS or agg_name in schema or agg_name in seen:
+                c.add(f"{field}.name", f"name {agg_name!r} clashes with a column or another aggregate; choose a unique name")
+            seen.add(str(agg_name))
+        if "column" in a and "columns" in a:
+            c.add(field, "'column' and 'columns' are mutually exclusive; define only one")
+        cols_raw = a.get("columns", [a["column"]] if a.get("column") is not None else [])
+        if not isinstance(cols_raw, list) or not all(isinstance(x, str) for x in cols_raw):
+            c.add(f"{field}.columns", f"expected a list of column names, got {cols_raw!r}")
+            cols_raw = []
+        for col in cols_raw:
+            if schema and col not in schema:
+                c.add(f"{field}.column", f"column {col!r} is not in source.schema; add it or use another column")
+        args = a.get("args") or {}
+        if not isinstance(args, Mapping):
+            c.add(f"{field}.args", f"expected a mapping, got {args!r}")
+            args = {}
+        if not isinstance(a.get("fn"), str):
+            if a.get("fn") is not None:
+                c.add(f"{field}.fn", f"expected a function name, got {a.get('fn')!r}")
+            continue
+        agg = AggregateSpec(str(agg_name), a["fn"], tuple(cols_raw), tuple(sorted(args.items())))
+        for problem in validate_aggregate(agg, schema):
+            c.add(f"{field}.{problem[0]}", problem[1])
+        aggregates.append(agg)
+
+    stream = StreamSpec()
+    if top.get("stream") is not None:
+        s = c.mapping(top["stream"], "stream", ("max_files_per_batch", "trigger", "watermark"))
+        kwargs: dict[str, Any] = {}
+        mfpb = s.get("max_files_per_batch", 100)
+        if not isinstance(mfpb, int) or isinstance(mfpb, bool) or mfpb < 1:
+            c.add("stream.max_files_per_batch", f"bad value {mfpb!r}; use a whole number >= 1")
+        else:
+            kwargs["max_files_per_batch"] = mfpb
+        for key in ("trigger", "watermark"):
+            if key in s:
+                try:
+                    kwargs[key] = parse_duration(s[key])
+                except ValueError as exc:
+                    c.add(f"stream.{key}", str(exc))
+        stream = StreamSpec(**kwargs)
+
+    lake = top.get("lake")
+    for field, value in (("lake", lake), ("source.path", src.get("path"))):
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            c.add(field, f"expected a path, got {value!r}")
+
+    if c.problems:
+        raise SpecError(origin, c.problems)
+    return PipelineSpec(
+        name=cast(str, name),
+        source=SourceSpec(
+            path=_abs(src["path"], base_dir),
+            format=cast(SourceFormat, fmt),
+            event_time=cast(str, event_time),
+            schema=tuple(schema.items()),
+        ),
+        group_by=keys,
+        aggregates=tuple(aggregates),
+        lake=_abs(cast(str, lake), base_dir),
+        window=window,
+        stream=stream,
+        origin=origin,
+    )
