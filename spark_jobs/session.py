@@ -101,10 +101,10 @@ def _python() -> str:
 def delta_jars_available(spark: SparkSession) -> bool:
     """True when the Delta Lake Spark classes are on the driver's classpath."""
     try:
-        jvm = spark.sparkContext._jvm  # noqa: SLF001 - py4j is the only way to ask the JVM
+        jvm = spark.sparkContext._jvm
         assert jvm is not None
         jvm.java.lang.Class.forName("io.delta.tables.DeltaTable")
         return True
-    except Exception:  # noqa: BLE001 - any failure means "not available"
+    except Exception:
         return False
 

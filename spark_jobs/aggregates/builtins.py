@@ -14,9 +14,11 @@ except the counts, which are 0.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import datasketches as ds
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -149,7 +151,10 @@ class Sum(Builtin):
     def accumulate_batch(self, acc: list[Any], *arrays: pa.Array) -> list[Any]:
         arr = arrays[0]
         n = len(arr) - arr.null_count
-        return [acc[0] + (pc.sum(arr).as_py() or 0), acc[1] + n] if n else acc
+        if pa.types.is_integer(arr.type):  # exact, like Python ints: no silent int64 wrap-around
+            arr = arr.cast(pa.decimal128(38, 0))
+        total = pc.sum(arr).as_py() or 0
+        return [acc[0] + (int(total) if isinstance(total, Decimal) else total), acc[1] + n] if n else acc
 
     def spark_partial(self, value: Column | None, event_time: Column) -> list[Column]:
         from pyspark.sql import functions as F
@@ -374,7 +379,7 @@ class ApproxPercentile(Builtin):
         return acc
 
     def accumulate_batch(self, acc: ds.kll_doubles_sketch, *arrays: pa.Array) -> ds.kll_doubles_sketch:
-        values = arrays[0].drop_null().cast(pa.float64()).to_numpy(zero_copy_only=False)
+        values = np.array(arrays[0].drop_null().cast(pa.float64()), dtype=np.float64)  # writable copy
         if len(values):
             acc.update(values)
         return acc

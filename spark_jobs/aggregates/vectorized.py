@@ -38,15 +38,20 @@ class UserAggregate:
 
 
 def _grouped(table: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, list[tuple[Any, ...]], np.ndarray]:
-    """Sort ``table`` by key; return it, each group's key and the group offsets."""
+    """Sort ``table`` by key; return it, each group's key and the group offsets.
+
+    Grouping is Arrow's hash grouping on the Arrow values: NULL is its own group, NaN its own,
+    and 64-bit integers stay exact.
+    """
     if not keys:
         return table, [()], np.array([0, table.num_rows])
-    codes = table.select(list(keys)).to_pandas().groupby(list(keys), sort=False, dropna=False).ngroup().to_numpy()
-    order = np.argsort(codes, kind="stable")
-    offsets = np.concatenate([[0], np.cumsum(np.bincount(codes))])
-    firsts = order[offsets[:-1]]
-    key_values = [table.column(k).take(pa.array(firsts)).to_pylist() for k in keys]
-    return table.take(pa.array(order)).combine_chunks(), list(zip(*key_values, strict=True)), offsets
+    index = pa.array(np.arange(table.num_rows, dtype=np.int64))
+    groups = (table.select(list(keys)).append_column("__row", index)
+              .group_by(list(keys), use_threads=False).aggregate([("__row", "list")]))
+    rows = groups.column("__row_list").combine_chunks()
+    offsets = rows.offsets.to_numpy()
+    key_values = [groups.column(k).to_pylist() for k in keys]
+    return table.take(rows.flatten()).combine_chunks(), list(zip(*key_values, strict=True)), offsets
 
 
 def _buffered(batches: Iterator[pa.RecordBatch], flush_rows: int) -> Iterator[pa.Table]:

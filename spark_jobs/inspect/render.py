@@ -30,7 +30,7 @@ def to_text(table: pa.Table) -> str:
     widths = [max(len(name), *(len(r[i]) for r in rows)) for i, name in enumerate(table.column_names)]
     numeric = [pa.types.is_integer(f.type) or pa.types.is_floating(f.type) for f in table.schema]
     def line(cells: list[str]) -> str:
-        return "  ".join(c.rjust(w) if n else c.ljust(w) for c, w, n in zip(cells, widths, numeric)).rstrip()
+        return "  ".join(c.rjust(w) if n else c.ljust(w) for c, w, n in zip(cells, widths, numeric, strict=False)).rstrip()
     out = [line(table.column_names), line(["-" * w for w in widths])]
     out.extend(line(r) for r in rows)
     return "\n".join(out)

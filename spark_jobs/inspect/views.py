@@ -49,7 +49,7 @@ def table_summary(path: str) -> dict[str, object]:
         "rows": int(pa.compute.sum(actions["num_records"]).as_py() or 0) if actions.num_rows else 0,
         "files": actions.num_rows,
         "bytes": int(pa.compute.sum(actions["size_bytes"]).as_py() or 0) if actions.num_rows else 0,
-        "last_commit": dt.datetime.fromtimestamp(last["timestamp"] / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
+        "last_commit": dt.datetime.fromtimestamp(last["timestamp"] / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S"),
         "operation": last.get("operation", ""),
     }
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["PARTIALS_PARTITIONS", "combine", "parse_date", "run", "write_dead_letters"]
 
 PARTIALS_PARTITIONS = ("event_date", "source")
+DEAD_LETTER_PARTITIONS = ("job", "batch")
 
 
 def parse_date(text: str) -> str:
@@ -53,31 +54,26 @@ def combine(rows: DataFrame, spec: PipelineSpec, compiled: CompiledAggregates, *
 
 def write_dead_letters(lake: Lake, tables: PipelineTables, rows: DataFrame, *, job: str, batch: str,
                        run_id: str, rejected: int) -> Commit | None:
-    """Replace the rejects of (job, batch) with this run's; skip the commit when both are empty."""
+    """Replace the rejects of (job, batch) with this run's; no commit when both are empty."""
     from pyspark.sql import functions as F
 
     path = tables.dead_letter
-    spark = rows.sparkSession
-    if rejected == 0:
-        if lake.version(path) is None:
-            return None
-        if lake.read(path).where((F.col("job") == job) & (F.col("batch") == batch)).limit(1).count() == 0:
-            return None
+    partition = {"job": job, "batch": batch}
+    if rejected == 0 and not any(f.partition_values == partition for f in lake.files(path)):
+        return None
     bad = rows.where(F.col("_reason").isNotNull()).select(
-        F.lit(run_id).alias("run_id"), F.lit(job).alias("job"), F.lit(batch).alias("batch"),
-        F.col("_reason").alias("reason"), F.col("_raw").alias("raw"), F.col("_file").alias("source_file"),
-        F.current_timestamp().alias("rejected_at"),
+        F.lit(run_id).alias("run_id"), F.col("_reason").alias("reason"), F.col("_raw").alias("raw"),
+        F.col("_file").alias("source_file"), F.current_timestamp().alias("rejected_at"),
+        F.lit(job).alias("job"), F.lit(batch).alias("batch"),
     )
-    touched = spark.createDataFrame([(job, batch)], "job string, batch string")
-    return lake.replace_keys(bad, path, keys=["job", "batch"], touched=touched,
-                             metadata={"run_id": run_id, "job": job, "batch": batch})
+    return lake.replace_partition(bad, path, partition_by=DEAD_LETTER_PARTITIONS, partition=partition,
+                                  metadata={"run_id": run_id, "job": job, "batch": batch})
 
 
 def run(spark: SparkSession, spec: PipelineSpec, date: str, *, lake: Lake | None = None,
         run_id: str | None = None) -> RunRecord:
     """Combine one landing day into ``partials`` (replacing that day's batch partials)."""
     from pyspark import StorageLevel
-    from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
     date = parse_date(date)
@@ -88,30 +84,30 @@ def run(spark: SparkSession, spec: PipelineSpec, date: str, *, lake: Lake | None
         source = spec.source.partition_path(date)
         record.inputs = [source]
         record.versions_read = {"partials": lake.version(tables.partials)}
-        rows = classify(read_partition(spark, spec, date), spec, date)
-        seen, kept = Observation("rows_in"), Observation("rows_aggregated")
-        rows = rows.observe(seen, F.count(F.lit(1)).alias("n"), F.count("_reason").alias("rejected"))
-        if compiled.udafs:  # two branches read the rows: read the input once
-            rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
-        valid = rows.where(F.col("_reason").isNull()).drop("_raw", "_reason", "_file")
-        valid = valid.observe(kept, F.count(F.lit(1)).alias("n"))
-        partials = combine(valid, spec, compiled, date=date, run_id=record.run_id)
-        metadata = {"run_id": record.run_id, "job": "combine", "batch": date, "inputs": [source]}
+        # one pass over the input: typed rows are cached, counted, aggregated and rejected from it
+        rows = classify(read_partition(spark, spec, date), spec, date).persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            commit = lake.replace_partition(partials, tables.partials, partition_by=PARTIALS_PARTITIONS,
-                                            partition={"event_date": date, "source": "batch"}, metadata=metadata)
-        except PipelineError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - Spark surfaces unreadable input here, as many classes
-            raise InputError(f"combine of {date} failed reading {source}: {spark_read_error(exc)}") from exc
-        counts = seen.get
-        record.rows_in, record.rows_rejected = int(counts["n"]), int(counts["rejected"])
-        record.rows_aggregated = int(kept.get["n"])
-        written = {"partials": commit.version}
-        dead = write_dead_letters(lake, tables, rows, job="combine", batch=date, run_id=record.run_id,
-                                  rejected=record.rows_rejected)
-        if dead is not None:
-            written["dead_letter"] = dead.version
-        record.versions_written = written
-        rows.unpersist()
+            valid = rows.where(F.col("_reason").isNull()).drop("_raw", "_reason", "_file")
+            partials = combine(valid, spec, compiled, date=date, run_id=record.run_id)
+            metadata = {"run_id": record.run_id, "job": "combine", "batch": date, "inputs": [source]}
+            try:
+                counts = rows.agg(F.count(F.lit(1)).alias("n"), F.count("_reason").alias("rejected")).first()
+                commit = lake.replace_partition(partials, tables.partials, partition_by=PARTIALS_PARTITIONS,
+                                                partition={"event_date": date, "source": "batch"},
+                                                metadata=metadata)
+            except PipelineError:
+                raise
+            except Exception as exc:
+                raise InputError(f"combine of {date} failed reading {source}: {spark_read_error(exc)}") from exc
+            assert counts is not None
+            record.rows_in, record.rows_rejected = int(counts["n"]), int(counts["rejected"])
+            record.rows_aggregated = record.rows_in - record.rows_rejected  # each row is one or the other
+            written = {"partials": commit.version}
+            dead = write_dead_letters(lake, tables, rows, job="combine", batch=date, run_id=record.run_id,
+                                      rejected=record.rows_rejected)
+            if dead is not None:
+                written["dead_letter"] = dead.version
+            record.versions_written = written
+        finally:
+            rows.unpersist()
     return record

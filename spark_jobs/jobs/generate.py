@@ -83,7 +83,7 @@ def day_table(config: GenerateConfig, day_index: int) -> tuple[pa.Table, np.ndar
     n = config.rows_per_day
     hours = rng.choice(24, size=n, p=_HOURLY / _HOURLY.sum())
     micros = hours.astype(np.int64) * 3_600_000_000 + rng.integers(0, 3_600_000_000, size=n)
-    midnight = int(dt.datetime(date.year, date.month, date.day, tzinfo=dt.timezone.utc).timestamp() * 1_000_000)
+    midnight = int(dt.datetime(date.year, date.month, date.day, tzinfo=dt.UTC).timestamp() * 1_000_000)
     event_time = np.sort(midnight + micros)
     pages = _zipf(rng, config.pages, n, 1.1)
     users = _zipf(rng, config.users, n, 0.9)

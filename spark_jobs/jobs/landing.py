@@ -50,16 +50,13 @@ def read_partition(spark: SparkSession, spec: PipelineSpec, date: str) -> DataFr
     if fmt == "parquet":
         try:
             df = spark.read.parquet(path)
-        except Exception as exc:  # noqa: BLE001 - Spark raises many classes; the message says which file
+        except Exception as exc:
             raise InputError(f"cannot read landing partition {path}: {spark_read_error(exc)}") from exc
         _check_parquet_schema(df, spec, path)
         return df.select(*columns, F.to_json(F.struct(*df.columns)).alias("_raw"), file_col)
     text_schema = StructType([StructField(c, StringType()) for c in columns] + [StructField(CORRUPT, StringType())])
     reader = spark.read.schema(text_schema).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT)
-    if fmt == "json":
-        df = reader.json(path)
-    else:
-        df = reader.option("header", True).option("enforceSchema", False).csv(path)
+    df = reader.json(path) if fmt == "json" else reader.option("header", True).option("enforceSchema", False).csv(path)
     raw = F.coalesce(F.col(CORRUPT), F.to_json(F.struct(*columns)))
     return df.select(*columns, F.col(CORRUPT), raw.alias("_raw"), file_col)
 

@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
@@ -41,7 +41,7 @@ RUNS_SCHEMA = pa.schema([
 
 
 def new_run_id(job: str) -> str:
-    return f"{job}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
+    return f"{job}-{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
 
 
 @dataclass
@@ -53,7 +53,7 @@ class RunRecord:
     job: str
     batch: str | None
     backend: str
-    started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     finished_at: datetime | None = None
     status: str = "running"
     rows_in: int = 0
@@ -66,7 +66,7 @@ class RunRecord:
 
     @property
     def duration_s(self) -> float:
-        end = self.finished_at or datetime.now(timezone.utc)
+        end = self.finished_at or datetime.now(UTC)
         return (end - self.started_at).total_seconds()
 
     @property
@@ -101,9 +101,9 @@ def recorded_run(lake: Lake, tables: PipelineTables, *, job: str, batch: str | N
         run.message = f"{type(exc).__name__}: {exc}"[:4000]
         raise
     finally:
-        run.finished_at = datetime.now(timezone.utc)
+        run.finished_at = datetime.now(UTC)
         log.info("%s (%.1fs)", run.summary(), time.monotonic() - started)
         try:
             lake.append_rows(run.to_arrow(), tables.runs, metadata={"run_id": run.run_id, "job": job})
-        except Exception:  # noqa: BLE001 - never hide the job's own error behind the log's
+        except Exception:
             log.exception("could not record run %s in %s", run.run_id, tables.runs)

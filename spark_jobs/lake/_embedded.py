@@ -17,7 +17,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
@@ -63,7 +63,7 @@ def _same_columns(a: pa.Schema, b: pa.Schema) -> bool:
 
 def _stat_value(value: Any, *, upper: bool) -> Any:
     if isinstance(value, datetime):
-        value = value.astimezone(timezone.utc) if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        value = value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
         if upper and value.microsecond % 1000:
             value = value + timedelta(microseconds=1000 - value.microsecond % 1000)
         value = value.replace(microsecond=value.microsecond - value.microsecond % 1000)
@@ -239,7 +239,7 @@ class EmbeddedLake:
         out = rows
         if affected:
             kept = self.read_files(path, affected).join(touched, keys, "left_anti")
-            out = kept.unionByName(rows)
+            out = kept.select(*rows.columns).unionByName(rows)
         removes = [by_path[f] for f in affected]
         return self._commit_df(out, path, removes=removes, app_txn=app_txn, metadata=metadata, sort_by=sort_by)
 

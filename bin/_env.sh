@@ -1,0 +1,28 @@
+# Sourced by bin/*: make .venv from requirements.txt when missing or stale, and set JAVA_HOME.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+STAMP="$VENV/.installed"
+want="$(cat "$ROOT/requirements.txt" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$STAMP" 2>/dev/null || true)" != "$want" ]; then
+  py="$(command -v python3.11 || command -v python3)"
+  echo "setting up $VENV from requirements.txt with $("$py" --version) (first run takes a few minutes)" >&2
+  "$py" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$ROOT/requirements.txt"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps -e "$ROOT"
+  echo "$want" > "$STAMP"
+fi
+if [ -z "${JAVA_HOME:-}" ]; then
+  java_bin="$(command -v java || true)"
+  if [ -z "$java_bin" ]; then
+    echo "error: no 'java' on PATH; install a JDK 17 (apt-get install openjdk-17-jdk-headless) or set JAVA_HOME" >&2
+    exit 1
+  fi
+  JAVA_HOME="$(dirname "$(dirname "$(readlink -f "$java_bin")")")"
+  export JAVA_HOME
+fi
+export PATH="$VENV/bin:$PATH"
+export GX_ANALYTICS_ENABLED=False
+export PYTHONUNBUFFERED=1
+cd "$ROOT"
