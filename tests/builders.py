@@ -59,7 +59,7 @@ def write_day(landing: Path, date: str, table: pa.Table, files: int = 1) -> None
 
 def events(rows: list[tuple[Any, ...]]) -> pa.Table:
     """(event_time, user_id, page, duration_ms, weight, country) tuples -> a landing table."""
-    cols = list(zip(*rows)) if rows else [[] for _ in SCHEMA]
+    cols = list(zip(*rows, strict=True)) if rows else [[] for _ in SCHEMA]
     return pa.table({
         "event_time": pa.array(cols[0], pa.timestamp("us", tz="UTC")),
         "user_id": pa.array(cols[1], pa.string()),
@@ -68,3 +68,35 @@ def events(rows: list[tuple[Any, ...]]) -> pa.Table:
         "weight": pa.array(cols[4], pa.float64()),
         "country": pa.array(cols[5], pa.string()),
     })
+
+
+# The built-in aggregates only: no Python UDAF, so a job needs no Python workers (faster tests).
+FAST_AGGREGATES: list[dict[str, Any]] = [a for a in ALL_AGGREGATES if ":" not in a["fn"]]
+
+
+def day_events(date: str, n: int, *, seed: int = 0, pages: tuple[str, ...] = ("/a", "/b", "/c"),
+               rejected: int = 0) -> pa.Table:
+    """``n`` deterministic events spread over ``date`` (UTC), plus ``rejected`` rows without a page."""
+    import datetime as dt
+    import random
+
+    rng = random.Random(f"{date}/{seed}")
+    midnight = dt.datetime.fromisoformat(date).replace(tzinfo=dt.UTC)
+    rows: list[tuple[Any, ...]] = []
+    for _ in range(n):
+        at = midnight + dt.timedelta(seconds=rng.randrange(86_400))
+        ms = None if rng.random() < 0.1 else rng.randrange(10_000)
+        rows.append((at, f"u{rng.randrange(30)}", rng.choice(pages), ms, rng.choice([0.5, 1.0, 2.0]),
+                     rng.choice(["DE", "US", "FR", None])))
+    for i in range(rejected):
+        rows.append((midnight + dt.timedelta(hours=i % 24), "u0", None, 1, 1.0, "DE"))
+    return events(rows)
+
+
+def write_text(landing: Path, date: str, name: str, text: str) -> Path:
+    """Write one text landing file (JSON lines, CSV) into the day's partition."""
+    part = landing / f"event_date={date}"
+    part.mkdir(parents=True, exist_ok=True)
+    path = part / name
+    path.write_text(text)
+    return path

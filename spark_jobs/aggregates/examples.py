@@ -14,9 +14,9 @@ import pyarrow.compute as pc
 
 from spark_jobs.aggregates.base import AggregateFunction
 
-__all__ = ["WeightedAvg"]
+__all__ = ["VectorSum", "WeightedAvg"]
 
-Acc = dict[str, float]
+Acc = dict[str, Any]
 
 
 class WeightedAvg(AggregateFunction[Acc, "float | None"]):
@@ -58,3 +58,34 @@ class WeightedAvg(AggregateFunction[Acc, "float | None"]):
 
     def get_value(self, acc: Acc) -> float | None:
         return acc["weighted_sum"] / acc["weight"] if acc["weight"] else None
+
+
+class VectorSum(AggregateFunction[Acc, "int | None"]):
+    """A user-defined twin of the built-in ``sum`` over integers, to measure the UDAF path."""
+
+    accumulator_type = pa.struct([("sum", pa.int64()), ("count", pa.int64())])
+    result_type = pa.int64()
+    num_inputs = 1
+
+    def create_accumulator(self) -> Acc:
+        return {"sum": 0, "count": 0}
+
+    def accumulate(self, acc: Acc, *values: Any) -> Acc:
+        if values[0] is not None:
+            acc["sum"] += values[0]
+            acc["count"] += 1
+        return acc
+
+    def accumulate_batch(self, acc: Acc, *arrays: pa.Array) -> Acc:
+        acc["sum"] += pc.sum(arrays[0]).as_py() or 0
+        acc["count"] += len(arrays[0]) - arrays[0].null_count
+        return acc
+
+    def merge(self, acc: Acc, other: Acc) -> Acc:
+        return {"sum": acc["sum"] + other["sum"], "count": acc["count"] + other["count"]}
+
+    def merge_batch(self, acc: Acc, others: list[Acc]) -> Acc:
+        return {k: acc[k] + sum(o[k] for o in others) for k in acc}
+
+    def get_value(self, acc: Acc) -> int | None:
+        return acc["sum"] if acc["count"] else None

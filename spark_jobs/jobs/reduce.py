@@ -94,11 +94,10 @@ def run(spark: SparkSession, spec: PipelineSpec, *, lake: Lake | None = None, ru
                 changed = sorted(set(now) ^ set(before))
             except LakeError as exc:
                 log.warning("cannot load partials version %s (%s): merging everything", consumed, exc)
-        if changed is None:
+        touched: DataFrame | None
+        if changed is None:  # first or full reduce: the whole table is replaced
             paths = list(now)
-            touched = lake.read_files(tables.partials, paths).select(*keys)
-            if lake.version(tables.aggregates) is not None:
-                touched = touched.unionByName(lake.read(tables.aggregates).select(*keys))
+            touched = None
             inputs = lake.read_files(tables.partials, paths)
         else:
             touched = lake.read_files(tables.partials, changed).select(*keys).distinct()

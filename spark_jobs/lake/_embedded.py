@@ -214,21 +214,24 @@ class EmbeddedLake:
         return self._commit_df(df, path, partition_by=partition_by, replace=partition, app_txn=app_txn,
                                metadata=metadata)
 
-    def replace_keys(self, rows: DataFrame, path: str, *, keys: Sequence[str], touched: DataFrame,
+    def replace_keys(self, rows: DataFrame, path: str, *, keys: Sequence[str], touched: DataFrame | None,
                      app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None,
                      sort_by: Sequence[str] = ()) -> Commit:
         """Copy-on-write upsert: rows whose keys are in ``touched`` are replaced by ``rows``.
 
         Only the data files holding a touched key are rewritten; keys in ``touched`` that have
-        no row in ``rows`` disappear from the table.
+        no row in ``rows`` disappear from the table. ``touched=None`` replaces the whole table.
         """
         from pyspark.sql import functions as F
 
         keys = list(keys)
-        touched = touched.select(*keys).distinct()
         if self.table(path) is None:
             return self._commit_df(rows, path, app_txn=app_txn, metadata=metadata, sort_by=sort_by)
         by_path = {f.path: f for f in self.files(path)}
+        if touched is None:
+            return self._commit_df(rows, path, removes=list(by_path.values()), app_txn=app_txn, metadata=metadata,
+                                   sort_by=sort_by)
+        touched = touched.select(*keys).distinct()
         current = self.read(path).select(*keys, F.col("_metadata.file_path").alias("_file"))
         hit = [r["_file"] for r in current.join(touched, keys, "left_semi").select("_file").distinct().collect()]
         root = Path(_local(path)).resolve()

@@ -1,0 +1,223 @@
+"""Reruns, backfills and mixed batch/stream partials never count a row twice or lose one."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import datasketches as ds
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from spark_jobs.aggregates.compile import CompiledAggregates
+from spark_jobs.jobs import combine, reduce
+from spark_jobs.jobs.landing import classify, read_partition
+from spark_jobs.lake import PipelineTables, open_lake
+from spark_jobs.spec import PipelineSpec
+from tests.builders import ALL_AGGREGATES, FAST_AGGREGATES, day_events, make_spec, write_day
+from tests.oracle import actual, assert_matches, expected, read_landing
+
+pytestmark = pytest.mark.spark
+
+D1, D2, D3 = "2024-03-01", "2024-03-02", "2024-03-03"
+VOLATILE = ("run_id", "created_at", "updated_at")
+
+
+def _canon(name: str, value: Any) -> Any:
+    """A value comparable across runs: sets sorted, sketches decoded to what they hold."""
+    if not isinstance(value, (bytes, bytearray, dict, list, tuple, np.ndarray, str)) and pd.isna(value):
+        return None
+    if name.endswith("__hll"):
+        return ("hll", round(ds.hll_sketch.deserialize(bytes(value)).get_estimate(), 6))
+    if name.endswith("__kll"):
+        return ("kll", tuple(sorted(ds.kll_doubles_sketch.deserialize(bytes(value)))))
+    if name.endswith("__set"):
+        return tuple(sorted(value))
+    if isinstance(value, dict):
+        return tuple(sorted((k, _canon(k, v)) for k, v in value.items()))
+    return value
+
+
+def canonical(df: pd.DataFrame, keys: list[str]) -> list[dict[str, Any]]:
+    """Rows without run ids and timestamps of writing, sorted by ``keys``."""
+    df = df.drop(columns=[c for c in VOLATILE if c in df.columns])
+    rows = [{k: _canon(k, v) for k, v in rec.items()} for rec in df.to_dict("records")]
+    return sorted(rows, key=lambda r: tuple(str(r[k]) for k in keys))
+
+
+def day_files(path: str, date: str, source: str = "batch") -> set[str]:
+    actions = pa.table(DeltaTable(path).get_add_actions(flatten=True)).to_pylist()
+    return {a["path"] for a in actions
+            if str(a["partition.event_date"]) == date and a["partition.source"] == source}
+
+
+def stream_partials(spark, spec: PipelineSpec, date: str):
+    """What a streaming job would have written for ``date``: the pure combine transform, source=stream."""
+    from pyspark.sql import functions as F
+
+    rows = classify(read_partition(spark, spec, date), spec, date)
+    valid = rows.where(F.col("_reason").isNull()).drop("_raw", "_reason", "_file")
+    out = combine.combine(valid, spec, CompiledAggregates(spec), date=date, run_id="stream-run-1")
+    return out.withColumn("source", F.lit("stream")).withColumn("batch", F.lit("stream-1"))
+
+
+def oracle_check(root: Path, spec: PipelineSpec) -> None:
+    tables = PipelineTables(spec.lake, spec.name)
+    assert_matches(actual(tables.aggregates, spec), expected(read_landing(root / "landing"), spec), spec)
+
+
+def test_rerunning_combine_replaces_the_day_with_identical_partials(spark, tmp_path):
+    spec = make_spec(tmp_path, aggregates=ALL_AGGREGATES, window={"size": "1 hour"})
+    tables = PipelineTables(spec.lake, spec.name)
+    write_day(tmp_path / "landing", D1, day_events(D1, 120, rejected=3))
+    keys = ["event_date", "source", *spec.key_columns]
+
+    first = combine.run(spark, spec, D1)
+    v1, rows1 = DeltaTable(tables.partials).version(), DeltaTable(tables.partials).to_pandas()
+    dead1 = DeltaTable(tables.dead_letter).to_pandas()
+    second = combine.run(spark, spec, D1)
+    v2, rows2 = DeltaTable(tables.partials).version(), DeltaTable(tables.partials).to_pandas()
+
+    assert first.status == second.status == "success"
+    assert v2 == v1 + 1 and second.versions_written["partials"] == v2
+    assert len(rows2) == len(rows1) > 0
+    assert canonical(rows2, keys) == canonical(rows1, keys)
+    assert set(rows2["run_id"]) == {second.run_id}
+
+    dead2 = DeltaTable(tables.dead_letter).to_pandas()
+    assert len(dead1) == len(dead2) == 3, "the day's rejects are replaced, not appended"
+    assert set(dead2["run_id"]) == {second.run_id} and set(dead2["batch"]) == {D1}
+    assert sorted(dead2["raw"]) == sorted(dead1["raw"])
+    assert (second.rows_in, second.rows_rejected) == (123, 3) and second.reconciles
+
+
+def test_a_second_reduce_of_the_same_partials_is_a_noop(spark, tmp_path):
+    spec = make_spec(tmp_path, aggregates=FAST_AGGREGATES)
+    tables = PipelineTables(spec.lake, spec.name)
+    write_day(tmp_path / "landing", D1, day_events(D1, 60))
+    combine.run(spark, spec, D1)
+
+    first = reduce.run(spark, spec)
+    version = DeltaTable(tables.aggregates).version()
+    before = DeltaTable(tables.aggregates).to_pandas()
+    second = reduce.run(spark, spec)
+
+    assert first.status == "success" and second.status == "noop"
+    assert "already merged" in second.message and second.versions_written == {}
+    assert DeltaTable(tables.aggregates).version() == version
+    pd.testing.assert_frame_equal(DeltaTable(tables.aggregates).to_pandas(), before)
+    oracle_check(tmp_path, spec)
+
+
+def test_a_backfilled_day_re_merges_only_its_own_keys(spark, tmp_path):
+    spec = make_spec(tmp_path, aggregates=FAST_AGGREGATES, window={"size": "1 hour"})
+    tables = PipelineTables(spec.lake, spec.name)
+    landing = tmp_path / "landing"
+    for i, day in enumerate((D1, D2, D3)):
+        write_day(landing, day, day_events(day, 80, seed=i))
+        combine.run(spark, spec, day)
+    first = reduce.run(spark, spec)
+    assert first.message == "full merge"
+    oracle_check(tmp_path, spec)
+    all_before = {f.path for f in open_lake(spark, "embedded").files(tables.partials)}
+    d1_before = day_files(tables.partials, D1)
+
+    # day 1 lands again with other rows: page /c disappears, /d appears
+    write_day(landing, D1, day_events(D1, 70, seed=99, pages=("/a", "/b", "/d")))
+    combine.run(spark, spec, D1)
+    d1_after = day_files(tables.partials, D1)
+    second = reduce.run(spark, spec)
+
+    assert second.status == "success"
+    oracle_check(tmp_path, spec)
+    changed = int(re.fullmatch(r"(\d+) partial files changed", second.message).group(1))
+    assert changed == len(d1_before) + len(d1_after)
+    assert changed < len(all_before | d1_after), "a backfill of one day must not re-merge every file"
+
+    got = actual(tables.aggregates, spec)
+    day = got["window_start"].dt.date.astype(str)
+    assert set(got.loc[day == D1, "run_id"]) == {second.run_id}
+    assert set(got.loc[day.isin([D2, D3]), "run_id"]) == {first.run_id}, "days 2-3 were rewritten"
+    assert not got.loc[day == D1, "page"].isin(["/c"]).any() and got.loc[day == D1, "page"].isin(["/d"]).any()
+
+
+def test_incremental_reduces_equal_one_reduce_and_a_full_reduce(spark, tmp_path):
+    spec = make_spec(tmp_path, aggregates=FAST_AGGREGATES)  # keys (page) span days: re-merged each time
+    tables = PipelineTables(spec.lake, spec.name)
+    for i, day in enumerate((D1, D2, D3)):
+        write_day(tmp_path / "landing", day, day_events(day, 50, seed=i))
+        combine.run(spark, spec, day)
+        step = reduce.run(spark, spec)
+        assert step.status == "success"
+        assert step.message == ("full merge" if i == 0 else f"{len(day_files(tables.partials, day))} partial files changed")
+    incremental = DeltaTable(tables.aggregates).to_pandas()
+    oracle_check(tmp_path, spec)
+
+    # the same partials, reduced once
+    once_spec = spec.with_paths(lake=str(tmp_path / "lake_once"))
+    once_tables = PipelineTables(once_spec.lake, once_spec.name)
+    shutil.copytree(tables.partials, once_tables.partials)
+    reduce.run(spark, once_spec)
+    once = DeltaTable(once_tables.aggregates).to_pandas()
+    keys = list(spec.key_columns)
+    assert canonical(incremental, keys) == canonical(once, keys)
+
+    version = DeltaTable(tables.aggregates).version()
+    full = reduce.run(spark, spec, full=True)
+    assert full.status == "success" and full.message == "full merge"
+    assert DeltaTable(tables.aggregates).version() == version + 1
+    assert canonical(DeltaTable(tables.aggregates).to_pandas(), keys) == canonical(incremental, keys)
+    assert set(DeltaTable(tables.aggregates).to_pandas()["run_id"]) == {full.run_id}
+
+
+def test_batch_partials_supersede_stream_partials_of_their_day(spark, tmp_path):
+    spec = make_spec(tmp_path, aggregates=FAST_AGGREGATES)
+    tables = PipelineTables(spec.lake, spec.name)
+    lake = open_lake(spark, "embedded")
+    write_day(tmp_path / "landing", D1, day_events(D1, 60, seed=1))
+    write_day(tmp_path / "landing", D2, day_events(D2, 60, seed=2))
+
+    # d2 has only stream partials: they count
+    combine.run(spark, spec, D1)
+    lake.append(stream_partials(spark, spec, D2), tables.partials, partition_by=combine.PARTIALS_PARTITIONS)
+    assert day_files(tables.partials, D2, "stream") and not day_files(tables.partials, D2, "batch")
+    reduce.run(spark, spec)
+    oracle_check(tmp_path, spec)
+    assert actual(tables.aggregates, spec)["n_rows"].sum() == 120
+
+    # d2's batch partials arrive: the stream ones stop counting
+    combine.run(spark, spec, D2)
+    record = reduce.run(spark, spec)
+    changed = len(day_files(tables.partials, D2, "stream")) + len(day_files(tables.partials, D2, "batch"))
+    assert record.message == f"{changed} partial files changed"
+    oracle_check(tmp_path, spec)
+    assert actual(tables.aggregates, spec)["n_rows"].sum() == 120
+
+
+def test_stream_partials_of_a_day_with_batch_partials_do_not_count(spark, tmp_path):
+    spec = make_spec(tmp_path, aggregates=FAST_AGGREGATES)
+    tables = PipelineTables(spec.lake, spec.name)
+    lake = open_lake(spark, "embedded")
+    for i, day in enumerate((D1, D2)):
+        write_day(tmp_path / "landing", day, day_events(day, 60, seed=i))
+        combine.run(spark, spec, day)
+    reduce.run(spark, spec)
+    before = DeltaTable(tables.aggregates).to_pandas()
+
+    from pyspark.sql import functions as F
+
+    batch_d2 = lake.read(tables.partials, partitions=[("event_date", "=", D2), ("source", "=", "batch")])
+    stream = batch_d2.withColumn("source", F.lit("stream")).withColumn("batch", F.lit("stream-1"))
+    lake.append(stream, tables.partials, partition_by=combine.PARTIALS_PARTITIONS)
+    assert day_files(tables.partials, D2, "stream")
+    record = reduce.run(spark, spec)
+
+    assert record.status == "success" and record.message == "0 partial files changed"
+    oracle_check(tmp_path, spec)
+    keys = list(spec.key_columns)
+    assert canonical(DeltaTable(tables.aggregates).to_pandas(), keys) == canonical(before, keys)
