@@ -221,6 +221,7 @@ class Min(_Extreme):
     def spark_partial(self, value: Column | None, event_time: Column) -> list[Column]:
         from pyspark.sql import functions as F
 
+        assert value is not None
         return [F.min(value)]
 
     def spark_merge(self, accs: list[Column]) -> list[Column]:
@@ -236,6 +237,7 @@ class Max(_Extreme):
     def spark_partial(self, value: Column | None, event_time: Column) -> list[Column]:
         from pyspark.sql import functions as F
 
+        assert value is not None
         return [F.max(value)]
 
     def spark_merge(self, accs: list[Column]) -> list[Column]:
@@ -271,6 +273,7 @@ class CountDistinct(Builtin):
     def spark_partial(self, value: Column | None, event_time: Column) -> list[Column]:
         from pyspark.sql import functions as F
 
+        assert value is not None
         return [F.collect_set(value)]
 
     def spark_merge(self, accs: list[Column]) -> list[Column]:

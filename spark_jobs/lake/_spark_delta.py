@@ -19,7 +19,7 @@ from spark_jobs.lake._types import AppTxn, Commit
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import DataFrame, DataFrameWriter
+    from pyspark.sql import Column, DataFrame, DataFrameWriter
 
 __all__ = ["SparkDeltaLake"]
 
@@ -85,7 +85,7 @@ class SparkDeltaLake(EmbeddedLake):
             return self._done(path)
         source = touched.select(*keys).distinct().join(rows.withColumn("_present", F.lit(True)), list(keys), "left")
         cond = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in keys)
-        columns = {c: f"s.`{c}`" for c in rows.columns}
+        columns: dict[str, str | Column] = {c: f"s.`{c}`" for c in rows.columns}
         conf = self.spark.conf
         if app_txn:
             conf.set("spark.databricks.delta.write.txnAppId", app_txn.app_id)

