@@ -1,5 +1,45 @@
 """Read-only views of the lake (delta-rs only, no Spark), shared by the CLI and the web view."""
 
-from spark_jobs.inspect.views import TableRef, list_tables, resolve_table, show
+from spark_jobs.inspect.errors import InspectError
+from spark_jobs.inspect.views import (
+    LAKE_ENV,
+    Series,
+    TableDiff,
+    TableRef,
+    default_lake,
+    diff,
+    history,
+    list_tables,
+    open_version,
+    partitions,
+    resolve_table,
+    runs,
+    schema,
+    series,
+    show,
+    table_keys,
+    versions,
+)
+from spark_jobs.inspect.where import parse_where
 
-__all__ = ["TableRef", "list_tables", "resolve_table", "show"]
+__all__ = [
+    "LAKE_ENV",
+    "InspectError",
+    "Series",
+    "TableDiff",
+    "TableRef",
+    "default_lake",
+    "diff",
+    "history",
+    "list_tables",
+    "open_version",
+    "parse_where",
+    "partitions",
+    "resolve_table",
+    "runs",
+    "schema",
+    "series",
+    "show",
+    "table_keys",
+    "versions",
+]

@@ -1,61 +1,153 @@
-"""``python -m spark_jobs inspect ...``: argument parsing and printing only."""
+"""``python -m spark_jobs inspect <view> ...``: argument parsing and printing only.
+
+The views live in :mod:`spark_jobs.inspect.views`; errors surface through the CLI's error
+mapping (``error: ...`` and a non-zero exit code), and nothing is ever written.
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spark_jobs.errors import LakeError
+from spark_jobs.inspect.errors import InspectError
+
+if TYPE_CHECKING:
+    from spark_jobs.spec import PipelineSpec
 
 __all__ = ["add_inspect_parser", "run_inspect"]
 
+TABLE_HELP = "pipeline.table (e.g. page_views.aggregates) or the path of a Delta table"
+VIEWS = ("tables", "history", "show", "diff", "schema", "partitions", "runs")
+
 
 def add_inspect_parser(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser("inspect", help="read-only views of the Delta tables (no Spark)")
-    p.add_argument("view", choices=["tables", "show"])
-    p.add_argument("table", nargs="?", help="pipeline.table (e.g. page_views.aggregates) or a table path")
-    p.add_argument("--lake", help="lake root")
-    p.add_argument("--pipeline", help="pipeline spec: its lake root is used")
-    p.add_argument("--version", type=int, help="time travel: read this table version")
-    p.add_argument("--columns", help="comma-separated columns to show")
-    p.add_argument("--order-by", help="column[:desc] to sort by before --limit")
-    p.add_argument("--limit", type=int, default=20)
-    p.add_argument("--json", action="store_true", help="JSON output for scripts")
+    p = sub.add_parser("inspect", help="read-only views of the Delta tables (delta-rs, no Spark)",
+                       description="Read-only views of the lake's Delta tables (no Spark). The lake root comes "
+                                   "from --lake, from --pipeline's spec or from $SPARK_JOBS_LAKE.")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--lake", help="lake root (default: the spec's, or $SPARK_JOBS_LAKE)")
+    common.add_argument("--pipeline", help="pipeline spec: its lake root, and its keys for diff")
+    common.add_argument("--json", action="store_true", help="JSON output for scripts")
+    views = p.add_subparsers(dest="view", required=True, metavar="VIEW")
+
+    t = views.add_parser("tables", parents=[common], help="each pipeline's tables: version, rows, files, size")
+    t.add_argument("pipeline_name", nargs="?", metavar="PIPELINE", help="only this pipeline's tables")
+
+    h = views.add_parser("history", parents=[common], help="commits: time, operation, run, rows, what was consumed")
+    h.add_argument("table", help=TABLE_HELP)
+    h.add_argument("--limit", type=int, default=20, help="newest N commits (default 20)")
+
+    s = views.add_parser("show", parents=[common], help="rows, at a version or time, filtered")
+    s.add_argument("table", help=TABLE_HELP)
+    when = s.add_mutually_exclusive_group()
+    when.add_argument("--version", type=int, help="time travel: read this table version")
+    when.add_argument("--as-of", help="time travel: the version current at this time (UTC), 'YYYY-MM-DD[ HH:MM:SS]'")
+    s.add_argument("--where", help="filter, e.g. \"page = '/home' AND views >= 10\" (not SQL; see the README)")
+    s.add_argument("--columns", help="comma-separated columns to show (default: all but accumulators)")
+    s.add_argument("--order-by", help="column[:asc|desc][,column...] to sort by before --limit")
+    s.add_argument("--limit", type=int, default=20)
+
+    d = views.add_parser("diff", parents=[common], help="keys added, removed and changed between two versions")
+    d.add_argument("table", help=TABLE_HELP)
+    d.add_argument("--from", dest="from_version", type=int, required=True, help="older version")
+    d.add_argument("--to", dest="to_version", type=int, help="newer version (default: the latest)")
+    d.add_argument("--keys", help="comma-separated key columns (default: from the spec or the table's layout)")
+    d.add_argument("--limit", type=int, default=20, help="rows shown per section (counts are always complete)")
+
+    sc = views.add_parser("schema", parents=[common], help="columns, types and roles")
+    sc.add_argument("table", help=TABLE_HELP)
+    sc.add_argument("--version", type=int)
+
+    pa_ = views.add_parser("partitions", parents=[common], help="files, rows and bytes per partition")
+    pa_.add_argument("table", help=TABLE_HELP)
+    pa_.add_argument("--version", type=int)
+
+    r = views.add_parser("runs", parents=[common], help="job runs: rows in/aggregated/rejected, timings, reconciles")
+    r.add_argument("pipeline_name", nargs="?", metavar="PIPELINE", help="only this pipeline's runs")
+    r.add_argument("--limit", type=int, default=50, help="the last N runs (default 50)")
     return p
 
 
-def _lake(args: argparse.Namespace) -> str | None:
+def _spec(args: argparse.Namespace) -> PipelineSpec | None:
+    if not args.pipeline:
+        return None
+    from spark_jobs.spec import load_spec
+
+    return load_spec(args.pipeline, lake=args.lake)
+
+
+def _lake(args: argparse.Namespace, spec: PipelineSpec | None) -> str | None:
+    from spark_jobs.inspect.views import default_lake
+
     if args.lake:
         return str(args.lake)
-    if args.pipeline:
-        from spark_jobs.spec import load_spec
+    if spec is not None:
+        return spec.lake
+    return default_lake()
 
-        return load_spec(args.pipeline).lake
-    return None
+
+def _need_lake(lake: str | None, view: str) -> str:
+    if lake is None:
+        raise LakeError(f"inspect {view} needs the lake: pass --lake DIR or --pipeline SPEC, or set $SPARK_JOBS_LAKE")
+    return lake
+
+
+def _columns(text: str | None, option: str) -> list[str] | None:
+    if text is None:
+        return None
+    cols = [c.strip() for c in text.split(",")]
+    if not all(cols):
+        raise InspectError(f"bad {option} {text!r}; use comma-separated column names, e.g. page,views")
+    return cols
+
+
+def _order(text: str | None) -> list[tuple[str, str]] | None:
+    if not text:
+        return None
+    out = []
+    for part in text.split(","):
+        col, _, direction = part.strip().partition(":")
+        if not col or direction not in ("", "asc", "desc"):
+            raise InspectError(f"bad --order-by {text!r}; use column or column:desc, e.g. views:desc")
+        out.append((col, "descending" if direction == "desc" else "ascending"))
+    return out
+
+
+def _limit(n: int) -> int:
+    if n < 1:
+        raise InspectError(f"--limit must be at least 1, got {n}")
+    return n
 
 
 def run_inspect(args: argparse.Namespace) -> int:
+    from spark_jobs.inspect import views
     from spark_jobs.inspect.render import to_json, to_text
-    from spark_jobs.inspect.views import list_tables, resolve_table, show
 
-    lake = _lake(args)
+    spec = _spec(args)
+    lake = _lake(args, spec)
+    result: Any
     if args.view == "tables":
-        if lake is None:
-            raise LakeError("inspect tables needs --lake DIR or --pipeline SPEC")
-        result = list_tables(lake)
+        result = views.list_tables(_need_lake(lake, "tables"), pipeline=args.pipeline_name)
+    elif args.view == "runs":
+        name = args.pipeline_name or (spec.name if spec else None)
+        if name and name.endswith(".runs"):
+            name = name[: -len(".runs")]
+        result = views.runs(_need_lake(lake, "runs"), pipeline=name, limit=_limit(args.limit))
     else:
-        if not args.table:
-            raise LakeError("inspect show needs a table, e.g. page_views.aggregates")
-        if args.limit < 1:
-            raise LakeError(f"--limit must be >= 1, got {args.limit}")
-        order = None
-        if args.order_by:
-            col, _, direction = args.order_by.partition(":")
-            if direction not in ("", "asc", "desc"):
-                raise LakeError(f"bad --order-by {args.order_by!r}; use column or column:desc")
-            order = [(col, "descending" if direction == "desc" else "ascending")]
-        columns = [c.strip() for c in args.columns.split(",")] if args.columns else None
-        result = show(resolve_table(args.table, lake), version=args.version, columns=columns, limit=args.limit,
-                      order_by=order)
+        ref = views.resolve_table(args.table, lake)
+        if args.view == "history":
+            result = views.history(ref, limit=_limit(args.limit))
+        elif args.view == "show":
+            result = views.show(ref, version=args.version, as_of=args.as_of, where=args.where,
+                                columns=_columns(args.columns, "--columns"), limit=_limit(args.limit),
+                                order_by=_order(args.order_by))
+        elif args.view == "diff":
+            result = views.diff(ref, from_version=args.from_version, to_version=args.to_version,
+                                keys=_columns(args.keys, "--keys"), spec=spec, limit=_limit(args.limit))
+        elif args.view == "schema":
+            result = views.schema(ref, version=args.version, spec=spec)
+        else:
+            result = views.partitions(ref, version=args.version)
     print(to_json(result) if args.json else to_text(result))
     return 0

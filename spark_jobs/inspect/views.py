@@ -1,89 +1,689 @@
-"""Views of Delta tables as Arrow tables: what the CLI prints and the web page renders."""
+"""Read-only views of the lake's Delta tables, as Arrow tables: what the CLI prints and the web page renders.
+
+Everything here reads through delta-rs and pyarrow (no Spark, no JVM) and never writes. A table
+is named ``<pipeline>.<table>`` (resolved under the lake root, and confined to it) or, on the
+command line only, by its path. Version arguments are checked against the table's history;
+filters go through :func:`spark_jobs.inspect.where.parse_where`, never through SQL.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
+import math
+import os
 import re
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from spark_jobs.errors import LakeError
+from spark_jobs.inspect.errors import InspectError
+from spark_jobs.inspect.where import parse_where
 from spark_jobs.lake.tables import TABLES
 
-__all__ = ["TableRef", "list_tables", "resolve_table", "show", "table_summary"]
+if TYPE_CHECKING:
+    from spark_jobs.spec import PipelineSpec
 
-_QUALIFIED = re.compile(r"^([a-z][a-z0-9_]*)\.([a-z_]+)$")
+__all__ = [
+    "BOOKKEEPING",
+    "LAKE_ENV",
+    "Series",
+    "TableDiff",
+    "TableRef",
+    "default_lake",
+    "diff",
+    "history",
+    "list_tables",
+    "open_version",
+    "parse_time",
+    "partitions",
+    "resolve_table",
+    "runs",
+    "schema",
+    "series",
+    "show",
+    "table_keys",
+    "table_summary",
+    "versions",
+]
+
+LAKE_ENV = "SPARK_JOBS_LAKE"
+BOOKKEEPING = ("run_id", "created_at", "updated_at")
+_PIPELINE = r"[a-z][a-z0-9_]*"
+_QUALIFIED = re.compile(rf"^({_PIPELINE})\.([a-z_]+)$")
+_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}(?:[ T]\d{2}:\d{2}(?::\d{2}(?:\.\d{1,6})?)?)?(?:Z|[+-]\d{2}:?\d{2})?$")
 
 
 @dataclass(frozen=True)
 class TableRef:
-    name: str  # pipeline.table, or the path when given as a path
+    """A Delta table: ``name`` as the user wrote it, its local ``path``, and which pipeline table it is."""
+
+    name: str
     path: str
+    pipeline: str | None = None
+    table: str | None = None  # partials, aggregates, ... when the path says so
 
 
-def resolve_table(name: str, lake: str | None) -> TableRef:
-    """``page_views.aggregates`` (under ``lake``) or a path to a Delta table."""
+def default_lake() -> str | None:
+    """The lake root from ``$SPARK_JOBS_LAKE``, when set."""
+    return os.environ.get(LAKE_ENV) or None
+
+
+def _inside(path: str | Path, root: str | Path) -> bool:
+    """``path`` resolves (symlinks followed) to ``root`` or below it."""
+    real, base = os.path.realpath(path), os.path.realpath(root)
+    return real == base or real.startswith(base.rstrip(os.sep) + os.sep)
+
+
+def _is_delta(path: str) -> bool:
+    try:
+        return DeltaTable.is_deltatable(path)
+    except Exception:
+        return False
+
+
+def resolve_table(name: str, lake: str | None, *, confined: bool = False) -> TableRef:
+    """``page_views.aggregates`` (under ``lake``) or, unless ``confined``, a path to a Delta table.
+
+    Args:
+        name: ``<pipeline>.<table>`` or a path.
+        lake: the lake root; needed for qualified names.
+        confined: accept qualified names only, and only tables that resolve inside ``lake``
+            (the web view: no paths, no ``..``, no symlinks out of the lake).
+
+    Raises:
+        InspectError: a path where only names are accepted, or a table outside the lake.
+        LakeError: no such table.
+    """
     match = _QUALIFIED.match(name)
-    if match and not Path(name).exists():
-        if match.group(2) not in TABLES:
-            raise LakeError(f"unknown table {match.group(2)!r} in {name!r}; tables are {', '.join(TABLES)}")
+    if match and (confined or not Path(name).exists()):
+        pipeline, table = match.groups()
+        if table not in TABLES:
+            raise LakeError(f"unknown table {table!r} in {name!r}; tables are {', '.join(TABLES)}")
         if lake is None:
-            raise LakeError(f"{name!r} needs the lake root: pass --lake DIR or --pipeline SPEC")
-        path = str(Path(lake) / match.group(1) / match.group(2))
-    else:
-        path = name
-    if not DeltaTable.is_deltatable(path):
-        raise LakeError(f"no Delta table at {path}; list the lake's tables with: python -m spark_jobs inspect tables")
-    return TableRef(name, path)
+            raise LakeError(f"{name!r} needs the lake root: pass --lake DIR or --pipeline SPEC, or set ${LAKE_ENV}")
+        path = os.path.join(lake, pipeline, table)
+        if not _inside(path, lake):
+            raise InspectError(f"table {name!r} resolves outside the lake root {lake}; it is not shown")
+        if not _is_delta(path):
+            known = ", ".join(sorted({r["table"].split(".")[0] for r in _pipelines(lake)})) or "none"
+            raise LakeError(f"no Delta table {name} at {path} (pipelines in {lake}: {known}); "
+                            "list the tables with: python -m spark_jobs inspect tables")
+        return TableRef(name, path, pipeline, table)
+    if confined:
+        raise InspectError(f"bad table name {name[:200]!r}; use <pipeline>.<table>, e.g. page_views.aggregates "
+                           f"(tables are {', '.join(TABLES)}); paths are not accepted here")
+    if not _is_delta(name):
+        raise LakeError(f"no Delta table at {name}; name a table as <pipeline>.<table> (e.g. page_views.aggregates) "
+                        "or give the path of a Delta table; list them with: python -m spark_jobs inspect tables")
+    parts = Path(os.path.abspath(name)).parts
+    table = parts[-1] if parts[-1] in TABLES else None
+    pipeline = parts[-2] if table and len(parts) > 1 else None
+    return TableRef(name, name, pipeline, table)
 
 
+# --------------------------------------------------------------------------- versions
+def _latest(ref: TableRef) -> DeltaTable:
+    try:
+        return DeltaTable(ref.path)
+    except Exception as exc:
+        raise LakeError(f"cannot read Delta table {ref.name} at {ref.path}: {exc}") from exc
+
+
+def parse_time(text: str) -> dt.datetime:
+    """``YYYY-MM-DD[ HH:MM[:SS]]`` (UTC unless an offset is given) as an aware datetime."""
+    if not _TIME.match(text.strip()):
+        raise InspectError(f"bad time {text[:100]!r}; use 'YYYY-MM-DD' or 'YYYY-MM-DD HH:MM:SS' (UTC), "
+                           "e.g. '2024-03-01 12:00:00'")
+    try:
+        value = dt.datetime.fromisoformat(text.strip())
+    except ValueError as exc:
+        raise InspectError(f"bad time {text!r}: {exc}") from None
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+
+
+def _commit_time(entry: dict[str, Any]) -> dt.datetime:
+    return dt.datetime.fromtimestamp(int(entry.get("timestamp", 0)) / 1000, dt.UTC)
+
+
+def versions(ref: TableRef) -> pa.Table:
+    """Every version of the table still in its log, newest first: version, committed_at, operation."""
+    latest = _latest(ref)
+    rows = [{"version": int(h["version"]), "committed_at": _commit_time(h), "operation": h.get("operation", "")}
+            for h in latest.history()]
+    rows.sort(key=lambda r: -r["version"])
+    return pa.Table.from_pylist(rows, schema=pa.schema([("version", pa.int64()),
+                                                        ("committed_at", pa.timestamp("ms", tz="UTC")),
+                                                        ("operation", pa.string())]))
+
+
+def open_version(ref: TableRef, *, version: int | None = None, as_of: str | dt.datetime | None = None) -> DeltaTable:
+    """The table at ``version``, at the last commit at or before ``as_of``, or its latest version.
+
+    Raises:
+        InspectError: both given, a version out of range, or a time before the first commit.
+    """
+    if version is not None and as_of is not None:
+        raise InspectError("give either a version or an as-of time, not both")
+    latest = _latest(ref)
+    if as_of is not None:
+        at = parse_time(as_of) if isinstance(as_of, str) else as_of
+        history = sorted(latest.history(), key=lambda h: int(h["version"]))
+        before = [int(h["version"]) for h in history if _commit_time(h) <= at]
+        if not before:
+            first = _commit_time(history[0]).strftime("%Y-%m-%d %H:%M:%S") if history else "unknown"
+            raise InspectError(f"{ref.name} has no version at or before {at:%Y-%m-%d %H:%M:%S} UTC; "
+                               f"its first commit is at {first} UTC")
+        version = before[-1]
+    if version is None:
+        return latest
+    last = latest.version()
+    if version < 0 or version > last:
+        raise InspectError(f"version {version} of {ref.name} does not exist; its versions are 0..{last}")
+    if version == last:
+        return latest
+    try:
+        return DeltaTable(ref.path, version=version)
+    except Exception as exc:
+        raise InspectError(f"version {version} of {ref.name} can no longer be read (its log or files were "
+                           f"cleaned up): {exc}; list readable versions with: inspect history {ref.name}") from exc
+
+
+def _schema(table: DeltaTable) -> pa.Schema:
+    return pa.schema(table.schema().to_arrow())
+
+
+# --------------------------------------------------------------------------- tables
 def table_summary(path: str) -> dict[str, object]:
+    """Version, rows, files, bytes, last commit time and operation of one table."""
     dt_ = DeltaTable(path)
     actions = pa.table(dt_.get_add_actions(flatten=True))
     last = dt_.history(1)[0]
     return {
         "version": dt_.version(),
-        "rows": int(pa.compute.sum(actions["num_records"]).as_py() or 0) if actions.num_rows else 0,
+        "rows": int(pc.sum(actions["num_records"]).as_py() or 0) if actions.num_rows else 0,
         "files": actions.num_rows,
-        "bytes": int(pa.compute.sum(actions["size_bytes"]).as_py() or 0) if actions.num_rows else 0,
-        "last_commit": dt.datetime.fromtimestamp(last["timestamp"] / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S"),
+        "bytes": int(pc.sum(actions["size_bytes"]).as_py() or 0) if actions.num_rows else 0,
+        "last_commit": _commit_time(last).strftime("%Y-%m-%d %H:%M:%S"),
         "operation": last.get("operation", ""),
     }
 
 
-def list_tables(lake: str) -> pa.Table:
-    """Every pipeline table under ``lake``, one row each."""
-    rows = []
+def _pipelines(lake: str) -> list[dict[str, str]]:
     root = Path(lake)
+    out: list[dict[str, str]] = []
     if not root.is_dir():
-        raise LakeError(f"lake root {lake} does not exist; run a pipeline first or pass the right --lake")
-    for pipeline in sorted(p for p in root.iterdir() if p.is_dir()):
+        return out
+    for pipeline in sorted(p for p in root.iterdir() if p.is_dir() and re.fullmatch(_PIPELINE, p.name)):
+        if not _inside(pipeline, root):
+            continue  # a symlink out of the lake: never followed
         for table in TABLES:
             path = pipeline / table
-            if DeltaTable.is_deltatable(str(path)):
-                rows.append({"table": f"{pipeline.name}.{table}", **table_summary(str(path)), "path": str(path)})
-    return pa.Table.from_pylist(rows)
+            if _inside(path, root) and _is_delta(str(path)):
+                out.append({"table": f"{pipeline.name}.{table}", "path": str(path)})
+    return out
 
 
-def show(ref: TableRef, *, version: int | None = None, columns: list[str] | None = None, limit: int = 20,
-         order_by: list[tuple[str, str]] | None = None) -> pa.Table:
-    """Rows of a table (at a version); binary accumulator columns are left out unless asked for."""
-    dt_ = DeltaTable(ref.path, version=version) if version is not None else DeltaTable(ref.path)
-    schema = pa.schema(dt_.schema().to_arrow())
+def list_tables(lake: str, *, pipeline: str | None = None) -> pa.Table:
+    """Every pipeline table under ``lake`` (or one pipeline's), one row each."""
+    if not Path(lake).is_dir():
+        raise LakeError(f"lake root {lake} does not exist; run a pipeline first or pass the right --lake")
+    rows = []
+    for entry in _pipelines(lake):
+        if pipeline is not None and entry["table"].split(".")[0] != pipeline:
+            continue
+        try:
+            summary = table_summary(entry["path"])
+        except Exception as exc:
+            raise LakeError(f"cannot read Delta table {entry['table']} at {entry['path']}: {exc}") from exc
+        rows.append({"table": entry["table"], **summary, "path": entry["path"]})
+    schema = pa.schema([("table", pa.string()), ("version", pa.int64()), ("rows", pa.int64()), ("files", pa.int64()),
+                        ("bytes", pa.int64()), ("last_commit", pa.string()), ("operation", pa.string()),
+                        ("path", pa.string())])
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+# --------------------------------------------------------------------------- history
+def _commit_actions(path: str, version: int) -> list[dict[str, Any]] | None:
+    log = Path(path) / "_delta_log" / f"{version:020d}.json"
+    try:
+        text = log.read_text()
+    except OSError:
+        return None
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _num_records(add: dict[str, Any]) -> int | None:
+    try:
+        return int(json.loads(add.get("stats") or "{}")["numRecords"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _consumed(commit: dict[str, Any], txns: list[tuple[str, int]]) -> str:
+    parts = [f"txn {app}={v}" for app, v in txns]
+    raw = commit.get("inputs")
+    try:
+        inputs = json.loads(raw) if isinstance(raw, str) else (raw or [])
+    except ValueError:
+        inputs = [raw]
+    parts.extend(os.path.basename(str(i).rstrip("/")) for i in inputs if i)
+    if "partials_consumed" in commit and not txns:
+        parts.append(f"partials v{commit['partials_consumed']}")
+    return "; ".join(parts)
+
+
+_HISTORY_SCHEMA = pa.schema([
+    ("version", pa.int64()), ("committed_at", pa.timestamp("ms", tz="UTC")), ("operation", pa.string()),
+    ("run_id", pa.string()), ("job", pa.string()), ("batch", pa.string()),
+    ("files_added", pa.int64()), ("files_removed", pa.int64()), ("rows_added", pa.int64()),
+    ("rows_removed", pa.int64()), ("consumed", pa.string()),
+])
+
+
+def history(ref: TableRef, *, limit: int | None = None) -> pa.Table:
+    """One row per commit, newest first: time, operation, run, files and rows added/removed, what it consumed.
+
+    ``consumed`` lists the commit's Delta app transactions (``txn <app id>=<input version>``, e.g. the
+    ``partials`` version a reduce merged) and its recorded inputs (a combine's landing partition).
+    Row counts come from the commit's file statistics; a removed file's rows from the snapshot it left.
+    """
+    latest = _latest(ref)
+    entries = sorted(latest.history(limit), key=lambda h: int(h["version"]))
+    if not entries:
+        return pa.Table.from_pylist([], schema=_HISTORY_SCHEMA)
+    first = int(entries[0]["version"])
+    records: dict[str, int | None] = {}
+    if first > 0:
+        try:
+            actions = pa.table(DeltaTable(ref.path, version=first - 1).get_add_actions(flatten=True))
+            records = {unquote(p): n for p, n in zip(actions["path"].to_pylist(), actions["num_records"].to_pylist(),
+                                                     strict=True)}
+        except Exception:
+            records = {}
+    rows = []
+    for entry in entries:
+        v = int(entry["version"])
+        actions_ = _commit_actions(ref.path, v)
+        added = removed = rows_added = rows_removed = None
+        txns: list[tuple[str, int]] = []
+        if actions_ is not None:
+            added = removed = rows_added = rows_removed = 0
+            for action in actions_:
+                if "add" in action:
+                    add = action["add"]
+                    n = _num_records(add)
+                    records[unquote(add["path"])] = n
+                    added += 1
+                    rows_added = None if n is None or rows_added is None else rows_added + n
+                elif "remove" in action:
+                    n = records.pop(unquote(action["remove"]["path"]), None)
+                    removed += 1
+                    rows_removed = None if n is None or rows_removed is None else rows_removed + n
+                elif "txn" in action:
+                    txns.append((str(action["txn"].get("appId")), int(action["txn"].get("version", -1))))
+        rows.append({
+            "version": v, "committed_at": _commit_time(entry), "operation": entry.get("operation", ""),
+            "run_id": entry.get("run_id"), "job": entry.get("job"), "batch": entry.get("batch"),
+            "files_added": added, "files_removed": removed, "rows_added": rows_added, "rows_removed": rows_removed,
+            "consumed": _consumed(entry, txns),
+        })
+    rows.reverse()
+    return pa.Table.from_pylist(rows, schema=_HISTORY_SCHEMA)
+
+
+# --------------------------------------------------------------------------- rows
+def _check_columns(ref: TableRef, schema: pa.Schema, columns: Sequence[str], what: str = "columns") -> None:
+    unknown = [c for c in columns if c not in schema.names]
+    if unknown:
+        raise InspectError(f"unknown {what} {', '.join(repr(c) for c in unknown)} in {ref.name}; "
+                           f"columns are {', '.join(schema.names)}")
+
+
+def show(ref: TableRef, *, version: int | None = None, as_of: str | dt.datetime | None = None,
+         where: str | None = None, columns: Sequence[str] | None = None, limit: int = 20,
+         order_by: Sequence[tuple[str, str]] | None = None) -> pa.Table:
+    """Rows of a table (at a version or time), filtered by ``where``; accumulator columns left out unless asked.
+
+    Args:
+        order_by: ``(column, "ascending" | "descending")`` pairs, applied before ``limit``.
+    """
+    if limit < 1:
+        raise InspectError(f"limit must be at least 1, got {limit}")
+    table = open_version(ref, version=version, as_of=as_of)
+    schema = _schema(table)
     if columns:
-        unknown = [c for c in columns if c not in schema.names]
-        if unknown:
-            raise LakeError(f"unknown columns {unknown} in {ref.name}; columns are {', '.join(schema.names)}")
+        _check_columns(ref, schema, columns)
+        columns = list(columns)
     else:
         columns = [f.name for f in schema if "__" not in f.name]
-    for col, _ in order_by or []:
-        if col not in schema.names:
-            raise LakeError(f"cannot order by {col!r}: not a column of {ref.name}")
-    dataset = dt_.to_pyarrow_dataset()
+    for col, direction in order_by or []:
+        _check_columns(ref, schema, [col], "order-by column")
+        if direction not in ("ascending", "descending"):
+            raise InspectError(f"bad sort direction {direction!r}; use asc or desc")
+    expr = parse_where(where, schema) if where is not None else None
+    dataset = table.to_pyarrow_dataset()
     if not order_by:
-        return dataset.head(limit, columns=columns)
-    table = dataset.to_table(columns=sorted(set(columns) | {c for c, _ in order_by}))
-    return table.sort_by(order_by).slice(0, limit).select(columns)
+        return dataset.head(limit, columns=columns, filter=expr)
+    needed = list(dict.fromkeys([*columns, *(c for c, _ in order_by)]))
+    rows = dataset.to_table(columns=needed, filter=expr)
+    return rows.sort_by(list(order_by)).slice(0, limit).select(columns)
+
+
+# --------------------------------------------------------------------------- keys, schema, partitions
+def _plain(t: pa.DataType) -> bool:
+    return not (pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_nested(t)
+                or pa.types.is_fixed_size_binary(t))
+
+
+def table_keys(ref: TableRef, table_schema: pa.Schema, *, spec: PipelineSpec | None = None,
+               keys: Sequence[str] | None = None) -> list[str]:
+    """The columns that identify a row, for ``diff``.
+
+    ``keys`` when given; else from the spec (``aggregates``: group keys and window bounds,
+    ``partials``: batch, source, event_date and those); ``runs``: run_id; otherwise the leading
+    columns that are neither numeric, binary nor nested (the group keys and window bounds of
+    an aggregates or partials table written by this project).
+    """
+    if keys:
+        _check_columns(ref, table_schema, keys, "key columns")
+        return list(keys)
+    if spec is not None and (ref.pipeline in (None, spec.name)):
+        if ref.table == "aggregates":
+            return list(spec.key_columns)
+        if ref.table == "partials":
+            return ["batch", "source", "event_date", *spec.key_columns]
+    if ref.table == "runs" and "run_id" in table_schema.names:
+        return ["run_id"]
+    out = []
+    for f in table_schema:
+        if f.name in BOOKKEEPING:
+            continue
+        if not _plain(f.type) or pa.types.is_integer(f.type) or pa.types.is_floating(f.type) \
+                or pa.types.is_decimal(f.type) or pa.types.is_boolean(f.type):
+            break
+        out.append(f.name)
+    if not out:
+        raise InspectError(f"cannot tell the key columns of {ref.name}; pass --keys col1,col2 "
+                           "(or --pipeline SPEC for a pipeline table)")
+    return out
+
+
+def schema(ref: TableRef, *, version: int | None = None, spec: PipelineSpec | None = None) -> pa.Table:
+    """Columns with type, nullability and role (key, partition, value, accumulator, metadata)."""
+    table = open_version(ref, version=version)
+    s = _schema(table)
+    parts = set(table.metadata().partition_columns)
+    try:
+        keys = set(table_keys(ref, s, spec=spec))
+    except InspectError:
+        keys = set()
+    rows = []
+    for f in s:
+        roles = [r for r, hit in (("key", f.name in keys), ("partition", f.name in parts)) if hit]
+        if not roles:
+            roles = ["accumulator" if "__" in f.name else "metadata" if f.name in BOOKKEEPING else "value"]
+        rows.append({"column": f.name, "type": str(f.type), "nullable": f.nullable, "role": ", ".join(roles)})
+    return pa.Table.from_pylist(rows, schema=pa.schema([("column", pa.string()), ("type", pa.string()),
+                                                        ("nullable", pa.bool_()), ("role", pa.string())]))
+
+
+def partitions(ref: TableRef, *, version: int | None = None) -> pa.Table:
+    """Files, rows and bytes per partition (one row in all for an unpartitioned table)."""
+    table = open_version(ref, version=version)
+    cols = list(table.metadata().partition_columns)
+    actions = pa.table(table.get_add_actions(flatten=True))
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    if actions.num_rows:
+        values = [actions[f"partition.{c}"].to_pylist() for c in cols] if cols else []
+        nums = actions["num_records"].to_pylist()
+        sizes = actions["size_bytes"].to_pylist()
+        for i in range(actions.num_rows):
+            key = tuple(None if v[i] is None else str(v[i]) for v in values)
+            acc = groups.setdefault(key, [0, 0, 0])
+            acc[0] += 1
+            acc[1] += int(nums[i] or 0)
+            acc[2] += int(sizes[i] or 0)
+    rows = [{**dict(zip(cols, k, strict=True)), "files": a[0], "rows": a[1], "bytes": a[2]}
+            for k, a in sorted(groups.items(), key=lambda kv: tuple("" if x is None else x for x in kv[0]))]
+    fields = [(c, pa.string()) for c in cols] + [("files", pa.int64()), ("rows", pa.int64()), ("bytes", pa.int64())]
+    return pa.Table.from_pylist(rows, schema=pa.schema(fields))
+
+
+# --------------------------------------------------------------------------- diff
+@dataclass(frozen=True)
+class TableDiff:
+    """What changed between two versions of a table, by key.
+
+    ``added`` holds the new rows, ``removed`` the old ones, ``changed`` the keys with each
+    compared column as ``<column>.old`` and ``<column>.new`` plus ``changed_columns``.
+    Counts are totals; the tables hold at most ``limit`` rows each, sorted by key.
+    """
+
+    table: str
+    from_version: int
+    to_version: int
+    keys: list[str]
+    compared: list[str]
+    added: pa.Table
+    removed: pa.Table
+    changed: pa.Table
+    n_added: int
+    n_removed: int
+    n_changed: int
+    n_unchanged: int
+    columns_added: list[str] = field(default_factory=list)
+    columns_removed: list[str] = field(default_factory=list)
+
+
+def _unique(ref: TableRef, rows: pa.Table, keys: list[str], version: int) -> None:
+    counts = rows.group_by(keys).aggregate([([], "count_all")])
+    dupes = counts.filter(pc.greater(counts["count_all"], 1))
+    if dupes.num_rows:
+        sample = {k: dupes[k][0].as_py() for k in keys}
+        raise InspectError(f"the keys ({', '.join(keys)}) are not unique in version {version} of {ref.name}: "
+                           f"{dupes.num_rows} keys have several rows, e.g. {sample}; pass --keys with more columns")
+
+
+def _differs(a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.ChunkedArray:
+    one_null = pc.xor(pc.is_null(a), pc.is_null(b))
+    if pa.types.is_floating(a.type) or pa.types.is_floating(b.type):
+        fa, fb = pc.cast(a, pa.float64()), pc.cast(b, pa.float64())
+        tol = pc.multiply(pc.max_element_wise(pc.abs(fa), pc.abs(fb)), 1e-9)
+        close = pc.less_equal(pc.abs(pc.subtract(fa, fb)), tol)
+        both_nan = pc.and_(pc.is_nan(fa), pc.is_nan(fb))
+        unequal = pc.invert(pc.or_(pc.fill_null(close, True), pc.fill_null(both_nan, False)))
+    else:
+        unequal = pc.fill_null(pc.not_equal(a, b), False)
+    return pc.or_(one_null, unequal)
+
+
+def diff(ref: TableRef, *, from_version: int, to_version: int | None = None, keys: Sequence[str] | None = None,
+         spec: PipelineSpec | None = None, limit: int = 20) -> TableDiff:
+    """Keys added, removed and changed (with old and new values) from ``from_version`` to ``to_version``.
+
+    Compared: every column present in both versions except the keys, the bookkeeping columns
+    (run_id, created_at, updated_at) and binary or nested columns (sketches and struct
+    accumulators; their results are compared through the value columns). Floats count as
+    changed beyond a relative difference of 1e-9.
+    """
+    if limit < 1:
+        raise InspectError(f"limit must be at least 1, got {limit}")
+    old_t = open_version(ref, version=from_version)
+    new_t = open_version(ref, version=to_version)
+    to_v = new_t.version()
+    old_s, new_s = _schema(old_t), _schema(new_t)
+    key_cols = table_keys(ref, new_s, spec=spec, keys=keys)
+    missing = [k for k in key_cols if k not in old_s.names]
+    if missing:
+        raise InspectError(f"key columns {missing} are not in version {from_version} of {ref.name}; "
+                           "pass --keys with columns both versions have")
+    compared = [f.name for f in new_s if f.name in old_s.names and f.name not in key_cols
+                and f.name not in BOOKKEEPING and _plain(f.type) and _plain(old_s.field(f.name).type)]
+    old = old_t.to_pyarrow_dataset().to_table(columns=[*key_cols, *compared])
+    new = new_t.to_pyarrow_dataset().to_table(columns=[*key_cols, *compared])
+    _unique(ref, old, key_cols, from_version)
+    _unique(ref, new, key_cols, to_v)
+    left = old.rename_columns([*key_cols, *(f"{c}.old" for c in compared)]).append_column(
+        "_in_old", pa.array([True] * old.num_rows, pa.bool_()))
+    right = new.rename_columns([*key_cols, *(f"{c}.new" for c in compared)]).append_column(
+        "_in_new", pa.array([True] * new.num_rows, pa.bool_()))
+    joined = left.join(right, key_cols, join_type="full outer")
+    in_old, in_new = pc.is_valid(joined["_in_old"]), pc.is_valid(joined["_in_new"])
+    order = [(k, "ascending") for k in key_cols]
+
+    added = joined.filter(pc.invert(in_old)).select([*key_cols, *(f"{c}.new" for c in compared)])
+    added = added.rename_columns([*key_cols, *compared]).sort_by(order)
+    removed = joined.filter(pc.invert(in_new)).select([*key_cols, *(f"{c}.old" for c in compared)])
+    removed = removed.rename_columns([*key_cols, *compared]).sort_by(order)
+    both = joined.filter(pc.and_(in_old, in_new))
+    masks = {c: _differs(both[f"{c}.old"], both[f"{c}.new"]) for c in compared}
+    any_change = pa.chunked_array([pa.array([False] * both.num_rows, pa.bool_())])
+    for m in masks.values():
+        any_change = pc.or_(any_change, m)
+    changed_rows = both.filter(any_change)
+    cols = [*key_cols]
+    for c in compared:
+        cols.extend([f"{c}.old", f"{c}.new"])
+    changed_rows = changed_rows.select(cols).sort_by(order).slice(0, limit)
+    changed_cols = [[c for c in compared if _row_differs(changed_rows, c, i)] for i in range(changed_rows.num_rows)]
+    changed = changed_rows.append_column("changed_columns", pa.array(changed_cols, pa.list_(pa.string())))
+    n_changed = int(pc.sum(any_change).as_py() or 0)
+    return TableDiff(
+        table=ref.name, from_version=old_t.version(), to_version=to_v, keys=key_cols, compared=compared,
+        added=added.slice(0, limit), removed=removed.slice(0, limit), changed=changed,
+        n_added=added.num_rows, n_removed=removed.num_rows, n_changed=n_changed,
+        n_unchanged=both.num_rows - n_changed,
+        columns_added=[c for c in new_s.names if c not in old_s.names],
+        columns_removed=[c for c in old_s.names if c not in new_s.names],
+    )
+
+
+def _row_differs(rows: pa.Table, column: str, i: int) -> bool:
+    a, b = rows[f"{column}.old"][i].as_py(), rows[f"{column}.new"][i].as_py()
+    if a is None or b is None:
+        return (a is None) != (b is None)
+    if isinstance(a, float) or isinstance(b, float):
+        fa, fb = float(a), float(b)
+        if math.isnan(fa) and math.isnan(fb):
+            return False
+        return abs(fa - fb) > 1e-9 * max(abs(fa), abs(fb))
+    return bool(a != b)
+
+
+# --------------------------------------------------------------------------- runs
+def _compact_versions(raw: str | None) -> str:
+    try:
+        data = json.loads(raw or "{}")
+    except ValueError:
+        return raw or ""
+    return ", ".join(f"{k} v{v}" if v is not None else f"{k} -" for k, v in data.items())
+
+
+_RUNS_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("pipeline", pa.string()), ("job", pa.string()), ("batch", pa.string()),
+    ("status", pa.string()), ("started_at", pa.timestamp("us", tz="UTC")), ("duration_s", pa.float64()),
+    ("rows_in", pa.int64()), ("rows_aggregated", pa.int64()), ("rows_rejected", pa.int64()),
+    ("reconciles", pa.bool_()), ("dead_letter_rows", pa.int64()), ("read", pa.string()), ("wrote", pa.string()),
+    ("message", pa.string()),
+])
+
+
+def runs(lake: str, *, pipeline: str | None = None, limit: int | None = None) -> pa.Table:
+    """Every job run recorded in the lake (or one pipeline's), oldest first (the last ``limit``).
+
+    ``reconciles`` is rows in = rows aggregated + rows rejected; ``dead_letter_rows`` is how many
+    rejected rows of the run are in ``dead_letter`` now (a rerun of the same day replaces them).
+    """
+    if pipeline is not None and not re.fullmatch(_PIPELINE, pipeline):
+        raise InspectError(f"bad pipeline name {pipeline[:100]!r}; pipeline names match [a-z][a-z0-9_]*")
+    if not Path(lake).is_dir():
+        raise LakeError(f"lake root {lake} does not exist; run a pipeline first or pass the right --lake")
+    entries = [e for e in _pipelines(lake) if e["table"].endswith(".runs")]
+    if pipeline is not None:
+        entries = [e for e in entries if e["table"] == f"{pipeline}.runs"]
+        if not entries:
+            raise LakeError(f"no runs table for pipeline {pipeline!r} under {lake}; run a job of it first")
+    rows: list[dict[str, Any]] = []
+    for entry in entries:
+        name = entry["table"].split(".")[0]
+        try:
+            recorded = DeltaTable(entry["path"]).to_pyarrow_dataset().to_table().to_pylist()
+        except Exception as exc:
+            raise LakeError(f"cannot read {entry['table']}: {exc}") from exc
+        dead: dict[str, int] = {}
+        dl_path = os.path.join(os.path.dirname(entry["path"]), "dead_letter")
+        if _inside(dl_path, lake) and _is_delta(dl_path):
+            counts = DeltaTable(dl_path).to_pyarrow_dataset().to_table(columns=["run_id"]).group_by(
+                "run_id").aggregate([([], "count_all")])
+            dead = dict(zip(counts["run_id"].to_pylist(), counts["count_all"].to_pylist(), strict=True))
+        for r in recorded:
+            n_in, n_agg, n_rej = r.get("rows_in"), r.get("rows_aggregated"), r.get("rows_rejected")
+            rows.append({
+                "run_id": r.get("run_id"), "pipeline": r.get("pipeline") or name, "job": r.get("job"),
+                "batch": r.get("batch"), "status": r.get("status"), "started_at": r.get("started_at"),
+                "duration_s": None if r.get("duration_s") is None else round(r["duration_s"], 2),
+                "rows_in": n_in, "rows_aggregated": n_agg, "rows_rejected": n_rej,
+                "reconciles": None if None in (n_in, n_agg, n_rej) else n_in == n_agg + n_rej,
+                "dead_letter_rows": dead.get(r.get("run_id") or "", 0),
+                "read": _compact_versions(r.get("versions_read")), "wrote": _compact_versions(r.get("versions_written")),
+                "message": r.get("message") or "",
+            })
+    far_past = dt.datetime.min.replace(tzinfo=dt.UTC)
+    rows.sort(key=lambda r: (r["started_at"] or far_past, r["run_id"] or ""))
+    if limit is not None:
+        if limit < 1:
+            raise InspectError(f"limit must be at least 1, got {limit}")
+        rows = rows[-limit:]
+    return pa.Table.from_pylist(rows, schema=_RUNS_SCHEMA)
+
+
+# --------------------------------------------------------------------------- chart data
+@dataclass(frozen=True)
+class Series:
+    """One aggregate over windows: a line per key (the ``max_lines`` keys with the largest totals)."""
+
+    table: str
+    version: int
+    metric: str
+    keys: list[str]
+    lines: list[tuple[str, list[tuple[dt.datetime, float | None]]]]
+    n_keys: int  # keys matched; ``len(lines)`` of them are drawn
+
+
+def series(ref: TableRef, *, metric: str, version: int | None = None, where: str | None = None,
+           spec: PipelineSpec | None = None, max_lines: int = 6, max_points: int = 5000) -> Series:
+    """A numeric column of a windowed table over ``window_start``, one line per group key."""
+    table = open_version(ref, version=version)
+    s = _schema(table)
+    if "window_start" not in s.names:
+        raise InspectError(f"{ref.name} has no window_start column; charts need a windowed aggregates table")
+    _check_columns(ref, s, [metric], "metric")
+    t = s.field(metric).type
+    if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)):
+        numeric = [f.name for f in s if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)]
+        raise InspectError(f"metric {metric!r} is {t}, not a number; numeric columns are {', '.join(numeric)}")
+    keys = [k for k in table_keys(ref, s, spec=spec) if k not in ("window_start", "window_end")]
+    expr = parse_where(where, s) if where is not None else None
+    rows = table.to_pyarrow_dataset().to_table(columns=[*keys, "window_start", metric], filter=expr)
+    if rows.num_rows > max_points * max(1, max_lines):
+        raise InspectError(f"{rows.num_rows} points match; narrow the filter (e.g. a window_start range)")
+    labels = ([", ".join(f"{k}={v}" for k, v in zip(keys, vals, strict=True))
+               for vals in zip(*(rows[k].to_pylist() for k in keys), strict=True)]
+              if keys else ["all"] * rows.num_rows)
+    by_label: dict[str, list[tuple[dt.datetime, float | None]]] = {}
+    totals: dict[str, float] = {}
+    for label, x, y in zip(labels, rows["window_start"].to_pylist(), rows[metric].to_pylist(), strict=True):
+        value = None if y is None else float(y)
+        by_label.setdefault(label, []).append((x, value))
+        totals[label] = totals.get(label, 0.0) + (value or 0.0)
+    chosen = sorted(by_label, key=lambda lb: (-totals[lb], lb))[:max_lines]
+    lines = [(lb, sorted(by_label[lb], key=lambda p: p[0])) for lb in sorted(chosen)]
+    return Series(ref.name, table.version(), metric, keys, lines, len(by_label))
