@@ -1,0 +1,91 @@
+"""An aggregate over windows as an inline SVG line chart, rendered on the server (no JavaScript, no CDN)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from html import escape
+
+from spark_jobs.inspect import Series
+
+__all__ = ["COLORS", "svg_chart"]
+
+COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+WIDTH, HEIGHT = 860, 340
+LEFT, RIGHT, TOP, BOTTOM = 70, 50, 20, 50
+_STEPS = (60, 300, 900, 1800, 3600, 2 * 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400, 7 * 86400, 30 * 86400)
+
+
+def _nice_max(value: float) -> float:
+    if value <= 0:
+        return 1.0
+    magnitude = 10 ** (len(str(int(value))) - 1) if value >= 1 else 1
+    for step in (1, 2, 2.5, 5, 10):
+        if step * magnitude >= value:
+            return float(step * magnitude)
+    return float(10 * magnitude)
+
+
+def _fmt(value: float) -> str:
+    if abs(value) >= 1e6:
+        return f"{value / 1e6:.3g}M"
+    if abs(value) >= 1e3:
+        return f"{value / 1e3:.3g}k"
+    return f"{value:.4g}"
+
+
+def svg_chart(series: Series) -> str:
+    """The series as one ``<svg>`` element: axes, a polyline and point markers (with tooltips) per key."""
+    points = [(x, y) for _, line in series.lines for x, y in line if x is not None and y is not None]
+    title = f"{series.metric} by window_start, {series.table} version {series.version}"
+    if not points:
+        return (f'<svg id="chart-svg" role="img" aria-label="{escape(title)}" xmlns="http://www.w3.org/2000/svg" '
+                f'width="{WIDTH}" height="80"><text x="10" y="40">no points to draw</text></svg>')
+    xs = [p[0].timestamp() for p in points]
+    x_lo, x_hi = min(xs), max(xs)
+    if x_hi == x_lo:
+        x_lo, x_hi = x_lo - 1800, x_hi + 1800
+    y_lo = min(0.0, min(p[1] for p in points))
+    y_hi = _nice_max(max(p[1] for p in points))
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+
+    def sx(t: dt.datetime) -> float:
+        return LEFT + (t.timestamp() - x_lo) / (x_hi - x_lo) * plot_w
+
+    def sy(v: float) -> float:
+        return TOP + plot_h - (v - y_lo) / (y_hi - y_lo or 1) * plot_h
+
+    out = [f'<svg id="chart-svg" role="img" aria-label="{escape(title)}" xmlns="http://www.w3.org/2000/svg" '
+           f'width="{WIDTH}" height="{HEIGHT + 24 * ((len(series.lines) + 3) // 4)}" '
+           f'viewBox="0 0 {WIDTH} {HEIGHT + 24 * ((len(series.lines) + 3) // 4)}" font-size="11" '
+           'font-family="sans-serif">',
+           f"<title>{escape(title)}</title>"]
+    for i in range(5):  # y grid and labels
+        v = y_lo + (y_hi - y_lo) * i / 4
+        y = sy(v)
+        out.append(f'<line x1="{LEFT}" y1="{y:.1f}" x2="{WIDTH - RIGHT}" y2="{y:.1f}" stroke="#ddd"/>')
+        out.append(f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{escape(_fmt(v))}</text>')
+    step = next((s for s in _STEPS if (x_hi - x_lo) / s <= 8), _STEPS[-1])
+    first = -(-x_lo // step) * step  # x labels on round times (UTC)
+    for k in range(int((x_hi - first) // step) + 1):
+        t = dt.datetime.fromtimestamp(first + k * step, dt.UTC)
+        x = LEFT + (first + k * step - x_lo) / (x_hi - x_lo) * plot_w
+        out.append(f'<line x1="{x:.1f}" y1="{TOP + plot_h}" x2="{x:.1f}" y2="{TOP + plot_h + 4}" stroke="#555"/>')
+        out.append(f'<text x="{x:.1f}" y="{TOP + plot_h + 16}" text-anchor="middle">{t:%m-%d %H:%M}</text>')
+    out.append(f'<line x1="{LEFT}" y1="{TOP + plot_h}" x2="{WIDTH - RIGHT}" y2="{TOP + plot_h}" stroke="#555"/>')
+    out.append(f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{TOP + plot_h}" stroke="#555"/>')
+    out.append(f'<text x="{LEFT + plot_w / 2:.0f}" y="{TOP + plot_h + 34}" text-anchor="middle">window_start (UTC)</text>')
+    for n, (label, line) in enumerate(series.lines):
+        color = COLORS[n % len(COLORS)]
+        pts = [(sx(x), sy(y), x, y) for x, y in line if x is not None and y is not None]
+        coords = " ".join(f"{px:.1f},{py:.1f}" for px, py, _, _ in pts)
+        out.append(f'<g class="series" data-label="{escape(label)}">')
+        out.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.8" points="{coords}"/>')
+        for px, py, at, y in pts:
+            tip = f"{label}  {at:%Y-%m-%d %H:%M}  {series.metric}={_fmt(y)}"
+            out.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="2.5" fill="{color}"><title>{escape(tip)}</title></circle>')
+        out.append("</g>")
+        lx, ly = LEFT + (n % 4) * (plot_w / 4), HEIGHT + 10 + 24 * (n // 4)
+        out.append(f'<rect x="{lx:.0f}" y="{ly - 9}" width="12" height="12" fill="{color}"/>')
+        out.append(f'<text x="{lx + 16:.0f}" y="{ly + 1}">{escape(label[:40])}</text>')
+    out.append("</svg>")
+    return "".join(out)
