@@ -123,14 +123,14 @@ def assert_matches(got: pd.DataFrame, want: pd.DataFrame, spec: PipelineSpec) ->
     for agg in spec.aggregates:
         g, w = got[agg.name].tolist(), want[agg.name].tolist()
         if agg.fn == "approx_count_distinct":
-            for a, b in zip(g, w):
+            for a, b in zip(g, w, strict=True):
                 assert abs(a - b) <= max(2, 0.05 * b), f"{agg.name}: {a} vs exact {b}"
         elif agg.fn == "approx_percentile":
-            for a, values in zip(g, w):
+            for a, values in zip(g, w, strict=True):
                 assert rank_ok(values, a, float(agg.arg("q"))), f"{agg.name}: {a} is not near q of {sorted(values)[:20]}"
         elif agg.fn in ("avg",) or agg.user_defined:
             np.testing.assert_allclose(np.array(g, dtype=float), np.array(w, dtype=float), rtol=1e-9, equal_nan=True)
         else:
             gs = [None if pd.isna(x) else (x.isoformat() if isinstance(x, (dt.datetime, pd.Timestamp)) else x) for x in g]
             ws = [None if pd.isna(x) else (x.isoformat() if isinstance(x, (dt.datetime, pd.Timestamp)) else x) for x in w]
-            assert gs == ws, f"{agg.name} differs: first mismatches {[(a, b) for a, b in zip(gs, ws) if a != b][:5]}"
+            assert gs == ws, f"{agg.name} differs: first mismatches {[(a, b) for a, b in zip(gs, ws, strict=True) if a != b][:5]}"

@@ -56,9 +56,27 @@ def read_partition(spark: SparkSession, spec: PipelineSpec, date: str) -> DataFr
         return df.select(*columns, F.to_json(F.struct(*df.columns)).alias("_raw"), file_col)
     text_schema = StructType([StructField(c, StringType()) for c in columns] + [StructField(CORRUPT, StringType())])
     reader = spark.read.schema(text_schema).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT)
-    df = reader.json(path) if fmt == "json" else reader.option("header", True).option("enforceSchema", False).csv(path)
+    if fmt == "json":
+        df = reader.json(path)
+    else:  # read by the header's names, in the header's order: CSV files need not follow the spec's order
+        header = _csv_header(path)
+        missing = [c for c in columns if c not in header]
+        if missing:
+            raise SchemaMismatchError(f"CSV files in {path} lack columns {missing} (header: {header}); "
+                                      "fix the files or the spec's source.schema")
+        text_schema = StructType([StructField(c, StringType()) for c in header] + [StructField(CORRUPT, StringType())])
+        reader = reader.schema(text_schema)
+        df = reader.option("header", True).option("enforceSchema", False).csv(path)
     raw = F.coalesce(F.col(CORRUPT), F.to_json(F.struct(*columns)))
     return df.select(*columns, F.col(CORRUPT), raw.alias("_raw"), file_col)
+
+
+def _csv_header(path: str) -> list[str]:
+    import csv
+
+    first = sorted(n for n in os.listdir(path) if not n.startswith((".", "_")))[0]
+    with open(os.path.join(path, first), newline="") as f:
+        return [c.strip() for c in next(csv.reader(f), [])]
 
 
 def _check_parquet_schema(df: DataFrame, spec: PipelineSpec, path: str) -> None:
@@ -115,10 +133,18 @@ def classify(raw: DataFrame, spec: PipelineSpec, date: str | None) -> DataFrame:
 
 
 def spark_read_error(exc: BaseException) -> str:
-    """The first informative line of a Spark/Py4J error, for messages meant for users."""
-    text = str(exc)
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith(("at ", "JVM stacktrace", "Traceback")):
-            return line[:500]
-    return text[:500]
+    """Spark's own reason for a failure (and its cause), without the JVM stack or py4j wrapper."""
+    lines = [line.strip() for line in str(exc).splitlines()]
+    found: list[str] = []
+    for line in lines:
+        if not line or line.startswith(("at ", "...", "JVM stacktrace", "Traceback", "An error occurred while")):
+            continue
+        if line.startswith("Caused by:"):
+            line = line[len("Caused by:"):].strip()
+        if ("Exception" in line.split(":")[0] or "Error" in line.split(":")[0]) and ":" in line:
+            line = line.split(":", 1)[1].strip()
+        if line and line not in found:
+            found.append(line)
+        if len(found) == 2:
+            break
+    return "; caused by: ".join(found)[:800] or str(exc)[:800]

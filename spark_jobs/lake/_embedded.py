@@ -52,9 +52,19 @@ def _local(path: str) -> str:
     )
 
 
+def _nullable_type(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _nullable_type(f.type), nullable=True) for f in t])
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return pa.list_(pa.field(t.value_field.name, _nullable_type(t.value_type), nullable=True))
+    if pa.types.is_map(t):
+        return pa.map_(t.key_type, _nullable_type(t.item_type))
+    return t
+
+
 def _nullable(schema: pa.Schema) -> pa.Schema:
-    """Delta schemas here are all-nullable: files read back by Spark are, too."""
-    return pa.schema([pa.field(f.name, f.type, nullable=True) for f in schema])
+    """Delta schemas here are nullable all the way down: files read back by Spark are, too."""
+    return pa.schema([pa.field(f.name, _nullable_type(f.type), nullable=True) for f in schema])
 
 
 def _same_columns(a: pa.Schema, b: pa.Schema) -> bool:
@@ -265,7 +275,7 @@ class EmbeddedLake:
         table_name = Path(_local(path)).name
         existing = self.table(path)
         if existing is not None:
-            current = pa.schema(existing.schema().to_arrow())
+            current = _nullable(pa.schema(existing.schema().to_arrow()))
             if not _same_columns(current, schema):
                 raise LakeError(
                     f"Delta table {path} has columns {current.names} ({_types(current)}) but the job writes "

@@ -8,7 +8,6 @@ from collections import defaultdict
 from typing import Any
 
 import pyarrow as pa
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

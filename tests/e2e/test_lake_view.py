@@ -1,0 +1,354 @@
+"""The lake view in a real browser against a real Airflow 3 API server.
+
+A tiny lake is built by the real jobs (``tests/inspect_lake.py``); ``airflow api-server``
+starts with this repo's ``plugins/`` folder, the simple auth manager and a known user; headless
+Chromium (Debian's ``chromium`` + ``chromedriver``, driven by selenium) logs in through
+Airflow's login page and uses the page: tables, history, switching versions, filters, diff,
+runs, the chart, errors, and the page embedded in the Airflow UI. Screenshots are kept under
+``test-artifacts/lake_view/``.
+
+Without Chromium the browser tests skip, saying how to install it, unless
+``SPARK_JOBS_REQUIRE_BROWSER=1`` (set by ``.ci/run``), in which case they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.inspect_lake import PIPELINE, shared_lake, snapshot
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts" / "lake_view"
+AGG = f"{PIPELINE}.aggregates"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+VENV_BIN = Path(sys.executable).parent
+
+
+# ----------------------------------------------------------------------------- Airflow API server
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http(url: str, *, token: str | None = None, method: str = "GET", body: dict | None = None,
+         cookie: str | None = None) -> tuple[int, dict[str, str], str]:
+    """(status, headers, text) without following redirects."""
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    if cookie:
+        headers["Cookie"] = cookie
+    data = json.dumps(body).encode() if body is not None else None
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    opener = urllib.request.build_opener(NoRedirect)
+    try:
+        with opener.open(urllib.request.Request(url, data=data, headers=headers, method=method), timeout=60) as r:
+            return r.status, dict(r.headers), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read().decode()
+
+
+@pytest.fixture(scope="module")
+def lake(spark, tmp_path_factory):
+    return shared_lake(spark, tmp_path_factory).lake
+
+
+@pytest.fixture(scope="module")
+def airflow(lake, tmp_path_factory):
+    """A real ``airflow api-server`` with the repo's plugins and SPARK_JOBS_LAKE pointing at the test lake."""
+    home = tmp_path_factory.mktemp("airflow_home")
+    (home / "dags").mkdir()
+    password = secrets.token_urlsafe(12)
+    (home / "passwords.json").write_text(json.dumps({"admin": password}))
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    env.update({
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__LAZY_LOAD_PLUGINS": "False",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
+        "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32),
+        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+        "SPARK_JOBS_LAKE": lake,
+        "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
+    })
+    airflow_bin = str(VENV_BIN / "airflow")
+    migrate = subprocess.run([airflow_bin, "db", "migrate"], env=env, capture_output=True, text=True, timeout=300,
+                             check=False)
+    assert migrate.returncode == 0, migrate.stderr[-3000:]
+    log = (home / "api-server.log").open("w")
+    proc = subprocess.Popen([airflow_bin, "api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"airflow api-server exited with {proc.returncode}:\n"
+                            f"{(home / 'api-server.log').read_text()[-4000:]}")
+            try:
+                if http(f"{base}/api/v2/monitor/health")[0] == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"airflow api-server not up after 180 s:\n{(home / 'api-server.log').read_text()[-4000:]}")
+            time.sleep(1)
+        yield {"base": base, "user": "admin", "password": password, "home": home}
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        log.close()
+
+
+def token(airflow: dict[str, Any]) -> str:
+    status, _, text = http(f"{airflow['base']}/auth/token", method="POST",
+                           body={"username": airflow["user"], "password": airflow["password"]})
+    assert status == 201, text
+    return json.loads(text)["access_token"]
+
+
+# ----------------------------------------------------------------------------- no browser needed
+def test_the_plugin_is_registered_with_a_menu_entry(airflow):
+    status, _, text = http(f"{airflow['base']}/api/v2/plugins", token=token(airflow))
+    assert status == 200
+    plugin = next(p for p in json.loads(text)["plugins"] if p["name"] == "lake_view")
+    assert plugin["fastapi_apps"][0]["url_prefix"] == "/lake"
+    assert plugin["external_views"][0]["name"] == "Lake" and plugin["external_views"][0]["href"] == "lake/"
+
+
+def test_unauthenticated_requests_are_refused(airflow, lake):
+    base = airflow["base"]
+    before = snapshot(lake)
+    status, headers, _ = http(f"{base}/lake/table/{AGG}")
+    assert status == 302
+    assert headers["location"].removeprefix(base).startswith("/auth/login?next=")
+    status, _, text = http(f"{base}/lake/api/tables")
+    assert status == 401 and "not authenticated" in json.loads(text)["error"]
+    status, _, text = http(f"{base}/lake/api/table/{AGG}/rows", token="not-a-jwt")
+    assert status == 401 and "Invalid JWT token" in json.loads(text)["error"]
+    status, _, _ = http(f"{base}/lake/api/tables", cookie="_token=forged.jwt.value")
+    assert status == 401
+    # a token signed with another secret is refused too
+    forged = "eyJhbGciOiJIUzUxMiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiJhZG1pbiJ9.c2lnbmF0dXJl"
+    assert http(f"{base}/lake/api/tables", token=forged)[0] == 401
+    assert snapshot(lake) == before
+
+
+def test_a_token_from_airflow_opens_the_json_api(airflow):
+    t = token(airflow)
+    status, _, text = http(f"{airflow['base']}/lake/api/tables", token=t)
+    assert status == 200
+    assert [r["table"] for r in json.loads(text)] == [f"{PIPELINE}.{x}" for x in ("partials", "aggregates",
+                                                                                    "dead_letter", "runs")]
+    status, _, text = http(f"{airflow['base']}/lake/api/table/{AGG}/rows?where=1%3D1%3B%20DROP", token=t)
+    assert status == 400 and "unexpected character ';'" in json.loads(text)["error"]
+    status, _, text = http(f"{airflow['base']}/lake/api/table/..%2F..%2Fetc%2Fpasswd/rows", token=t)
+    assert status == 404
+
+
+# ----------------------------------------------------------------------------- the browser
+@pytest.fixture(scope="module")
+def browser(airflow, tmp_path_factory):
+    if not (CHROMIUM and CHROMEDRIVER):
+        reason = ("headless Chromium is not installed (need `chromium` and `chromedriver` on PATH: "
+                  "apt-get install -y chromium chromium-driver; .ci/run does this)")
+        if os.environ.get("SPARK_JOBS_REQUIRE_BROWSER") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--disable-background-networking", "--disable-component-update", "--no-first-run",
+                f"--user-data-dir={tmp_path_factory.mktemp('chromium')}", "--window-size=1400,1000"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(90)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def shot(driver, name: str) -> None:
+    driver.save_screenshot(str(ARTIFACTS / f"{name}.png"))
+
+
+def wait_for(driver, css: str, timeout: float = 60) -> Any:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout).until(ec.presence_of_element_located((By.CSS_SELECTOR, css)))
+
+
+def css(driver, selector: str) -> list[Any]:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_elements(By.CSS_SELECTOR, selector)
+
+
+@pytest.fixture(scope="module")
+def page(browser, airflow):
+    """The browser, logged in through Airflow's own login page, which sends it back to the lake view."""
+    from selenium.webdriver.common.by import By
+
+    browser.get(f"{airflow['base']}/lake/")
+    wait_for(browser, "input[name=username]")
+    assert "/auth/login" in browser.current_url
+    shot(browser, "00-login")
+    browser.find_element(By.NAME, "username").send_keys(airflow["user"])
+    browser.find_element(By.NAME, "password").send_keys(airflow["password"])
+    browser.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    wait_for(browser, "#tables")
+    assert browser.current_url == f"{airflow['base']}/lake/"
+    return browser
+
+
+def test_the_page_lists_the_tables(page, airflow):
+    names = [a.text for a in css(page, "a.table-link")]
+    assert names == [f"{PIPELINE}.{t}" for t in ("partials", "aggregates", "dead_letter", "runs")]
+    row = css(page, "#tables tbody tr")[1]
+    assert [td.text for td in row.find_elements("css selector", "td")][:2] == [AGG, "1"]
+    shot(page, "01-tables")
+
+
+def test_history_and_switching_versions(page, airflow):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    page.find_element(By.LINK_TEXT, AGG).click()
+    wait_for(page, "#history")
+    assert page.find_element(By.ID, "shown-version").text == "version 1"
+    history = css(page, "#history tbody tr")
+    assert [r.find_element(By.CSS_SELECTOR, "td").text for r in history] == ["1", "0"]
+    assert f"txn {PIPELINE}.reduce=2" in history[0].text
+    latest_rows = len(css(page, "#rows tbody tr"))
+    assert latest_rows > 0
+    shot(page, "02-table-latest")
+
+    Select(page.find_element(By.ID, "version-select")).select_by_value("0")
+    page.find_element(By.ID, "version-go").click()
+    wait_for(page, "#rows")
+    assert page.find_element(By.ID, "shown-version").text == "version 0"
+    assert "version=0" in page.current_url
+    shot(page, "03-table-version-0")
+
+    where = page.find_element(By.ID, "where")
+    where.clear()
+    where.send_keys("page = '/d'")
+    page.find_element(By.ID, "filter-go").click()
+    wait_for(page, "#rows")
+    assert page.find_element(By.ID, "rows").text == "(no rows)"  # /d only appears in version 1
+    Select(page.find_element(By.ID, "version-select")).select_by_value("1")
+    page.find_element(By.ID, "version-go").click()
+    wait_for(page, "#rows tbody tr")
+    pages = {r.find_elements(By.TAG_NAME, "td")[0].text for r in css(page, "#rows tbody tr")}
+    assert pages == {"/d"}
+    shot(page, "04-table-filtered")
+
+
+def test_diff_between_two_versions(page, airflow):
+    from selenium.webdriver.common.by import By
+
+    page.get(f"{airflow['base']}/lake/table/{AGG}/diff?from=0&to=1")
+    wait_for(page, "#diff-summary")
+    added, removed, changed = (int(page.find_element(By.ID, i).text) for i in ("n-added", "n-removed", "n-changed"))
+    assert added > 0 and removed > 0 and changed > 0
+    assert len(css(page, "#diff-changed tbody tr")) == min(changed, 50)
+    assert css(page, "#diff-changed .old") and css(page, "#diff-changed .new")
+    shot(page, "05-diff")
+
+
+def test_the_chart_renders(page, airflow):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    page.get(f"{airflow['base']}/lake/table/{AGG}/chart")
+    wait_for(page, "#chart-svg")
+    Select(page.find_element(By.ID, "metric-select")).select_by_value("total_ms")
+    page.find_element(By.ID, "where").send_keys("page IN ('/b', '/c', '/d')")
+    page.find_element(By.ID, "chart-go").click()
+    svg = wait_for(page, "#chart-svg")
+    assert "metric=total_ms" in page.current_url
+    assert svg.size["width"] > 400 and svg.size["height"] > 200
+    labels = [g.get_attribute("data-label") for g in css(page, "#chart-svg g.series")]
+    assert labels == ["page=/b", "page=/c", "page=/d"]
+    assert all(len(p.get_attribute("points").split()) >= 2 for p in css(page, "#chart-svg polyline"))
+    shot(page, "06-chart")
+
+
+def test_runs_reconcile(page, airflow):
+    from selenium.webdriver.common.by import By
+
+    page.find_element(By.ID, "nav-runs").click()
+    wait_for(page, "#runs")
+    rows = css(page, "#runs tbody tr")
+    assert len(rows) == 5
+    assert all(td.text == "yes" for td in css(page, "#runs td.yes")) and len(css(page, "#runs td.yes")) == 5
+    shot(page, "07-runs")
+
+
+def test_bad_input_in_the_browser_shows_a_clear_error(page, airflow, lake):
+    from selenium.webdriver.common.by import By
+
+    before = snapshot(lake)
+    page.get(f"{airflow['base']}/lake/table/{AGG}?where=views%20%3E%201%3B%20DROP%20TABLE%20x")
+    err = wait_for(page, "#rows-error")
+    assert "bad filter at position 10: unexpected character ';'" in err.text
+    shot(page, "08-bad-filter")
+    page.get(f"{airflow['base']}/lake/table/{AGG}?version=99")
+    assert "version 99 of views.aggregates does not exist; its versions are 0..1" in wait_for(page, "#error").text
+    page.get(f"{airflow['base']}/lake/table/{AGG}?where=page%20%3D%20%27%3Cscript%3Ealert(1)%3C%2Fscript%3E%27")
+    wait_for(page, "#rows")
+    assert page.find_element(By.ID, "where").get_attribute("value") == "page = '<script>alert(1)</script>'"
+    assert css(page, "script") == []  # echoed as text, never markup
+    shot(page, "09-bad-version")
+    assert snapshot(lake) == before
+
+
+def test_the_page_is_embedded_in_the_airflow_ui(page, airflow):
+    page.get(f"{airflow['base']}/plugin/lake")
+    frame = wait_for(page, "iframe", timeout=90)
+    page.switch_to.frame(frame)
+    try:
+        wait_for(page, "#tables", timeout=60)
+        assert len(css(page, "a.table-link")) == 4
+    finally:
+        page.switch_to.default_content()
+    shot(page, "10-in-airflow-ui")
