@@ -17,7 +17,7 @@ from tests.builders import events, make_spec, write_day
 from tests.oracle import actual, assert_matches, expected, read_landing
 
 pytestmark = pytest.mark.spark
-DAY0 = dt.datetime(2024, 3, 1, tzinfo=dt.timezone.utc)
+DAY0 = dt.datetime(2024, 3, 1, tzinfo=dt.UTC)
 
 row = st.tuples(
     st.integers(0, 2),                                   # day
