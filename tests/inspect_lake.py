@@ -11,6 +11,7 @@ Pipeline ``views`` (hourly windows, built-in aggregates only, so no Python worke
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from spark_jobs.jobs import combine, reduce
@@ -44,3 +45,13 @@ def build_lake(spark, root: Path) -> PipelineSpec:
     combine.run(spark, spec, D2)
     reduce.run(spark, spec)
     return spec
+
+
+def snapshot(lake_dir: str) -> dict[str, tuple[int, int]]:
+    """Every file under the lake with its size and mtime: proof that nothing was written."""
+    out = {}
+    for dirpath, _, names in os.walk(lake_dir):
+        for n in names:
+            st = os.stat(os.path.join(dirpath, n))
+            out[os.path.join(dirpath, n)] = (st.st_size, st.st_mtime_ns)
+    return out

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 from pathlib import Path
 
 import pandas as pd
@@ -18,7 +17,7 @@ import pytest
 from deltalake import DeltaTable
 
 from spark_jobs.__main__ import main
-from tests.inspect_lake import D2, PIPELINE, shared_lake
+from tests.inspect_lake import D2, PIPELINE, shared_lake, snapshot
 
 pytestmark = pytest.mark.spark
 
@@ -37,16 +36,6 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
     code = main(["inspect", *argv])
     out, err = capsys.readouterr()
     return code, out, err
-
-
-def snapshot(lake_dir: str) -> dict[str, tuple[int, int]]:
-    """Every file under the lake with its size and mtime: proof that nothing was written."""
-    out = {}
-    for dirpath, _, names in os.walk(lake_dir):
-        for n in names:
-            st = os.stat(os.path.join(dirpath, n))
-            out[os.path.join(dirpath, n)] = (st.st_size, st.st_mtime_ns)
-    return out
 
 
 def frame(path: str, version: int | None = None) -> pd.DataFrame:

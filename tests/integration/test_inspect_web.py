@@ -19,8 +19,7 @@ from fastapi.testclient import TestClient
 
 from plugins.lake_view.app import create_app
 from spark_jobs.__main__ import main
-from tests.inspect_lake import PIPELINE, shared_lake
-from tests.integration.test_inspect_cli import snapshot
+from tests.inspect_lake import PIPELINE, shared_lake, snapshot
 
 pytestmark = [pytest.mark.spark, pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`:Warning")]
 
