@@ -59,7 +59,8 @@ class AggregateFunction(ABC, Generic[ACC, OUT]):
         )
 
     def merge(self, acc: ACC, other: ACC) -> ACC:
-        """Fold another accumulator into ``acc``; must be associative and commutative."""
+        """Fold another accumulator into ``acc``: associative, commutative, and with
+        ``merge(create_accumulator(), x) == x`` (the engine skips merges of a single partial)."""
         raise MergeNotSupportedError(
             f"{type(self).__name__} has no merge; it cannot run as a two-phase (combine/reduce) aggregate"
         )

@@ -50,8 +50,23 @@ def _grouped(table: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, list[tuple
               .group_by(list(keys), use_threads=False).aggregate([("__row", "list")]))
     rows = groups.column("__row_list").combine_chunks()
     offsets = rows.offsets.to_numpy()
-    key_values = [groups.column(k).to_pylist() for k in keys]
+    key_values = [_plain(groups.column(k)) for k in keys]
     return table.take(rows.flatten()).combine_chunks(), list(zip(*key_values, strict=True)), offsets
+
+
+def _plain(column: pa.ChunkedArray) -> list[Any]:
+    """Python values of a key column; temporal values as their integer form (datetime objects are slow)."""
+    if pa.types.is_timestamp(column.type) or pa.types.is_date(column.type):
+        return column.cast(pa.int64() if pa.types.is_timestamp(column.type) else pa.int32()).to_pylist()
+    return column.to_pylist()
+
+
+def _key_array(values: list[Any], type_: pa.DataType) -> pa.Array:
+    if pa.types.is_timestamp(type_):
+        return pa.array(values, pa.int64()).cast(type_)
+    if pa.types.is_date(type_):
+        return pa.array(values, pa.int32()).cast(type_)
+    return pa.array(values, type=type_)
 
 
 def _buffered(batches: Iterator[pa.RecordBatch], flush_rows: int) -> Iterator[pa.Table]:
@@ -70,7 +85,7 @@ def _buffered(batches: Iterator[pa.RecordBatch], flush_rows: int) -> Iterator[pa
 def _emit(state: dict[tuple[Any, ...], list[Any]], key_fields: list[pa.Field], aggs: Sequence[UserAggregate],
           with_value: bool) -> pa.RecordBatch:
     keys = list(state)
-    arrays = [pa.array([k[i] for k in keys], type=f.type) for i, f in enumerate(key_fields)]
+    arrays = [_key_array([k[i] for k in keys], f.type) for i, f in enumerate(key_fields)]
     names = [f.name for f in key_fields]
     for j, agg in enumerate(aggs):
         accs = [state[k][j] for k in keys]
@@ -141,6 +156,9 @@ def udaf_merge(partials: DataFrame, keys: Sequence[str], aggs: Sequence[UserAggr
             for g, key in enumerate(group_keys):
                 start, stop = int(offsets[g]), int(offsets[g + 1])
                 accs = state.get(key)
+                if accs is None and stop - start == 1:  # identity law: merge(create(), x) == x
+                    state[key] = [col[start] for col in columns]
+                    continue
                 if accs is None:
                     accs = state[key] = [a.function.create_accumulator() for a in aggs]
                 for j, agg in enumerate(aggs):

@@ -55,6 +55,13 @@ def _sort_keys(spec: PipelineSpec) -> list[str]:
     return (["window_start", *spec.group_by]) if spec.window else list(spec.group_by)
 
 
+def _cluster(spec: PipelineSpec, files: list[DataFile]) -> tuple[str, int] | None:
+    """About one output file per event day, by window: a backfilled day then rewrites one or two."""
+    if spec.window is None:
+        return None
+    return "window_start", len({f.partition_values.get("event_date") for f in files}) or 1
+
+
 def _in_day_range(files: dict[str, DataFile], first: dt.date, last: dt.date) -> list[str]:
     out = []
     for path, f in files.items():
@@ -94,6 +101,10 @@ def run(spark: SparkSession, spec: PipelineSpec, *, lake: Lake | None = None, ru
                 changed = sorted(set(now) ^ set(before))
             except LakeError as exc:
                 log.warning("cannot load partials version %s (%s): merging everything", consumed, exc)
+            gone = lake.missing_files(tables.partials, changed or [])
+            if gone:  # removed files already vacuumed: their keys are unknown, so merge everything
+                log.warning("%d replaced partial files are vacuumed (%s...): merging everything", len(gone), gone[0])
+                changed = None
         touched: DataFrame | None
         if changed is None:  # first or full reduce: the whole table is replaced
             paths = list(now)
@@ -112,6 +123,7 @@ def run(spark: SparkSession, spec: PipelineSpec, *, lake: Lake | None = None, ru
         rows = reduce(inputs, compiled, run_id=record.run_id)
         commit = lake.replace_keys(rows, tables.aggregates, keys=keys, touched=touched,
                                    app_txn=AppTxn(app_id(spec), version), sort_by=_sort_keys(spec),
+                                   cluster=_cluster(spec, [now[p] for p in paths]),
                                    metadata={"run_id": record.run_id, "job": "reduce",
                                              "partials_version": version, "partials_consumed": consumed})
         # partial rows in the files read (from Delta stats: no extra Spark job)

@@ -170,6 +170,11 @@ class EmbeddedLake:
             out.append(DataFile(unquote(row["path"]), int(row["size_bytes"]), row["num_records"], pv))
         return out
 
+    def missing_files(self, path: str, files: Sequence[str]) -> list[str]:
+        """Which of these data files (relative paths) no longer exist, e.g. after VACUUM."""
+        root = _local(path)
+        return [f for f in files if not os.path.exists(os.path.join(root, f))]
+
     # ------------------------------------------------------------------- reads
     def read(self, path: str, *, version: int | None = None,
              partitions: Sequence[tuple[str, str, Any]] | None = None) -> DataFrame:
@@ -226,15 +231,19 @@ class EmbeddedLake:
 
     def replace_keys(self, rows: DataFrame, path: str, *, keys: Sequence[str], touched: DataFrame | None,
                      app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None,
-                     sort_by: Sequence[str] = ()) -> Commit:
+                     sort_by: Sequence[str] = (), cluster: tuple[str, int] | None = None) -> Commit:
         """Copy-on-write upsert: rows whose keys are in ``touched`` are replaced by ``rows``.
 
         Only the data files holding a touched key are rewritten; keys in ``touched`` that have
         no row in ``rows`` disappear from the table. ``touched=None`` replaces the whole table.
+        ``cluster=(column, n)`` range-partitions the written rows into ``n`` files by ``column``,
+        so later updates of a narrow range (a backfilled day) rewrite few files.
         """
         from pyspark.sql import functions as F
 
         keys = list(keys)
+        if cluster is not None:
+            rows = rows.repartitionByRange(max(1, cluster[1]), cluster[0])
         if self.table(path) is None:
             return self._commit_df(rows, path, app_txn=app_txn, metadata=metadata, sort_by=sort_by)
         by_path = {f.path: f for f in self.files(path)}
@@ -253,6 +262,8 @@ class EmbeddedLake:
         if affected:
             kept = self.read_files(path, affected).join(touched, keys, "left_anti")
             out = kept.select(*rows.columns).unionByName(rows)
+            if cluster is not None:
+                out = out.repartitionByRange(max(1, cluster[1]), cluster[0])
         removes = [by_path[f] for f in affected]
         return self._commit_df(out, path, removes=removes, app_txn=app_txn, metadata=metadata, sort_by=sort_by)
 

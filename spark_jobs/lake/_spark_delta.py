@@ -41,6 +41,17 @@ class SparkDeltaLake(EmbeddedLake):
             df = df.where(f"`{col}` {op} {_quote(str(value))}")
         return df
 
+    def missing_files(self, path: str, files: Sequence[str]) -> list[str]:
+        jvm = self.spark.sparkContext._jvm
+        assert jvm is not None
+        conf = self.spark.sparkContext._jsc.hadoopConfiguration()
+        out = []
+        for f in files:
+            target = jvm.org.apache.hadoop.fs.Path(f"{path.rstrip('/')}/{f}")
+            if not target.getFileSystem(conf).exists(target):
+                out.append(f)
+        return out
+
     def _writer(self, df: DataFrame, mode: str, partition_by: Sequence[str], app_txn: AppTxn | None,
                 metadata: Mapping[str, Any] | None) -> DataFrameWriter:
         writer = df.write.format("delta").mode(mode)
@@ -73,7 +84,7 @@ class SparkDeltaLake(EmbeddedLake):
 
     def replace_keys(self, rows: DataFrame, path: str, *, keys: Sequence[str], touched: DataFrame | None,
                      app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None,
-                     sort_by: Sequence[str] = ()) -> Commit:
+                     sort_by: Sequence[str] = (), cluster: tuple[str, int] | None = None) -> Commit:
         from delta.tables import DeltaTable
         from pyspark.sql import functions as F
 

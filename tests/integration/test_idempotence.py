@@ -222,3 +222,19 @@ def test_partials_read_from_the_lake_can_be_appended_back_as_stream_partials(spa
         return batch_d2.withColumn("source", F.lit("stream")).withColumn("batch", F.lit("stream-1"))
 
     _batch_then_stream(spark, tmp_path, from_batch, days=(D2,))
+
+
+def test_a_reduce_after_vacuum_of_replaced_partials_merges_everything(spark, tmp_path):
+    spec = make_spec(tmp_path, aggregates=FAST_AGGREGATES, window={"size": "1 hour"})
+    tables = PipelineTables(spec.lake, spec.name)
+    for date in (D1, D2):
+        write_day(tmp_path / "landing", date, day_events(date, 60))
+        combine.run(spark, spec, date)
+    reduce.run(spark, spec)
+    write_day(tmp_path / "landing", D1, day_events(D1, 45, seed=99))
+    combine.run(spark, spec, D1)
+    DeltaTable(tables.partials).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+
+    record = reduce.run(spark, spec)
+    assert record.message == "full merge"
+    assert_matches(actual(tables.aggregates, spec), expected(read_landing(tmp_path / "landing"), spec), spec)

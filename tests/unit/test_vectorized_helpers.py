@@ -11,7 +11,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark_jobs.aggregates.vectorized import _buffered, _grouped
+from spark_jobs.aggregates.vectorized import _buffered, _grouped, _key_array, _plain
 
 SETTINGS = settings(max_examples=80, deadline=None, database=None)
 UTC = dt.UTC
@@ -49,9 +49,11 @@ key_lists = st.lists(st.sampled_from(list(KEY_TYPES)), unique=True, max_size=4)
 
 
 def python_groups(table: pa.Table, keys: list[str]) -> dict[tuple[Any, ...], list[int]]:
-    """Oracle: row ids per key tuple, grouped in plain Python (NULL is a key value of its own)."""
+    """Oracle: row ids per key tuple, grouped in plain Python (NULL is a key value of its own).
+
+    Keys are in the engine's plain form: temporal values as their integer representation."""
     groups: dict[tuple[Any, ...], list[int]] = defaultdict(list)
-    cols = [table.column(k).to_pylist() for k in keys]
+    cols = [_plain(table.column(k)) for k in keys]
     for i, row in enumerate(table.column("row").to_pylist()):
         groups[tuple(c[i] for c in cols)].append(row)
     return dict(groups)
@@ -80,7 +82,7 @@ def check_grouped(table: pa.Table, keys: list[str]) -> tuple[pa.Table, list[tupl
     for g, key in enumerate(group_keys):
         part = out.slice(offsets[g], offsets[g + 1] - offsets[g])
         for k, value in zip(keys, key, strict=True):
-            assert part.column(k).to_pylist() == [value] * part.num_rows, (k, value)
+            assert _plain(part.column(k)) == [value] * part.num_rows, (k, value)
         got[key] = part.column("row").to_pylist()
     if table.num_rows:
         assert got == expected
@@ -139,7 +141,8 @@ def test_grouped_timestamp_keys_keep_their_type_and_value() -> None:
     table = pa.table({"at": pa.array(at, pa.timestamp("us", tz="UTC")), "row": [0, 1, 2, 3]})
     out, group_keys, _ = check_grouped(table, ["at"])
     assert out.schema.field("at").type == pa.timestamp("us", tz="UTC")
-    assert {k[0] for k in group_keys} == {dt.datetime(2024, 3, 1, 0, tzinfo=UTC), dt.datetime(2024, 3, 1, 1, tzinfo=UTC)}
+    keys = _key_array([k[0] for k in group_keys], pa.timestamp("us", tz="UTC")).to_pylist()
+    assert set(keys) == {dt.datetime(2024, 3, 1, 0, tzinfo=UTC), dt.datetime(2024, 3, 1, 1, tzinfo=UTC)}
 
 
 def test_grouped_large_bigint_keys_with_a_null() -> None:
@@ -193,3 +196,11 @@ def test_buffered_keeps_the_schema() -> None:
     (table,) = _buffered(iter([batch, batch]), 100)
     assert table.schema == batch.schema
     assert table.num_rows == 4
+
+
+def test_plain_temporal_keys_round_trip_to_their_arrow_type() -> None:
+    for arr in (pa.array([0, 1_700_000_000_000_000, None], pa.timestamp("us", tz="UTC")),
+                pa.array([0, 19_000, None], pa.date32())):
+        plain = _plain(pa.chunked_array([arr]))
+        assert all(v is None or isinstance(v, int) for v in plain)
+        assert _key_array(plain, arr.type).equals(arr)
