@@ -10,18 +10,22 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 
 import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 from fastapi import FastAPI
-from fastapi.testclient import TestClient
+
+with warnings.catch_warnings():  # "Using httpx with starlette.testclient is deprecated": not ours to fix
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient
 
 from plugins.lake_view.app import create_app
 from spark_jobs.__main__ import main
 from tests.inspect_lake import PIPELINE, shared_lake, snapshot
 
-pytestmark = [pytest.mark.spark, pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`:Warning")]
+pytestmark = pytest.mark.spark
 
 AGG = f"{PIPELINE}.aggregates"
 
