@@ -12,6 +12,7 @@ __all__ = [
     "InputError",
     "SchemaMismatchError",
     "LakeError",
+    "InspectError",
     "RetractNotSupportedError",
     "MergeNotSupportedError",
 ]
@@ -49,6 +50,16 @@ class LakeError(PipelineError):
     """A Delta table is missing, incompatible with the spec, or cannot be committed."""
 
     exit_code = 4
+
+
+class InspectError(PipelineError):
+    """A bad inspect request: unknown column, bad filter, version out of range, path outside the lake.
+
+    Exit code 2 (bad arguments), like a bad spec; a missing or unreadable table is a
+    :class:`LakeError` (exit code 4). Nothing is ever written either way.
+    """
+
+    exit_code = 2
 
 
 class RetractNotSupportedError(NotImplementedError):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("SPARK_JOBS_DELTA_BACKEND", "embedded")
+logging.getLogger("py4j").setLevel(logging.ERROR)  # py4j logs to a closed stream at interpreter exit
 
 
 @pytest.fixture(scope="session")

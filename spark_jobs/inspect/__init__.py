@@ -1,6 +1,6 @@
 """Read-only views of the lake (delta-rs only, no Spark), shared by the CLI and the web view."""
 
-from spark_jobs.inspect.errors import InspectError
+from spark_jobs.errors import InspectError
 from spark_jobs.inspect.views import (
     LAKE_ENV,
     Series,

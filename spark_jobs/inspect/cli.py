@@ -9,8 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs.errors import LakeError
-from spark_jobs.inspect.errors import InspectError
+from spark_jobs.errors import InspectError, LakeError
 
 if TYPE_CHECKING:
     from spark_jobs.spec import PipelineSpec

@@ -23,8 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from spark_jobs.errors import LakeError
-from spark_jobs.inspect.errors import InspectError
+from spark_jobs.errors import InspectError, LakeError
 from spark_jobs.inspect.where import parse_where
 from spark_jobs.lake.tables import TABLES
 

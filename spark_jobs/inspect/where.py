@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_jobs.inspect.errors import InspectError
+from spark_jobs.errors import InspectError
 
 __all__ = ["MAX_FILTER_LENGTH", "parse_where"]
 

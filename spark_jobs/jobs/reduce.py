@@ -106,6 +106,7 @@ def run(spark: SparkSession, spec: PipelineSpec, *, lake: Lake | None = None, ru
                 log.warning("%d replaced partial files are vacuumed (%s...): merging everything", len(gone), gone[0])
                 changed = None
         touched: DataFrame | None
+        prune = None
         if changed is None:  # first or full reduce: the whole table is replaced
             paths = list(now)
             touched = None
@@ -116,14 +117,17 @@ def run(spark: SparkSession, spec: PipelineSpec, *, lake: Lake | None = None, ru
             if spec.window is not None and changed:
                 bounds = touched.agg(F.min("window_start").alias("lo"), F.max("window_end").alias("hi")).first()
                 if bounds is not None and bounds["lo"] is not None:
-                    paths = _in_day_range(now, bounds["lo"].date() - dt.timedelta(days=1), bounds["hi"].date())
+                    prune = ("window_start", bounds["lo"], bounds["hi"])
+                    # a day of margin each side: collected timestamps are in the driver's local time zone
+                    day = dt.timedelta(days=1)
+                    paths = _in_day_range(now, bounds["lo"].date() - day, bounds["hi"].date() + day)
             inputs = lake.read_files(tables.partials, paths).join(touched, keys, "left_semi")
         if compiled.udafs:
             inputs = inputs.persist(StorageLevel.MEMORY_AND_DISK)
         rows = reduce(inputs, compiled, run_id=record.run_id)
         commit = lake.replace_keys(rows, tables.aggregates, keys=keys, touched=touched,
                                    app_txn=AppTxn(app_id(spec), version), sort_by=_sort_keys(spec),
-                                   cluster=_cluster(spec, [now[p] for p in paths]),
+                                   cluster=_cluster(spec, [now[p] for p in paths]), prune=prune,
                                    metadata={"run_id": record.run_id, "job": "reduce",
                                              "partials_version": version, "partials_consumed": consumed})
         # partial rows in the files read (from Delta stats: no extra Spark job)

@@ -231,13 +231,16 @@ class EmbeddedLake:
 
     def replace_keys(self, rows: DataFrame, path: str, *, keys: Sequence[str], touched: DataFrame | None,
                      app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None,
-                     sort_by: Sequence[str] = (), cluster: tuple[str, int] | None = None) -> Commit:
+                     sort_by: Sequence[str] = (), cluster: tuple[str, int] | None = None,
+                     prune: tuple[str, Any, Any] | None = None) -> Commit:
         """Copy-on-write upsert: rows whose keys are in ``touched`` are replaced by ``rows``.
 
         Only the data files holding a touched key are rewritten; keys in ``touched`` that have
         no row in ``rows`` disappear from the table. ``touched=None`` replaces the whole table.
         ``cluster=(column, n)`` range-partitions the written rows into ``n`` files by ``column``,
         so later updates of a narrow range (a backfilled day) rewrite few files.
+        ``prune=(column, lo, hi)`` promises every touched key has ``lo <= column <= hi``: files
+        whose Delta statistics exclude that range are not even scanned for touched keys.
         """
         from pyspark.sql import functions as F
 
@@ -251,7 +254,8 @@ class EmbeddedLake:
             return self._commit_df(rows, path, removes=list(by_path.values()), app_txn=app_txn, metadata=metadata,
                                    sort_by=sort_by)
         touched = touched.select(*keys).distinct()
-        current = self.read(path).select(*keys, F.col("_metadata.file_path").alias("_file"))
+        candidates = list(by_path) if prune is None else self._overlapping(path, *prune)
+        current = self.read_files(path, candidates).select(*keys, F.col("_metadata.file_path").alias("_file"))
         hit = [r["_file"] for r in current.join(touched, keys, "left_semi").select("_file").distinct().collect()]
         root = Path(_local(path)).resolve()
         affected = [os.path.relpath(_local(unquote(uri)), root) for uri in hit]
@@ -266,6 +270,21 @@ class EmbeddedLake:
                 out = out.repartitionByRange(max(1, cluster[1]), cluster[0])
         removes = [by_path[f] for f in affected]
         return self._commit_df(out, path, removes=removes, app_txn=app_txn, metadata=metadata, sort_by=sort_by)
+
+    def _overlapping(self, path: str, column: str, lo: Any, hi: Any) -> list[str]:
+        """Data files whose min/max statistics of ``column`` may hold a value in [lo, hi]."""
+        lo, hi = (_utc(v) for v in (lo, hi))
+        dt_ = self.table(path)
+        assert dt_ is not None
+        actions = pa.table(dt_.get_add_actions(flatten=True))
+        if f"min.{column}" not in actions.column_names:
+            return [unquote(p) for p in actions["path"].to_pylist()]
+        out = []
+        for row in actions.select(["path", f"min.{column}", f"max.{column}"]).to_pylist():
+            low, high = row[f"min.{column}"], row[f"max.{column}"]
+            if low is None or high is None or (_utc(low) <= hi and _utc(high) >= lo):
+                out.append(unquote(row["path"]))
+        return out
 
     def append_rows(self, table: pa.Table, path: str, *, metadata: Mapping[str, Any] | None = None) -> Commit:
         """Append a few driver-side rows (run records); never used for pipeline data."""
@@ -349,6 +368,11 @@ class EmbeddedLake:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return adds
+
+
+def _utc(value: Any) -> Any:
+    """Naive datetimes from Spark are in the driver's local zone; compare everything in UTC."""
+    return value.astimezone(UTC) if isinstance(value, datetime) else value
 
 
 def _meta(metadata: Mapping[str, Any] | None) -> dict[str, str] | None:

@@ -84,7 +84,8 @@ class SparkDeltaLake(EmbeddedLake):
 
     def replace_keys(self, rows: DataFrame, path: str, *, keys: Sequence[str], touched: DataFrame | None,
                      app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None,
-                     sort_by: Sequence[str] = (), cluster: tuple[str, int] | None = None) -> Commit:
+                     sort_by: Sequence[str] = (), cluster: tuple[str, int] | None = None,
+                     prune: tuple[str, Any, Any] | None = None) -> Commit:
         from delta.tables import DeltaTable
         from pyspark.sql import functions as F
 
