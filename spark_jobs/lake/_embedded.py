@@ -255,8 +255,10 @@ class EmbeddedLake:
                                    sort_by=sort_by)
         touched = touched.select(*keys).distinct()
         candidates = list(by_path) if prune is None else self._overlapping(path, *prune)
-        current = self.read_files(path, candidates).select(*keys, F.col("_metadata.file_path").alias("_file"))
-        hit = [r["_file"] for r in current.join(touched, keys, "left_semi").select("_file").distinct().collect()]
+        hit: list[str] = []
+        if candidates:
+            current = self.read_files(path, candidates).select(*keys, F.col("_metadata.file_path").alias("_file"))
+            hit = [r["_file"] for r in current.join(touched, keys, "left_semi").select("_file").distinct().collect()]
         root = Path(_local(path)).resolve()
         affected = [os.path.relpath(_local(unquote(uri)), root) for uri in hit]
         missing = [f for f in affected if f not in by_path]

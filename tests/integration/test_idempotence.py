@@ -238,3 +238,16 @@ def test_a_reduce_after_vacuum_of_replaced_partials_merges_everything(spark, tmp
     record = reduce.run(spark, spec)
     assert record.message == "full merge"
     assert_matches(actual(tables.aggregates, spec), expected(read_landing(tmp_path / "landing"), spec), spec)
+
+
+def test_a_new_day_outside_every_existing_file_s_window_range_is_appended(spark, tmp_path):
+    spec = make_spec(tmp_path, aggregates=FAST_AGGREGATES, window={"size": "1 hour"})
+    tables = PipelineTables(spec.lake, spec.name)
+    files = []
+    for date in (D1, D3):  # D3's windows lie outside every aggregates file of D1: no file is rewritten
+        write_day(tmp_path / "landing", date, day_events(date, 30))
+        combine.run(spark, spec, date)
+        reduce.run(spark, spec)
+        files.append(set(pa.table(DeltaTable(tables.aggregates).get_add_actions(flatten=True))["path"].to_pylist()))
+    assert files[0] < files[1]
+    assert_matches(actual(tables.aggregates, spec), expected(read_landing(tmp_path / "landing"), spec), spec)
