@@ -73,8 +73,9 @@ def cmd_combine(args: argparse.Namespace) -> int:
     spec = _spec(args)
     dates = _dates(args.date, args.to)
     spark = _session(args, "combine")
-    for date in dates:
-        print(combine.run(spark, spec, date, run_id=args.run_id).summary())
+    for date in dates:  # one run id per day: a given --run-id gets the date as suffix over a range
+        run_id = f"{args.run_id}-{date}" if args.run_id and len(dates) > 1 else args.run_id
+        print(combine.run(spark, spec, date, run_id=run_id).summary())
     return 0
 
 
