@@ -13,6 +13,7 @@ __all__ = [
     "SchemaMismatchError",
     "LakeError",
     "InspectError",
+    "QualityError",
     "RetractNotSupportedError",
     "MergeNotSupportedError",
 ]
@@ -60,6 +61,17 @@ class InspectError(PipelineError):
     """
 
     exit_code = 2
+
+
+class QualityError(PipelineError):
+    """A Great Expectations suite failed: the data is readable but not fit to publish.
+
+    Exit code 5. The message lists the failed expectations and says where the full report is;
+    nothing downstream of the gate (``partials`` for the input suite, ``aggregates`` for the
+    pre-reduce outputs suite) has been written.
+    """
+
+    exit_code = 5
 
 
 class RetractNotSupportedError(NotImplementedError):

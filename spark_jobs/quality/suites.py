@@ -1,0 +1,98 @@
+"""The Great Expectations suites of a pipeline, built from its spec and quality rules.
+
+Each function returns a list of GX expectations (not yet bound to a context); :mod:`gate`
+runs them against a Spark DataFrame. Names of derived columns the suites read:
+
+- input (the classified landing partition, see :func:`spark_jobs.jobs.landing.classify`):
+  the spec's typed columns, ``_reason`` (why combine would reject the row, NULL when valid) and
+  ``_event_day`` (the event time's UTC date, as text);
+- outputs (final values, from the serving table or a day's partials finalised as reduce would):
+  the group keys, ``n_rows`` and one column per aggregate.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from spark_jobs.quality.rules import QualityRules, Range
+from spark_jobs.spec import PipelineSpec
+
+if TYPE_CHECKING:
+    from great_expectations.expectations import Expectation
+
+__all__ = ["input_expectations", "output_expectations", "schema_expectations"]
+
+COUNT_FNS = ("count", "count_distinct", "approx_count_distinct")
+
+
+def _between(column: str, rng: Range, description: str) -> Expectation:
+    import great_expectations.expectations as gxe
+
+    kwargs: dict[str, Any] = {"column": column, "description": description}
+    if rng.min is not None:
+        kwargs["min_value"] = rng.min
+    if rng.max is not None:
+        kwargs["max_value"] = rng.max
+    if rng.mostly < 1:
+        kwargs["mostly"] = rng.mostly
+    return gxe.ExpectColumnValuesToBeBetween(**kwargs)
+
+
+def schema_expectations(spec: PipelineSpec) -> list[Expectation]:
+    """Every column the spec's ``source.schema`` declares exists in the landing files."""
+    import great_expectations.expectations as gxe
+
+    return [gxe.ExpectColumnToExist(column=col, description=f"schema: source.schema declares {col} ({typ})")
+            for col, typ in spec.source.schema]
+
+
+def input_expectations(spec: PipelineSpec, rules: QualityRules, date: str) -> list[Expectation]:
+    """Schema, rows present, few rejects, non-null event time and keys, value ranges, freshness."""
+    import great_expectations.expectations as gxe
+
+    pct = f"{rules.max_rejected_fraction:.2%}"
+    out: list[Expectation] = [
+        *schema_expectations(spec),
+        gxe.ExpectTableRowCountToBeBetween(min_value=rules.min_rows,
+                                           description=f"volume: at least {rules.min_rows} rows landed"),
+        gxe.ExpectColumnValuesToBeNull(column="_reason", mostly=rules.mostly,
+                                       description=f"parse: at most {pct} of rows unreadable or invalid "
+                                                   "(they go to dead_letter)"),
+        gxe.ExpectColumnValuesToNotBeNull(column=spec.source.event_time, mostly=rules.mostly,
+                                          description=f"event time {spec.source.event_time} present "
+                                                      f"(at most {pct} missing)"),
+    ]
+    out += [gxe.ExpectColumnValuesToNotBeNull(column=k, mostly=rules.mostly,
+                                              description=f"group key {k} present (at most {pct} missing)")
+            for k in spec.group_by]
+    out.append(gxe.ExpectColumnValuesToBeInSet(column="_event_day", value_set=[date], mostly=rules.mostly,
+                                               description=f"freshness: event times fall on the partition's "
+                                                           f"day {date}"))
+    declared = dict(spec.source.schema)
+    for col, rng in rules.input_ranges.items():
+        if col in declared:
+            out.append(_between(col, rng, f"range: {col} within {rng.describe()}"))
+    return out
+
+
+def output_expectations(spec: PipelineSpec, rules: QualityRules, *, reconcile: dict[str, int]) -> list[Expectation]:
+    """No empty or negative counts, values within bounds, ``sum(n_rows)`` equal to each ``reconcile`` total."""
+    import great_expectations.expectations as gxe
+
+    out: list[Expectation] = [
+        gxe.ExpectColumnValuesToNotBeNull(column=k, description=f"group key {k} present")
+        for k in spec.key_columns
+    ]
+    out.append(gxe.ExpectColumnValuesToBeBetween(column="n_rows", min_value=1,
+                                                 description="counts: every key aggregates at least one row"))
+    out += [gxe.ExpectColumnValuesToBeBetween(column=a.name, min_value=0,
+                                              description=f"counts: {a.name} ({a.fn}) is not negative")
+            for a in spec.aggregates if a.fn in COUNT_FNS]
+    names = {a.name for a in spec.aggregates}
+    for col, rng in rules.output_ranges.items():
+        if col in names or col == "n_rows":
+            out.append(_between(col, rng, f"range: {col} within {rng.describe()}"))
+    for what, total in reconcile.items():
+        out.append(gxe.ExpectColumnSumToBeBetween(column="n_rows", min_value=total, max_value=total,
+                                                  description=f"reconcile: sum(n_rows) equals {what} ({total:,})"))
+    return out
