@@ -1,7 +1,7 @@
 """``python -m spark_jobs <command>``: parse arguments, call one function, map errors to exit codes.
 
 Exit codes: 0 ok, 1 unexpected failure, 2 bad arguments or spec, 3 bad or missing input,
-4 lake (Delta) problem.
+4 lake (Delta) problem, 5 a data-quality suite failed (``validate``; the report says which checks).
 """
 
 from __future__ import annotations
@@ -101,6 +101,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Run a Great Expectations gate; exit 5 (QualityError) when it fails, after writing its report."""
+    from spark_jobs.quality.gate import validate
+
+    spec = _spec(args)
+    spark = _session(args, f"validate {args.suite}")
+    print(validate(spark, spec, args.suite, date=args.date, reports=args.reports, run_id=args.run_id).text())
+    return 0
+
+
+def cmd_maintain(args: argparse.Namespace) -> int:
+    """Compact, vacuum and checkpoint a pipeline's tables (delta-rs; no Spark)."""
+    from spark_jobs.lake.maintenance import maintain
+
+    spec = _spec(args)
+    for entry in maintain(spec.lake, spec.name, retention_hours=args.retention_hours, dry_run=args.dry_run,
+                          enforce_retention=not args.allow_short_retention):
+        print(("(dry run) " if args.dry_run else "") + entry.summary())
+    return 0
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from spark_jobs.inspect.cli import run_inspect
 
@@ -156,6 +177,23 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--date", "--from", dest="date", required=True, help="first date, YYYY-MM-DD")
     run.add_argument("--to", help="last date (inclusive; default: the first)")
     run.set_defaults(func=cmd_run)
+
+    v = sub.add_parser("validate", help="run a Great Expectations gate (input: a landing day; outputs: partials "
+                                        "of a day before reduce, or the serving table)")
+    spec_opts(v)
+    v.add_argument("--suite", required=True, choices=["input", "outputs"], help="which gate")
+    v.add_argument("--date", help="event_date (required for input; for outputs: that day's partials, pre-reduce)")
+    v.add_argument("--reports", help="report directory (default <lake>/<pipeline>/_quality)")
+    v.set_defaults(func=cmd_validate)
+
+    m = sub.add_parser("maintain", help="compact small files, vacuum, checkpoint (delta-rs, no Spark)")
+    m.add_argument("--pipeline", required=True, help="pipeline spec YAML")
+    m.add_argument("--lake", help="override the spec's lake root")
+    m.add_argument("--retention-hours", type=int, default=168, help="vacuum files removed longer ago (default 168)")
+    m.add_argument("--allow-short-retention", action="store_true",
+                   help="allow a retention below 168 hours (only when no job or reader uses older versions)")
+    m.add_argument("--dry-run", action="store_true", help="list what vacuum would delete; change nothing")
+    m.set_defaults(func=cmd_maintain)
 
     from spark_jobs.inspect.cli import add_inspect_parser
 
