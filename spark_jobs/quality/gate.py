@@ -144,6 +144,7 @@ def _schema_checks(spec: PipelineSpec, columns: list[str]) -> list[Check]:
 def _input(spark: SparkSession, spec: PipelineSpec, rules: QualityRules, date: str
            ) -> tuple[list[Check], DataFrame, DataFrame | None]:
     """(checks, classified rows, rows to dead-letter or None when nothing may be dead-lettered)."""
+    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     from spark_jobs.jobs.landing import classify, read_partition
@@ -164,7 +165,8 @@ def _input(spark: SparkSession, spec: PipelineSpec, rules: QualityRules, date: s
         return checks, rows, rows
     rows = classify(raw, spec, date)
     et = F.col(spec.source.event_time)
-    rows = rows.withColumn("_event_day", F.date_format(et, "yyyy-MM-dd"))
+    # GX computes each metric as its own Spark job: read and type the partition once
+    rows = rows.withColumn("_event_day", F.date_format(et, "yyyy-MM-dd")).persist(StorageLevel.MEMORY_AND_DISK)
     checks = _run_suite(rows, f"{spec.name}_input", input_expectations(spec, rules, date))
     # rows that break a row-level check, with every check they break as the reason
     reasons = [F.col("_reason")]
@@ -207,6 +209,7 @@ def combined_rows(spec: PipelineSpec, days: list[str] | None = None) -> dict[str
 
 def _outputs(spark: SparkSession, spec: PipelineSpec, rules: QualityRules, date: str | None, lake: Lake
              ) -> tuple[list[Check], DataFrame, str]:
+    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     from spark_jobs.aggregates.compile import CompiledAggregates
@@ -247,6 +250,7 @@ def _outputs(spark: SparkSession, spec: PipelineSpec, rules: QualityRules, date:
                 reconcile[f"rows aggregated by the latest combine runs of {len(runs)} days"] = sum(runs.values())
         df = lake.read(tables.aggregates)
         target = f"{tables.aggregates} (version {lake.version(tables.aggregates)})"
+    df = df.persist(StorageLevel.MEMORY_AND_DISK)  # one computation for all of GX's metric jobs
     checks = _run_suite(df, f"{spec.name}_outputs", output_expectations(spec, rules, reconcile=reconcile))
     return checks, df, target
 

@@ -1,0 +1,155 @@
+"""DAGs generated from the pipeline specs in ``pipelines/*.yaml``: wiring only.
+
+For each spec ``<name>``: ``<name>_batch`` (daily, one run per event date), ``<name>_stream``
+(every 5 minutes: the streaming job in available-now mode, then validate); and one
+``lake_maintenance`` DAG over all pipelines. The work is in ``spark_jobs`` (the CLI the
+operator submits) and ``plugins/spark_jobs_airflow``. Parsing this file imports no pyspark and
+no Great Expectations: it reads each spec's ``name`` with a YAML parser and nothing else.
+
+Settings (environment):
+    SPARK_JOBS_PIPELINES   folder of the specs (default: the repo's ``pipelines/``)
+    SPARK_JOBS_START_DATE  first event date of the batch DAGs (default 2024-03-01)
+    SPARK_JOBS_CATCHUP     "true" lets the scheduler create a run for every day since the start
+                           date (default false; ``airflow backfill create`` works either way)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from pathlib import Path
+
+import yaml
+from airflow.sdk import DAG, Asset, Param, task
+from spark_jobs_airflow import DATE, LandingPartitionSensor, SparkJobOperator
+from spark_jobs_airflow.conditions import skip_unchanged_day
+
+PIPELINES = Path(os.environ.get("SPARK_JOBS_PIPELINES") or Path(__file__).resolve().parents[1] / "pipelines")
+START = dt.datetime.fromisoformat(os.environ.get("SPARK_JOBS_START_DATE", "2024-03-01")).replace(tzinfo=dt.UTC)
+CATCHUP = os.environ.get("SPARK_JOBS_CATCHUP", "false").lower() in ("1", "true", "yes")
+DEFAULT_ARGS = {"owner": "spark_jobs", "retries": 1, "retry_delay": dt.timedelta(seconds=30)}
+
+
+def _specs() -> list[tuple[str, Path]]:
+    out = []
+    for path in sorted(PIPELINES.glob("*.yaml")):
+        raw = yaml.safe_load(path.read_text()) or {}
+        if isinstance(raw, dict) and isinstance(raw.get("name"), str):
+            out.append((raw["name"], path))
+    return out
+
+
+def _lake(path: Path) -> str:
+    """The spec's lake root as an absolute path (for the Asset URI; no validation here)."""
+    raw = yaml.safe_load(path.read_text()) or {}
+    lake = str(raw.get("lake", "lake"))
+    return lake if "://" in lake or lake.startswith("/") else str((path.parent / lake).resolve())
+
+
+def aggregates_asset(name: str, spec: Path) -> Asset:
+    return Asset(name=f"{name}.aggregates", uri=f"file://{_lake(spec)}/{name}/aggregates")
+
+
+def batch_dag(name: str, spec: Path) -> DAG:
+    pipeline = str(spec)
+    asset = aggregates_asset(name, spec)
+    with DAG(
+        dag_id=f"{name}_batch",
+        description=f"{name}: wait for a landing day, validate, combine, reduce, validate, publish",
+        schedule="@daily",
+        start_date=START,
+        catchup=CATCHUP,
+        max_active_runs=2,
+        default_args=DEFAULT_ARGS,
+        params={
+            "force_recombine": Param(False, type="boolean", description="combine the day even if unchanged"),
+            "date": Param(None, type=["null", "string"], format="date",
+                          description="event date YYYY-MM-DD (default: the run's logical date)"),
+        },
+        tags=["spark_jobs", name, "batch"],
+        doc_md=__doc__,
+    ) as dag:
+        wait = LandingPartitionSensor(task_id="wait_for_landing", pipeline=pipeline, date=DATE,
+                                      poke_interval=60, timeout=6 * 3600)
+        validate_input = SparkJobOperator(task_id="validate_input", retries=0,
+                                          args=["validate", "--pipeline", pipeline, "--suite", "input", "--date", DATE])
+        combine = SparkJobOperator(task_id="combine", args=["combine", "--pipeline", pipeline, "--date", DATE],
+                                   skip_if=skip_unchanged_day(pipeline))
+        validate_partials = SparkJobOperator(task_id="validate_partials", retries=0, trigger_rule="none_failed",
+                                             args=["validate", "--pipeline", pipeline, "--suite", "outputs",
+                                                   "--date", DATE])
+        # one reduce of a pipeline at a time: it rewrites the serving table
+        reduce = SparkJobOperator(task_id="reduce", args=["reduce", "--pipeline", pipeline],
+                                  max_active_tis_per_dag=1)
+        validate_outputs = SparkJobOperator(task_id="validate_outputs", retries=0,
+                                            args=["validate", "--pipeline", pipeline, "--suite", "outputs"])
+
+        @task(task_id="publish", outlets=[asset])
+        def publish(*, outlet_events=None) -> dict:
+            """Announce the validated serving table: an Asset event carrying its Delta version."""
+            from deltalake import DeltaTable
+
+            path = asset.uri.removeprefix("file://")
+            table = DeltaTable(path)
+            extra = {"version": table.version(), "files": len(table.file_uris()), "path": path}
+            if outlet_events is not None:
+                outlet_events[asset].extra = extra
+            return extra
+
+        wait >> validate_input >> combine >> validate_partials >> reduce >> validate_outputs >> publish()
+    return dag
+
+
+def stream_dag(name: str, spec: Path) -> DAG:
+    pipeline = str(spec)
+    with DAG(
+        dag_id=f"{name}_stream",
+        description=f"{name}: the streaming job in available-now mode, reduce, validate",
+        schedule="*/5 * * * *",
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        is_paused_upon_creation=True,  # unpause to start streaming (bin/demo does)
+        default_args=DEFAULT_ARGS,
+        tags=["spark_jobs", name, "stream"],
+    ) as dag:
+        stream = SparkJobOperator(task_id="stream", args=["stream", "--pipeline", pipeline, "--available-now"])
+        reduce = SparkJobOperator(task_id="reduce", args=["reduce", "--pipeline", pipeline],
+                                  max_active_tis_per_dag=1)
+        validate = SparkJobOperator(task_id="validate_outputs", retries=0,
+                                    args=["validate", "--pipeline", pipeline, "--suite", "outputs"])
+        stream >> reduce >> validate
+    return dag
+
+
+def maintenance_dag(specs: list[tuple[str, Path]]) -> DAG:
+    with DAG(
+        dag_id="lake_maintenance",
+        description="compact small files, vacuum (168 h retention), checkpoint: every pipeline's tables",
+        schedule="@daily",
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        is_paused_upon_creation=True,
+        default_args=DEFAULT_ARGS,
+        tags=["spark_jobs", "maintenance"],
+    ) as dag:
+        for name, spec in specs:
+            @task(task_id=f"maintain_{name}")
+            def maintain(pipeline: str = str(spec)) -> list[str]:
+                """Compact, vacuum and checkpoint through delta-rs (no Spark)."""
+                from spark_jobs.lake.maintenance import maintain as run_maintenance
+                from spark_jobs.spec import load_spec
+
+                loaded = load_spec(pipeline)
+                return [entry.summary() for entry in run_maintenance(loaded.lake, loaded.name)]
+
+            maintain()
+    return dag
+
+
+SPECS = _specs()
+for _name, _spec in SPECS:
+    globals()[f"{_name}_batch"] = batch_dag(_name, _spec)
+    globals()[f"{_name}_stream"] = stream_dag(_name, _spec)
+lake_maintenance = maintenance_dag(SPECS)

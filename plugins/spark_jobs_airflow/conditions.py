@@ -1,0 +1,56 @@
+"""Run-time conditions of the DAGs, computed from the lake's ``runs`` table (delta-rs, no Spark)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["batch_date", "skip_unchanged_day"]
+
+
+def batch_date(context: Any) -> str:
+    """What the ``DATE`` template renders: the ``date`` param, the logical date or the trigger day."""
+    date = (context.get("params") or {}).get("date")
+    if date:
+        return str(date)
+    run = context["dag_run"]
+    when = run.logical_date or run.run_after
+    return when.strftime("%Y-%m-%d")
+
+
+def skip_unchanged_day(pipeline: str) -> Callable[[Any], str | None]:
+    """A ``skip_if`` for combine: skip a day combined successfully after its newest landing file.
+
+    The ``force_recombine`` param turns it off. Combine is idempotent either way; this only
+    saves a Spark job when a backfill passes over days that have not changed.
+    """
+
+    def check(context: Any) -> str | None:
+        if (context.get("params") or {}).get("force_recombine"):
+            return None
+        from deltalake import DeltaTable
+
+        from spark_jobs.lake import PipelineTables
+        from spark_jobs.spec import load_spec
+
+        date = batch_date(context)
+        spec = load_spec(pipeline)
+        folder = spec.source.partition_path(date)
+        runs_path = PipelineTables(spec.lake, spec.name).runs
+        if not os.path.isdir(folder) or not DeltaTable.is_deltatable(runs_path):
+            return None
+        newest = max((os.path.getmtime(os.path.join(folder, n)) for n in os.listdir(folder)), default=None)
+        runs = DeltaTable(runs_path).to_pyarrow_table(columns=["job", "batch", "status", "started_at"]).to_pylist()
+        done = [r["started_at"] for r in runs if r["job"] == "combine" and r["batch"] == date and r["status"] == "success"]
+        if not done or newest is None:
+            return None
+        last = max(done)
+        if last.timestamp() > newest:
+            return (f"{date} was combined at {last:%Y-%m-%d %H:%M:%S} UTC, after its newest landing file "
+                    f"({dt.datetime.fromtimestamp(newest, dt.UTC):%Y-%m-%d %H:%M:%S} UTC); "
+                    "trigger with force_recombine=true to combine it again")
+        return None
+
+    return check
