@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 
 import yaml
-from airflow.sdk import DAG, Asset, Param, task
+from airflow.sdk import DAG, Asset, CronDataIntervalTimetable, Param, task
 from spark_jobs_airflow import DATE, LandingPartitionSensor, SparkJobOperator
 from spark_jobs_airflow.conditions import skip_unchanged_day
 
@@ -56,7 +56,8 @@ def batch_dag(name: str, spec: Path) -> DAG:
     with DAG(
         dag_id=f"{name}_batch",
         description=f"{name}: wait for a landing day, validate, combine, reduce, validate, publish",
-        schedule="@daily",
+        # one run per event date, after the day is over: the logical date is the day processed
+        schedule=CronDataIntervalTimetable("0 0 * * *", timezone="UTC"),
         start_date=START,
         catchup=CATCHUP,
         max_active_runs=2,

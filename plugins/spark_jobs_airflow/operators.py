@@ -87,7 +87,7 @@ class SparkJobOperator(BaseOperator):
             or ``local[*]``.
         conn_id: Airflow connection holding the master (host ``spark://h``, port 7077), if defined.
         driver_memory: ``--driver-memory`` of the job's driver.
-        conf: extra ``--conf`` pairs.
+        conf: extra ``--conf`` pairs (``spark.log.level`` defaults to WARN).
         env: extra environment variables (templated).
         skip_if: called with the context before submitting; a returned reason skips the task.
     """
@@ -114,7 +114,7 @@ class SparkJobOperator(BaseOperator):
         submit = self.spark_submit or shutil.which("spark-submit") or str(Path(sys.executable).parent / "spark-submit")
         cmd = [submit, "--master", master, "--driver-memory", self.driver_memory, "--name",
                f"spark_jobs {self.args[0] if self.args else ''}".strip()]
-        for key, value in self.conf.items():
+        for key, value in {"spark.log.level": "WARN", **self.conf}.items():
             cmd += ["--conf", f"{key}={value}"]
         return [*cmd, str(SUBMIT_FILE), *map(str, self.args)]
 

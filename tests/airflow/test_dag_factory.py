@@ -1,0 +1,96 @@
+"""The DAG files import cleanly, wire the expected tasks, and parse without pyspark or GX."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.airflow.harness import ROOT
+
+PROBE = r"""
+import json, sys
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=sys.argv[1])
+out = {"errors": {k: str(v) for k, v in bag.import_errors.items()},
+       "pyspark": sorted(m for m in sys.modules if m == "pyspark" or m.startswith("pyspark.")),
+       "gx": "great_expectations" in sys.modules, "dags": {}}
+for dag in bag.dags.values():
+    out["dags"][dag.dag_id] = {
+        "tasks": {t.task_id: sorted(t.downstream_task_ids) for t in dag.tasks},
+        "schedule": getattr(dag.timetable, "expression", None) or getattr(dag.timetable, "_expression", ""), "catchup": dag.catchup, "max_active_runs": dag.max_active_runs,
+        "params": sorted(dag.params.keys()),
+        "outlets": {t.task_id: [getattr(o, "uri", str(o)) for o in t.outlets] for t in dag.tasks if t.outlets},
+        "modes": {t.task_id: t.mode for t in dag.tasks if hasattr(t, "mode")},
+        "max_active_tis": {t.task_id: t.max_active_tis_per_dag for t in dag.tasks if t.max_active_tis_per_dag},
+    }
+print("PROBE" + json.dumps(out))
+"""
+
+
+def parse(tmp_path: Path, pipelines: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    env.update({"AIRFLOW_HOME": str(tmp_path / "home"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+                "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+                "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"), "SPARK_JOBS_PIPELINES": str(pipelines)})
+    proc = subprocess.run([sys.executable, "-c", PROBE, str(ROOT / "dags")], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("PROBE")), None)
+    assert proc.returncode == 0 and line, proc.stderr[-4000:]
+    return json.loads(line[len("PROBE"):])
+
+
+@pytest.fixture(scope="module")
+def parsed(tmp_path_factory) -> dict:
+    return parse(tmp_path_factory.mktemp("dagbag"), ROOT / "pipelines")
+
+
+def test_every_dag_file_imports_without_errors(parsed):
+    assert parsed["errors"] == {}
+    assert set(parsed["dags"]) == {"page_views_batch", "page_views_stream", "lake_maintenance"}
+
+
+def test_parsing_imports_neither_pyspark_nor_great_expectations(parsed):
+    assert parsed["pyspark"] == []
+    assert parsed["gx"] is False
+
+
+def test_the_batch_dag_gates_combine_and_reduce_with_validations(parsed):
+    dag = parsed["dags"]["page_views_batch"]
+    assert dag["tasks"] == {
+        "wait_for_landing": ["validate_input"],
+        "validate_input": ["combine"],
+        "combine": ["validate_partials"],
+        "validate_partials": ["reduce"],
+        "reduce": ["validate_outputs"],
+        "validate_outputs": ["publish"],
+        "publish": [],
+    }
+    assert dag["schedule"] == "0 0 * * *" and dag["max_active_runs"] == 2
+    assert dag["params"] == ["date", "force_recombine"]
+    assert dag["modes"]["wait_for_landing"] == "reschedule"
+    assert dag["max_active_tis"] == {"reduce": 1}
+    lake = (ROOT / "data" / "lake").resolve()
+    assert dag["outlets"] == {"publish": [f"file://{lake}/page_views/aggregates"]}
+
+
+def test_the_stream_and_maintenance_dags(parsed):
+    stream = parsed["dags"]["page_views_stream"]
+    assert stream["tasks"] == {"stream": ["reduce"], "reduce": ["validate_outputs"], "validate_outputs": []}
+    assert stream["schedule"] == "*/5 * * * *" and stream["catchup"] is False and stream["max_active_runs"] == 1
+    assert parsed["dags"]["lake_maintenance"]["tasks"] == {"maintain_page_views": []}
+
+
+def test_one_batch_and_one_stream_dag_per_spec(tmp_path):
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    for name in ("clicks", "orders"):
+        (pipelines / f"{name}.yaml").write_text(f"name: {name}\nlake: /tmp/lake\n")
+    (pipelines / "notes.yaml").write_text("just: a list\n")  # not a spec: no name
+    dags = parse(tmp_path, pipelines)["dags"]
+    assert sorted(dags) == ["clicks_batch", "clicks_stream", "lake_maintenance", "orders_batch", "orders_stream"]
+    assert sorted(dags["lake_maintenance"]["tasks"]) == ["maintain_clicks", "maintain_orders"]

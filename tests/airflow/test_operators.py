@@ -1,0 +1,114 @@
+"""SparkJobOperator through a real spark-submit; sensors against real files and Delta tables."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+
+from tests.airflow.harness import ROOT
+from tests.builders import FAST_AGGREGATES, day_events, make_spec, write_day
+
+sys.path.insert(0, str(ROOT / "plugins"))  # Airflow puts the plugins folder on sys.path; so do we
+
+from airflow.sdk.exceptions import AirflowFailException
+from spark_jobs_airflow import (
+    DeltaVersionSensor,
+    LandingPartitionSensor,
+    SparkJobError,
+    SparkJobOperator,
+    resolve_master,
+)
+
+
+def test_a_bad_spec_fails_the_task_with_the_jobs_message_and_exit_code_and_no_retry(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: Bad-Name\nsource: {path: x, format: parquet, event_time: t, schema: {t: timestamp}}\n"
+                   "aggregates: [{name: n, fn: medain}]\nlake: lake\n")
+    op = SparkJobOperator(task_id="combine", args=["combine", "--pipeline", str(bad), "--date", "2024-03-01"],
+                          master="local[1]")
+    with pytest.raises(SparkJobError) as info:
+        op.execute({})
+    assert info.value.exit_code == 2
+    assert isinstance(info.value, AirflowFailException)  # a bad spec is not retried
+    message = str(info.value)
+    assert message.startswith("spark_jobs combine failed with exit code 2: error: invalid pipeline spec")
+    assert "aggregates[0].fn: unknown function 'medain'" in message
+    assert "(no retry: bad spec or arguments)" in message
+
+
+def test_a_missing_input_fails_with_exit_code_3_and_may_be_retried(tmp_path, capfd):
+    spec = make_spec(tmp_path, aggregates=FAST_AGGREGATES)
+    op = SparkJobOperator(task_id="combine", args=["combine", "--pipeline", spec.origin, "--date", "2024-03-09"],
+                          master="local[1]")
+    with pytest.raises(SparkJobError) as info:
+        op.execute({})
+    assert info.value.exit_code == 3 and not isinstance(info.value, AirflowFailException)
+    assert "error: no landing partition" in str(info.value)
+    out = "".join(capfd.readouterr())
+    assert "running: " in out and "--master local[1]" in out
+
+
+def test_the_job_log_is_streamed_into_the_task_log_and_its_last_line_returned(spark, tmp_path, capfd):
+    from spark_jobs.jobs import combine
+
+    spec = make_spec(tmp_path, aggregates=FAST_AGGREGATES)
+    write_day(tmp_path / "landing", "2024-03-01", day_events("2024-03-01", 20))
+    combine.run(spark, spec, "2024-03-01")
+    op = SparkJobOperator(task_id="inspect", master="local[1]",
+                          args=["inspect", "tables", "--pipeline", spec.origin])
+    last = op.execute({})
+    out = "".join(capfd.readouterr())
+    assert "spark_jobs_submit.py inspect tables" in out
+    assert "views.partials" in out  # the job's own output, line by line in the task log
+    assert last is not None and "views." in last
+
+
+def test_the_master_comes_from_the_argument_the_connection_the_environment_or_local(monkeypatch):
+    monkeypatch.delenv("SPARK_MASTER", raising=False)
+    assert resolve_master("spark://m:7077") == "spark://m:7077"
+    assert resolve_master(conn_id="no_such_connection") == "local[*]"
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_TEST", '{"conn_type": "spark", "host": "spark://master", "port": 7077}')
+    assert resolve_master(conn_id="spark_test") == "spark://master:7077"
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_HOST_ONLY", '{"conn_type": "spark", "host": "master"}')
+    assert resolve_master(conn_id="spark_host_only") == "spark://master"
+    monkeypatch.setenv("SPARK_MASTER", "local[3]")
+    assert resolve_master(conn_id="no_such_connection") == "local[3]"
+    op = SparkJobOperator(task_id="t", args=["reduce"], master="local[2]", driver_memory="512m")
+    cmd = op.command("local[2]")
+    assert cmd[1:5] == ["--master", "local[2]", "--driver-memory", "512m"]
+    assert cmd[-2:] == [str(ROOT / "spark_jobs" / "_submit" / "spark_jobs_submit.py"), "reduce"]
+
+
+def test_the_landing_sensor_waits_for_data_files(tmp_path):
+    spec = make_spec(tmp_path, aggregates=FAST_AGGREGATES)
+    sensor = LandingPartitionSensor(task_id="wait", pipeline=spec.origin, date="2024-03-01")
+    assert sensor.mode == "reschedule"
+    assert sensor.poke({}) is False  # no folder
+    part = tmp_path / "landing" / "event_date=2024-03-01"
+    part.mkdir(parents=True)
+    (part / "_SUCCESS").write_text("")
+    (part / ".part-0.crc").write_text("")
+    assert sensor.poke({}) is False  # markers are not data
+    write_day(tmp_path / "landing", "2024-03-01", day_events("2024-03-01", 5))
+    assert sensor.poke({}) is True
+
+
+def test_the_delta_version_sensor_waits_for_the_version(tmp_path):
+    path = str(tmp_path / "t")
+    sensor = DeltaVersionSensor(task_id="wait", table_path=path, min_version=1)
+    assert sensor.poke({}) is False
+    write_deltalake(path, pa.table({"x": [1]}))
+    assert sensor.poke({}) is False
+    write_deltalake(path, pa.table({"x": [2]}), mode="append")
+    assert sensor.poke({}) is True
+
+
+def test_operators_hold_arguments_only(tmp_path):
+    # constructing an operator or sensor touches no Spark, no file and no connection
+    op = SparkJobOperator(task_id="x", args=["combine", "--pipeline", str(tmp_path / "missing.yaml")])
+    sensor = LandingPartitionSensor(task_id="y", pipeline=str(Path("missing.yaml")), date="2024-03-01")
+    assert op.args[0] == "combine" and sensor.date == "2024-03-01"
