@@ -8,6 +8,7 @@ run through :mod:`spark_jobs.aggregates.vectorized` and are joined back on the k
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -51,6 +52,10 @@ class CompiledAggregates:
             out.extend(impl.acc_columns() if isinstance(impl, Builtin) else [impl.acc_column])
         return out
 
+    @cached_property
+    def value_names(self) -> list[str]:
+        return [agg.name for agg, _ in self.entries]
+
     def value_columns(self) -> list[Column]:
         from pyspark.sql import functions as F
 
@@ -82,33 +87,42 @@ def _join(left: DataFrame, right: DataFrame, keys: list[str]) -> DataFrame:
     return left.join(right, keys) if keys else left.crossJoin(right)
 
 
-def partial_aggregate(rows: DataFrame, compiled: CompiledAggregates) -> DataFrame:
-    """Combine phase over typed, windowed rows: keys, ``n_rows`` and accumulator columns."""
+def partial_aggregate(rows: DataFrame, compiled: CompiledAggregates, *, extra_keys: Sequence[str] = (),
+                      extra_aggs: Sequence[Column] = ()) -> DataFrame:
+    """Combine phase over typed, windowed rows: keys, ``n_rows`` and accumulator columns.
+
+    ``extra_keys`` group finer than the spec's keys (the stream keeps state per event day);
+    ``extra_aggs`` are appended after the accumulators.
+    """
     from pyspark.sql import functions as F
 
     spec = compiled.spec
-    keys = list(spec.key_columns)
+    keys = [*extra_keys, *spec.key_columns]
     event_time = F.col(spec.source.event_time)
     exprs = [F.count(F.lit(1)).alias("n_rows")]
     for agg, impl in compiled.builtins:
         value = F.col(agg.columns[0]) if agg.columns else None
         exprs.extend(c.alias(n) for c, n in zip(impl.spark_partial(value, event_time), impl.acc_columns(), strict=True))
-    out = rows.groupBy(*keys).agg(*exprs)
+    out = rows.groupBy(*keys).agg(*exprs, *extra_aggs)
     if compiled.udafs:
         out = _join(out, udaf_partials(rows, keys, compiled.udafs), keys)
-    return out.select(*keys, "n_rows", *compiled.acc_columns)
+    known = {*keys, "n_rows", *compiled.acc_columns}
+    return out.select(*keys, "n_rows", *compiled.acc_columns, *(c for c in out.columns if c not in known))
 
 
-def final_aggregate(partials: DataFrame, compiled: CompiledAggregates) -> DataFrame:
+def final_aggregate(partials: DataFrame, compiled: CompiledAggregates, *, extra_keys: Sequence[str] = (),
+                    extra_aggs: Sequence[Column] = ()) -> DataFrame:
     """Reduce phase over partial rows: keys, one value column per aggregate, merged accumulators."""
     from pyspark.sql import functions as F
 
-    keys = list(compiled.spec.key_columns)
+    keys = [*extra_keys, *compiled.spec.key_columns]
     exprs = [F.sum("n_rows").alias("n_rows")]
     for _, impl in compiled.builtins:
         accs = [F.col(c) for c in impl.acc_columns()]
         exprs.extend(c.alias(n) for c, n in zip(impl.spark_merge(accs), impl.acc_columns(), strict=True))
-    merged = partials.groupBy(*keys).agg(*exprs)
+    merged = partials.groupBy(*keys).agg(*exprs, *extra_aggs)
     if compiled.udafs:
         merged = _join(merged, udaf_merge(partials, keys, compiled.udafs, with_value=True), keys)
-    return merged.select(*keys, *compiled.value_columns(), "n_rows", *compiled.acc_columns)
+    known = {*keys, "n_rows", *compiled.acc_columns, *compiled.value_names}
+    return merged.select(*keys, *compiled.value_columns(), "n_rows", *compiled.acc_columns,
+                         *(c for c in merged.columns if c not in known))

@@ -20,7 +20,7 @@ from spark_jobs.spec import PipelineSpec
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-__all__ = ["PARTIALS_PARTITIONS", "combine", "parse_date", "run", "write_dead_letters"]
+__all__ = ["PARTIALS_PARTITIONS", "batch_columns", "combine", "parse_date", "run", "write_dead_letters"]
 
 PARTIALS_PARTITIONS = ("event_date", "source")
 DEAD_LETTER_PARTITIONS = ("job", "batch")
@@ -39,7 +39,8 @@ def batch_columns(partials: DataFrame, *, batch: str, source: str, event_date: C
 
     return partials.select(
         F.lit(batch).alias("batch"), F.lit(source).alias("source"), event_date.alias("event_date"),
-        *partials.columns, F.lit(run_id).alias("run_id"), F.current_timestamp().alias("created_at"),
+        *(c for c in partials.columns if c != "event_date"), F.lit(run_id).alias("run_id"),
+        F.current_timestamp().alias("created_at"),
     )
 
 

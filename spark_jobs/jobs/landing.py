@@ -16,7 +16,7 @@ from spark_jobs.spec import PipelineSpec
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-__all__ = ["CORRUPT", "classify", "read_partition", "spark_read_error"]
+__all__ = ["CORRUPT", "classify", "read_partition", "spark_read_error", "with_raw"]
 
 CORRUPT = "_corrupt_record"
 _CASTABLE = {  # spec type -> Parquet/Spark types that convert to it without losing meaning
@@ -45,7 +45,6 @@ def read_partition(spark: SparkSession, spec: PipelineSpec, date: str) -> DataFr
     if not any(not n.startswith((".", "_")) for n in os.listdir(path)):
         raise InputError(f"landing partition {path} has no data files; land the day's files first")
     columns = [c for c, _ in spec.source.schema]
-    file_col = F.col("_metadata.file_path").alias("_file")
     fmt = spec.source.format
     if fmt == "parquet":
         try:
@@ -53,7 +52,7 @@ def read_partition(spark: SparkSession, spec: PipelineSpec, date: str) -> DataFr
         except Exception as exc:
             raise InputError(f"cannot read landing partition {path}: {spark_read_error(exc)}") from exc
         _check_parquet_schema(df, spec, path)
-        return df.select(*columns, F.to_json(F.struct(*df.columns)).alias("_raw"), file_col)
+        return with_raw(df, spec)
     text_schema = StructType([StructField(c, StringType()) for c in columns] + [StructField(CORRUPT, StringType())])
     reader = spark.read.schema(text_schema).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT)
     if fmt == "json":
@@ -67,8 +66,20 @@ def read_partition(spark: SparkSession, spec: PipelineSpec, date: str) -> DataFr
         text_schema = StructType([StructField(c, StringType()) for c in header] + [StructField(CORRUPT, StringType())])
         reader = reader.schema(text_schema)
         df = reader.option("header", True).option("enforceSchema", False).csv(path)
+    return with_raw(df, spec)
+
+
+def with_raw(df: DataFrame, spec: PipelineSpec, *keep: str) -> DataFrame:
+    """Spec columns as read, the original record as ``_raw`` and its file as ``_file`` (plus ``keep``)."""
+    from pyspark.sql import functions as F
+
+    columns = [c for c, _ in spec.source.schema]
+    file_col = F.col("_metadata.file_path").alias("_file")
+    if spec.source.format == "parquet":
+        return df.select(*columns, F.to_json(F.struct(*(c for c in df.columns if c not in keep))).alias("_raw"),
+                         file_col, *keep)
     raw = F.coalesce(F.col(CORRUPT), F.to_json(F.struct(*columns)))
-    return df.select(*columns, F.col(CORRUPT), raw.alias("_raw"), file_col)
+    return df.select(*columns, F.col(CORRUPT), raw.alias("_raw"), file_col, *keep)
 
 
 def _csv_header(path: str) -> list[str]:
@@ -99,8 +110,12 @@ def _check_parquet_schema(df: DataFrame, spec: PipelineSpec, path: str) -> None:
         )
 
 
-def classify(raw: DataFrame, spec: PipelineSpec, date: str | None) -> DataFrame:
-    """Typed spec columns plus ``_reason`` (NULL for valid rows), ``_raw`` and ``_file``."""
+def classify(raw: DataFrame, spec: PipelineSpec, date: str | Column | None, *keep: str) -> DataFrame:
+    """Typed spec columns plus ``_reason`` (NULL for valid rows), ``_raw``, ``_file`` and ``keep``.
+
+    ``date`` is the landing partition's date (a literal, or a column when rows of many
+    partitions arrive together, as in the stream); rows outside it are rejected.
+    """
     from pyspark.sql import functions as F
 
     reasons: list[Column] = []
@@ -120,16 +135,17 @@ def classify(raw: DataFrame, spec: PipelineSpec, date: str | None) -> DataFrame:
     missing += [F.when(~F.col("_corrupt") & F.col(k).isNull(), F.lit(f"group key {k} is missing"))
                 for k in spec.group_by]
     if date is not None:
-        missing.append(F.when(et.isNotNull() & (F.to_date(et) != F.lit(date).cast("date")),
+        day = F.lit(date) if isinstance(date, str) else date
+        missing.append(F.when(et.isNotNull() & (F.to_date(et) != day.cast("date")),
                               F.concat(F.lit(f"{spec.source.event_time} "), et.cast("string"),
-                                       F.lit(f" is outside partition event_date={date}"))))
+                                       F.lit(" is outside partition event_date="), day.cast("string"))))
     # type reasons read the untyped columns, the others the typed ones: two selects
     typed_reasons = F.concat_ws("; ", F.array_compact(F.array(*reasons)))
-    staged = raw.select(*typed, corrupt.alias("_corrupt"), "_raw", "_file", typed_reasons.alias("_type_reason"))
+    staged = raw.select(*typed, corrupt.alias("_corrupt"), "_raw", "_file", typed_reasons.alias("_type_reason"), *keep)
     all_reasons = F.concat_ws("; ", F.array_compact(F.array(
         F.when(F.col("_type_reason") != "", F.col("_type_reason")), *missing)))
     return staged.select(*(c for c, _ in spec.source.schema), "_raw", "_file",
-                         F.when(all_reasons != "", all_reasons).alias("_reason"))
+                         F.when(all_reasons != "", all_reasons).alias("_reason"), *keep)
 
 
 def spark_read_error(exc: BaseException) -> str:

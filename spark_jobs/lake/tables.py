@@ -40,3 +40,13 @@ class PipelineTables:
     @property
     def runs(self) -> str:
         return self.path("runs")
+
+    @property
+    def stream_state(self) -> str:
+        """The stream's keyed state (a Delta table of open windows' accumulators), internal."""
+        return f"{self.lake.rstrip('/')}/{self.pipeline}/_stream/state"
+
+    @property
+    def stream_checkpoint(self) -> str:
+        """Spark's checkpoint of the stream: which landing files each mini-batch id holds."""
+        return f"{self.lake.rstrip('/')}/{self.pipeline}/_stream/checkpoint"

@@ -1,0 +1,243 @@
+"""The streaming job on real Spark Structured Streaming and real Delta tables.
+
+Landing files get increasing modification times, so the file source hands them out in a
+known order; ``max_files_per_batch`` then fixes what each mini-batch holds.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from deltalake import DeltaTable
+
+from spark_jobs.errors import InputError, LakeError
+from spark_jobs.jobs import combine, reduce, stream
+from spark_jobs.lake import PipelineTables
+from spark_jobs.spec import PipelineSpec, load_spec
+from tests.builders import ALL_AGGREGATES, FAST_AGGREGATES, day_events, events, make_spec
+from tests.oracle import actual, assert_matches, expected, read_landing
+
+pytestmark = pytest.mark.spark
+
+T0 = dt.datetime(2024, 3, 1, tzinfo=dt.UTC)
+_mtime = [1_700_000_000]
+
+
+def land(landing: Path, date: str, table: pa.Table, name: str | None = None) -> Path:
+    """Write one landing file, newer than every file written before it."""
+    part = landing / f"event_date={date}"
+    part.mkdir(parents=True, exist_ok=True)
+    path = part / (name or f"f{_mtime[0]}.parquet")
+    pq.write_table(table, path)
+    _mtime[0] += 10
+    os.utime(path, (_mtime[0], _mtime[0]))
+    return path
+
+
+def land_sliced(landing: Path, date: str, table: pa.Table, files: int) -> None:
+    """A day's rows in ``files`` files, in event-time order (as a live source lands them)."""
+    table = table.sort_by("event_time")
+    step = -(-table.num_rows // files)
+    for i in range(files):
+        land(landing, date, table.slice(i * step, step))
+
+
+def with_stream(spec: PipelineSpec, **stream_conf: Any) -> PipelineSpec:
+    path = Path(spec.origin)
+    raw = yaml.safe_load(path.read_text())
+    raw["stream"] = stream_conf
+    path.write_text(yaml.safe_dump(raw))
+    return load_spec(path)
+
+
+def scores_spec(root: Path, **stream_conf: Any) -> PipelineSpec:
+    raw = {"name": "scores", "lake": str(root / "lake"), "group_by": ["name"],
+           "source": {"path": str(root / "landing"), "format": "parquet", "event_time": "at",
+                      "schema": {"at": "timestamp", "name": "string", "score": "long"}},
+           "aggregates": [{"name": "cnt", "fn": "count"}], "stream": stream_conf}
+    (root / "scores.yaml").write_text(yaml.safe_dump(raw))
+    return load_spec(root / "scores.yaml")
+
+
+def scores(rows: list[tuple[str, int]], start: int = 0) -> pa.Table:
+    at = [T0 + dt.timedelta(minutes=start + i) for i in range(len(rows))]
+    return pa.table({"at": pa.array(at, pa.timestamp("us", tz="UTC")), "name": [r[0] for r in rows],
+                     "score": pa.array([r[1] for r in rows], pa.int64())})
+
+
+def changelog(spec: PipelineSpec) -> pd.DataFrame:
+    return DeltaTable(PipelineTables(spec.lake, spec.name).changelog).to_pandas().sort_values(
+        ["batch_id", "seq"]).reset_index(drop=True)
+
+
+def flink_text(df: pd.DataFrame) -> str:
+    return " ".join(f"{r.op}[{r.name},{r.cnt}]" for r in df.itertuples())
+
+
+TOM_JOHN = [("Tom", 12), ("John", 15), ("Tom", 18), ("Tom", 19)]
+
+
+def test_one_row_per_mini_batch_gives_flinks_retraction_changelog(spark, tmp_path):
+    spec = scores_spec(tmp_path, max_files_per_batch=1)
+    for i, row in enumerate(TOM_JOHN):
+        land(tmp_path / "landing", "2024-03-01", scores([row], start=i))
+    summary = stream.run(spark, spec, available_now=True)
+    assert len(summary.batches) == 4
+    log = changelog(spec)
+    assert flink_text(log) == "+I[Tom,1] +I[John,1] -U[Tom,1] +U[Tom,2] -U[Tom,2] +U[Tom,3]"
+    assert list(log["batch_id"]) == [0, 1, 2, 2, 3, 3] and list(log["seq"]) == [0, 0, 0, 1, 0, 1]
+    agg = DeltaTable(PipelineTables(spec.lake, spec.name).aggregates).to_pandas().sort_values("name")
+    assert list(zip(agg["name"], agg["cnt"], strict=True)) == [("John", 1), ("Tom", 3)]
+
+
+def test_all_rows_in_one_mini_batch_emit_only_the_final_values(spark, tmp_path):
+    spec = scores_spec(tmp_path, max_files_per_batch=10)
+    land(tmp_path / "landing", "2024-03-01", scores(TOM_JOHN))
+    stream.run(spark, spec, available_now=True)
+    assert flink_text(changelog(spec)) == "+I[Tom,3] +I[John,1]"
+    # one state write per key for the batch, not one per row
+    state = DeltaTable(PipelineTables(spec.lake, spec.name).stream_state).to_pandas()
+    assert sorted(zip(state["name"], state["n_rows"], strict=True)) == [("John", 1), ("Tom", 3)]
+
+
+def test_a_rerun_finds_nothing_new_and_changes_nothing(spark, tmp_path):
+    spec = scores_spec(tmp_path, max_files_per_batch=1)
+    land(tmp_path / "landing", "2024-03-01", scores(TOM_JOHN[:2]))
+    stream.run(spark, spec, available_now=True)
+    tables = PipelineTables(spec.lake, spec.name)
+    versions = {p: DeltaTable(p).version() for p in (tables.changelog, tables.aggregates, tables.partials)}
+    assert stream.run(spark, spec, available_now=True).batches == []
+    assert {p: DeltaTable(p).version() for p in versions} == versions
+    land(tmp_path / "landing", "2024-03-01", scores([("Tom", 1)], start=5))
+    stream.run(spark, spec, available_now=True)
+    assert flink_text(changelog(spec)) == "+I[Tom,1] +I[John,1] -U[Tom,1] +U[Tom,2]"
+
+
+def test_windowed_stream_equals_the_batch_path_and_the_oracle(spark, tmp_path):
+    (tmp_path / "s").mkdir()
+    (tmp_path / "b").mkdir()
+    spec = make_spec(tmp_path / "s", window={"size": "1 hour"}, aggregates=ALL_AGGREGATES)
+    spec = with_stream(spec, max_files_per_batch=2, watermark="1 day")
+    batch_spec = make_spec(tmp_path / "b", window={"size": "1 hour"}, aggregates=ALL_AGGREGATES)
+    for date in ("2024-03-01", "2024-03-02"):
+        day = day_events(date, 300, seed=3, rejected=2)
+        land_sliced(tmp_path / "s" / "landing", date, day, files=3)
+        land_sliced(tmp_path / "b" / "landing", date, day, files=3)
+    summary = stream.run(spark, spec, available_now=True)
+    assert len(summary.batches) == 3
+    assert sum(b.rows_rejected for b in summary.batches) == 4
+    tables = PipelineTables(spec.lake, spec.name)
+    got = actual(tables.aggregates, spec)
+    assert_matches(got, expected(read_landing(tmp_path / "s" / "landing"), spec), spec)
+    for date in ("2024-03-01", "2024-03-02"):
+        combine.run(spark, batch_spec, date)
+    reduce.run(spark, batch_spec)
+    batch = actual(PipelineTables(batch_spec.lake, batch_spec.name).aggregates, batch_spec)
+    values = [*spec.key_columns, "n_rows", *(a.name for a in spec.aggregates)]
+    pd.testing.assert_frame_equal(got[values], batch[values])
+    # applying the changelog in order rebuilds the streamed values
+    applied: dict[tuple[Any, ...], Any] = {}
+    for row in changelog(spec).itertuples():
+        key = (row.page, row.window_start)
+        if row.op in ("+I", "+U"):
+            applied[key] = row.views
+        else:
+            applied.pop(key, None)
+    assert applied == {(r.page, r.window_start): r.views for r in got.itertuples()}
+    dead = DeltaTable(tables.dead_letter).to_pandas()
+    assert len(dead) == 4 and set(dead["job"]) == {"stream"}
+    runs = DeltaTable(tables.runs).to_pandas()
+    assert (runs["rows_in"] == runs["rows_aggregated"] + runs["rows_rejected"]).all()
+
+
+def test_late_rows_go_to_dead_letter_and_closed_windows_leave_state(spark, tmp_path):
+    spec = with_stream(make_spec(tmp_path, window={"size": "1 hour"}, aggregates=FAST_AGGREGATES),
+                       max_files_per_batch=1, watermark="10 minutes")
+    landing, date = tmp_path / "landing", "2024-03-01"
+
+    def at(hour: int, minute: int) -> dt.datetime:
+        return T0.replace(hour=hour, minute=minute)
+
+    land(landing, date, events([(at(0, 5), "u1", "/a", 10, 1.0, "DE"), (at(0, 40), "u2", "/b", 20, 1.0, "DE")]))
+    land(landing, date, events([(at(3, 0), "u1", "/a", 30, 1.0, "DE")]))
+    land(landing, date, events([(at(0, 20), "u3", "/a", 40, 1.0, "DE"),    # late: older than 02:50
+                                (at(2, 55), "u3", "/c", 50, 1.0, "DE")]))  # in time
+    summary = stream.run(spark, spec, available_now=True)
+    assert [b.rows_late for b in summary.batches] == [0, 0, 1]
+    assert summary.batches[2].watermark == at(2, 50)
+    tables = PipelineTables(spec.lake, spec.name)
+    dead = DeltaTable(tables.dead_letter).to_pandas()
+    assert len(dead) == 1 and dead["reason"][0].startswith("late: 2024-03-01 00:20:00")
+    # the 00:00 window closed at watermark 02:50: its state is gone, its value stays served
+    state = DeltaTable(tables.stream_state).to_pandas()
+    assert sorted(state["window_start"].dt.hour) == [2, 3]
+    agg = actual(tables.aggregates, spec)
+    assert sorted(zip(agg["page"], agg["window_start"].dt.hour, agg["views"], strict=True)) == [
+        ("/a", 0, 1), ("/a", 3, 1), ("/b", 0, 1), ("/c", 2, 1)]
+    # the batch combine of the day counts the late row, and supersedes the stream (hybrid rule)
+    combine.run(spark, spec, date)
+    reduce.run(spark, spec)
+    agg = actual(tables.aggregates, spec)
+    assert dict(zip(zip(agg["page"], agg["window_start"].dt.hour), agg["views"], strict=True))[("/a", 0)] == 2
+    assert_matches(agg, expected(read_landing(landing), spec), spec)
+
+
+@pytest.mark.parametrize("order", ["stream_then_batch", "batch_then_stream"])
+def test_stream_and_batch_of_one_day_give_the_same_aggregates_in_either_order(spark, tmp_path, order):
+    spec = with_stream(make_spec(tmp_path, window={"size": "1 hour"}, aggregates=FAST_AGGREGATES),
+                       max_files_per_batch=1, watermark="1 day")
+    land_sliced(tmp_path / "landing", "2024-03-01", day_events("2024-03-01", 200, seed=5), files=2)
+    if order == "stream_then_batch":
+        stream.run(spark, spec, available_now=True)
+        combine.run(spark, spec, "2024-03-01")
+        reduce.run(spark, spec)
+    else:
+        combine.run(spark, spec, "2024-03-01")
+        reduce.run(spark, spec)
+        stream.run(spark, spec, available_now=True)
+        reduce.run(spark, spec)
+    tables = PipelineTables(spec.lake, spec.name)
+    assert_matches(actual(tables.aggregates, spec), expected(read_landing(tmp_path / "landing"), spec), spec)
+    # the stream's partials are kept, but a day with batch partials counts those only
+    parts = DeltaTable(tables.partials).to_pandas()
+    assert set(parts["source"]) == {"batch", "stream"}
+
+
+def test_json_landing_rejects_malformed_lines_into_dead_letter(spark, tmp_path):
+    spec = make_spec(tmp_path, window={"size": "1 hour"}, aggregates=FAST_AGGREGATES, fmt="json")
+    part = tmp_path / "landing" / "event_date=2024-03-01"
+    part.mkdir(parents=True)
+    (part / "a.json").write_text(
+        '{"event_time": "2024-03-01T01:00:00Z", "user_id": "u1", "page": "/a", "duration_ms": 5}\n'
+        '{"event_time": "2024-03-01T01:10:00Z", "user_id": "u2", "page": "/a", "duration_ms": "x"}\n'
+        'not json at all\n'
+        '{"event_time": "2024-03-02T01:00:00Z", "user_id": "u3", "page": "/b", "duration_ms": 7}\n')
+    summary = stream.run(spark, spec, available_now=True)
+    assert (summary.batches[0].rows_in, summary.batches[0].rows_rejected) == (4, 3)
+    dead = DeltaTable(PipelineTables(spec.lake, spec.name).dead_letter).to_pandas().sort_values("reason")
+    assert [r.split(":")[0] for r in dead["reason"]] == ["duration_ms", "event_time 2024-03-02 01", "malformed record"]
+
+
+def test_missing_landing_directory_is_a_clear_input_error(spark, tmp_path):
+    spec = scores_spec(tmp_path)
+    with pytest.raises(InputError, match="landing directory .* does not exist"):
+        stream.run(spark, spec, available_now=True)
+
+
+def test_state_without_its_checkpoint_is_refused(spark, tmp_path):
+    import shutil
+
+    spec = scores_spec(tmp_path)
+    land(tmp_path / "landing", "2024-03-01", scores(TOM_JOHN))
+    stream.run(spark, spec, available_now=True)
+    shutil.rmtree(PipelineTables(spec.lake, spec.name).stream_checkpoint)
+    with pytest.raises(LakeError, match="checkpoint .* is missing"):
+        stream.run(spark, spec, available_now=True)
