@@ -122,6 +122,15 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stream(args: argparse.Namespace) -> int:
+    from spark_jobs.jobs import stream
+
+    spec = _spec(args)
+    spark = _session(args, "stream")
+    print(stream.run(spark, spec, available_now=args.available_now, run_id=args.run_id).summary())
+    return 0
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from spark_jobs.inspect.cli import run_inspect
 
@@ -194,6 +203,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allow a retention below 168 hours (only when no job or reader uses older versions)")
     m.add_argument("--dry-run", action="store_true", help="list what vacuum would delete; change nothing")
     m.set_defaults(func=cmd_maintain)
+
+    st = sub.add_parser("stream", help="windowed mini-batch aggregation of new landing files, with a changelog")
+    spec_opts(st)
+    st.add_argument("--available-now", action="store_true",
+                    help="process every landing file present in mini-batches, then exit (default: run until "
+                         "SIGTERM/SIGINT, which stops at a mini-batch boundary)")
+    st.set_defaults(func=cmd_stream)
 
     from spark_jobs.inspect.cli import add_inspect_parser
 
