@@ -9,6 +9,9 @@ no Great Expectations: it reads each spec's ``name`` with a YAML parser and noth
 Settings (environment):
     SPARK_JOBS_PIPELINES   folder of the specs (default: the repo's ``pipelines/``)
     SPARK_JOBS_START_DATE  first event date of the batch DAGs (default 2024-03-01)
+    SPARK_JOBS_END_DATE    last event date the scheduler may schedule (default: none). bin/demo and
+                           the tests set it to the sample data's last day, so no run waits for a
+                           landing day that will never come
     SPARK_JOBS_CATCHUP     "true" lets the scheduler create a run for every day since the start
                            date (default false; ``airflow backfill create`` works either way)
 """
@@ -26,6 +29,8 @@ from spark_jobs_airflow.conditions import skip_unchanged_day
 
 PIPELINES = Path(os.environ.get("SPARK_JOBS_PIPELINES") or Path(__file__).resolve().parents[1] / "pipelines")
 START = dt.datetime.fromisoformat(os.environ.get("SPARK_JOBS_START_DATE", "2024-03-01")).replace(tzinfo=dt.UTC)
+END = (dt.datetime.fromisoformat(os.environ["SPARK_JOBS_END_DATE"]).replace(tzinfo=dt.UTC)
+       if os.environ.get("SPARK_JOBS_END_DATE") else None)
 CATCHUP = os.environ.get("SPARK_JOBS_CATCHUP", "false").lower() in ("1", "true", "yes")
 DEFAULT_ARGS = {"owner": "spark_jobs", "retries": 1, "retry_delay": dt.timedelta(seconds=30)}
 
@@ -59,6 +64,7 @@ def batch_dag(name: str, spec: Path) -> DAG:
         # one run per event date, after the day is over: the logical date is the day processed
         schedule=CronDataIntervalTimetable("0 0 * * *", timezone="UTC"),
         start_date=START,
+        end_date=END,
         catchup=CATCHUP,
         max_active_runs=2,
         default_args=DEFAULT_ARGS,

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,6 +32,7 @@ class AirflowHome:
     home: Path
     pipelines: Path
     env: dict[str, str] = field(default_factory=dict)
+    port: int = 8080
 
     def run(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run([AIRFLOW, *args], env=self.env, capture_output=True, text=True, timeout=timeout,
@@ -41,10 +45,9 @@ class AirflowHome:
     def json(self, *args: str) -> Any:
         for attempt in range(5):  # SQLite can answer "database is locked" under concurrent writers
             proc = self.run(*args, "-o", "json", check=False)
-            if proc.returncode == 0:
-                text = proc.stdout.strip()
-                start = min((i for i in (text.find("["), text.find("{")) if i >= 0), default=0)
-                return json.loads(text[start:] or "[]")
+            if proc.returncode == 0:  # warnings may precede the JSON on stdout: it is the last line
+                lines = [line for line in proc.stdout.splitlines() if line.startswith(("[{", "[]", "{"))]
+                return json.loads(lines[-1]) if lines else []
             time.sleep(1 + attempt)
         raise AssertionError(f"airflow {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
 
@@ -70,6 +73,30 @@ class AirflowHome:
     def log(self, name: str) -> str:
         path = self.home / f"{name}.log"
         return path.read_text(errors="replace")[-6000:] if path.exists() else ""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def running_airflow(af: AirflowHome, timeout: float = 240) -> Iterator[None]:
+    """api-server (the execution API the tasks report to), scheduler and dag-processor, until the block ends."""
+    with af.background(["api-server", "--port", str(af.port), "--workers", "1"], ["scheduler"], ["dag-processor"]):
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{af.port}/api/v2/monitor/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"api-server not healthy after {timeout}s:\n{af.log('api-server')}")
+            time.sleep(2)
+        yield
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -100,22 +127,31 @@ def airflow_home(tmp: Path, pipelines: Path) -> AirflowHome:
         "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
         "SPARK_JOBS_PIPELINES": str(pipelines),
+        "SPARK_JOBS_END_DATE": "2024-03-31",  # no scheduled run for a day the test has no data for
         "SPARK_JOBS_DELTA_BACKEND": "embedded",
         "SPARK_DRIVER_MEMORY": "1g",
         "GX_ANALYTICS_ENABLED": "False",
         "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
     })
-    af = AirflowHome(home, pipelines, env)
+    port = free_port()
+    env.update({  # task processes reach Airflow through the API server's execution API
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+        "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32),
+    })
+    af = AirflowHome(home, pipelines, env, port)
     af.run("db", "migrate", timeout=300)
     return af
 
 
-def wait_for_runs(af: AirflowHome, dag_id: str, n: int, timeout: float) -> list[dict[str, Any]]:
-    """Poll until ``n`` runs of ``dag_id`` exist and all are finished; return them."""
+def wait_for_runs(af: AirflowHome, dag_id: str, n: int, timeout: float, run_type: str = "backfill"
+                  ) -> list[dict[str, Any]]:
+    """Poll until ``n`` runs of ``dag_id`` of ``run_type`` exist and all are finished; return them."""
     deadline = time.monotonic() + timeout
     runs: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
-        runs = af.runs(dag_id)
+        runs = [r for r in af.runs(dag_id) if r["run_id"].startswith(f"{run_type}__")]
         if len(runs) >= n and all(r["state"] in TERMINAL for r in runs):
             return runs
         time.sleep(5)

@@ -1,0 +1,104 @@
+"""The batch DAG under real Airflow 3: ``airflow dags test``, a scheduler backfill, a failed gate.
+
+Real Spark (each task is a spark-submit), real Delta, real Great Expectations; the DuckDB
+oracle (``tests/oracle.py``) says what ``aggregates`` must hold.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from spark_jobs.lake import PipelineTables
+from tests.airflow.harness import airflow_home, running_airflow, wait_for_runs
+from tests.builders import FAST_AGGREGATES, day_events, make_spec, write_day
+from tests.oracle import actual, assert_matches, expected, read_landing
+
+pytestmark = pytest.mark.slow
+
+DAYS = ("2024-03-01", "2024-03-02", "2024-03-03")
+
+
+def setup(tmp_path: Path, days: tuple[str, ...] = DAYS, rows: int = 1500):
+    spec = make_spec(tmp_path, window={"size": "1 hour"}, aggregates=FAST_AGGREGATES)
+    for i, day in enumerate(days):
+        write_day(tmp_path / "landing", day, day_events(day, rows, seed=i, rejected=4), files=2)
+    return spec, PipelineTables(spec.lake, spec.name), airflow_home(tmp_path, tmp_path)
+
+
+def test_dags_test_of_one_day_produces_the_oracle_tables_and_quality_reports(tmp_path):
+    spec, tables, af = setup(tmp_path, DAYS[:1])
+    af.run("dags", "test", "views_batch", DAYS[0], timeout=900)
+    [run] = af.runs("views_batch")
+    states = af.task_states("views_batch", run["run_id"])
+    assert run["state"] == "success", states
+    assert set(states.values()) == {"success"}
+    assert_matches(actual(tables.aggregates, spec), expected(read_landing(tmp_path / "landing"), spec), spec)
+    quality = Path(spec.lake) / "views" / "_quality"
+    for suite, day in (("input", DAYS[0]), ("outputs", DAYS[0]), ("outputs", "all")):
+        report = json.loads((quality / suite / day / "latest.json").read_text())
+        assert report["success"] is True, report
+    text = (quality / "input" / DAYS[0] / "latest.txt").read_text()
+    assert text.startswith(f"views input suite for {DAYS[0]}: PASSED")
+    assert "ok   parse: at most 1.00% of rows unreadable or invalid" in text
+    dead = DeltaTable(tables.dead_letter).to_pyarrow_table().to_pylist()
+    assert len(dead) == 4 and {d["job"] for d in dead} == {"combine"}  # row-level rejects, as always
+
+
+def test_bad_input_fails_the_gate_leaves_aggregates_unchanged_and_dead_letters_the_rows(spark, tmp_path):
+    from spark_jobs.jobs import combine, reduce
+
+    spec, tables, af = setup(tmp_path, DAYS[:1])
+    combine.run(spark, spec, DAYS[0])
+    reduce.run(spark, spec)
+    before = DeltaTable(tables.aggregates)
+    version, files = before.version(), sorted(before.file_uris())
+    partials_version = DeltaTable(tables.partials).version()
+    # day 2: a third of the rows lack their page (a group key): far above the 1% the gate allows
+    write_day(tmp_path / "landing", DAYS[1], day_events(DAYS[1], 200, seed=9, rejected=100))
+    proc = af.run("dags", "test", "views_batch", DAYS[1], timeout=900, check=False)
+    [run] = af.runs("views_batch")
+    states = af.task_states("views_batch", run["run_id"])
+    assert run["state"] == "failed", proc.stdout[-3000:]
+    assert states["wait_for_landing"] == "success"
+    assert states["validate_input"] == "failed"
+    assert {states[t] for t in ("combine", "validate_partials", "reduce", "validate_outputs", "publish")} == \
+        {"upstream_failed"}
+    after = DeltaTable(tables.aggregates)
+    assert after.version() == version and sorted(after.file_uris()) == files  # the serving table is untouched
+    assert DeltaTable(tables.partials).version() == partials_version
+    dead = [d for d in DeltaTable(tables.dead_letter).to_pyarrow_table().to_pylist() if d["batch"] == DAYS[1]]
+    assert len(dead) == 100 and {d["job"] for d in dead} == {"validate"}
+    assert {d["reason"] for d in dead} == {"group key page is missing"}
+    assert all(json.loads(d["raw"]).get("page") is None for d in dead)  # to_json leaves NULLs out
+    report = json.loads((Path(spec.lake) / "views" / "_quality" / "input" / DAYS[1] / "latest.json").read_text())
+    assert report["success"] is False and report["dead_lettered"] == 100
+    failed = {c["description"] for c in report["checks"] if not c["success"]}
+    assert "group key page present (at most 1.00% missing)" in failed
+    runs = DeltaTable(tables.runs).to_pyarrow_table().to_pylist()
+    [gate] = [r for r in runs if r["job"] == "validate" and r["batch"] == DAYS[1]]
+    assert gate["status"] == "failed" and gate["message"].startswith("QualityError: views input suite failed")
+
+
+def test_a_scheduler_backfill_of_three_days_succeeds_and_matches_the_oracle(tmp_path):
+    spec, tables, af = setup(tmp_path)
+    started = time.monotonic()
+    with running_airflow(af):
+        deadline = time.monotonic() + 180
+        while "views_batch" not in {d["dag_id"] for d in af.json("dags", "list")}:
+            assert time.monotonic() < deadline, af.log("dag-processor")
+            time.sleep(3)
+        af.run("backfill", "create", "--dag-id", "views_batch", "--from-date", DAYS[0], "--to-date", DAYS[-1],
+               "--max-active-runs", "2")
+        runs = wait_for_runs(af, "views_batch", 3, timeout=1200)
+    assert sorted(r["logical_date"][:10] for r in runs) == list(DAYS)
+    assert af.runs("views_batch") == runs  # SPARK_JOBS_END_DATE: no scheduled run of a day without data
+    assert [r["state"] for r in runs] == ["success"] * 3, [af.task_states("views_batch", r["run_id"]) for r in runs]
+    assert_matches(actual(tables.aggregates, spec), expected(read_landing(tmp_path / "landing"), spec), spec)
+    combines = [r for r in DeltaTable(tables.runs).to_pyarrow_table().to_pylist() if r["job"] == "combine"]
+    assert sorted(r["batch"] for r in combines) == list(DAYS) and {r["status"] for r in combines} == {"success"}
+    print(f"backfill of 3 days: {time.monotonic() - started:.0f}s")

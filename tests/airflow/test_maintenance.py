@@ -1,0 +1,71 @@
+"""Lake maintenance: compaction, vacuum and checkpoint leave every table's content, and reduce's result, unchanged."""
+
+from __future__ import annotations
+
+import pytest
+from deltalake import DeltaTable
+
+from spark_jobs.__main__ import main
+from spark_jobs.errors import LakeError
+from spark_jobs.jobs import combine, reduce
+from spark_jobs.lake import PipelineTables
+from spark_jobs.lake.maintenance import maintain
+from tests.builders import FAST_AGGREGATES, day_events, make_spec, write_day
+from tests.oracle import actual, assert_matches, expected, read_landing
+
+pytestmark = pytest.mark.spark
+
+DAYS = ("2024-03-01", "2024-03-02")
+
+
+def small_files_lake(spark, tmp_path):
+    """Two days, each landed in 4 files and combined twice (a rerun): partials and runs of many small files."""
+    spec = make_spec(tmp_path, window={"size": "1 hour"}, aggregates=FAST_AGGREGATES)
+    for i, day in enumerate(DAYS):
+        write_day(tmp_path / "landing", day, day_events(day, 400, seed=i, rejected=2), files=4)
+        combine.run(spark, spec, day)
+    reduce.run(spark, spec)
+    combine.run(spark, spec, DAYS[0])  # a rerun of day 1: same rows, new files
+    reduce.run(spark, spec)
+    return spec, PipelineTables(spec.lake, spec.name)
+
+
+def content(path: str):
+    table = DeltaTable(path).to_pandas()
+    return table.sort_values(list(table.columns)).reset_index(drop=True)
+
+
+@pytest.mark.parametrize("retention", [168, 0], ids=["keep-removed-files", "vacuum-removed-files"])
+def test_maintenance_keeps_the_tables_and_the_next_reduce_is_unchanged(spark, tmp_path, retention):
+    spec, tables = small_files_lake(spark, tmp_path)
+    oracle = expected(read_landing(tmp_path / "landing"), spec)
+    assert_matches(actual(tables.aggregates, spec), oracle, spec)
+    keys = ["event_date", "source", "page", "window_start"]
+    partials_before = content(tables.partials).sort_values(keys).reset_index(drop=True)
+    aggregates_version = DeltaTable(tables.aggregates).version()
+    report = {m.table: m for m in maintain(spec.lake, spec.name, retention_hours=retention,
+                                           enforce_retention=retention >= 168)}
+    assert set(report) == {"partials", "aggregates", "dead_letter", "runs"}
+    assert report["partials"].compacted["numFilesRemoved"] > report["partials"].compacted["numFilesAdded"] > 0
+    assert report["aggregates"].compacted == {}  # reduce keeps its own layout
+    assert all(m.checkpoint for m in report.values())
+    assert (len(report["partials"].vacuumed) > 0) == (retention == 0)
+    partials_after = content(tables.partials).sort_values(keys).reset_index(drop=True)
+    assert partials_after.drop(columns=["created_at"]).equals(partials_before.drop(columns=["created_at"]))
+    # the compaction commit changes partials' files, not their rows: reduce re-merges and gets the same answer
+    record = reduce.run(spark, spec)
+    assert record.status == "success"
+    assert record.message == ("full merge" if retention == 0 else record.message)
+    assert DeltaTable(tables.aggregates).version() == aggregates_version + 1
+    assert_matches(actual(tables.aggregates, spec), oracle, spec)
+    assert reduce.run(spark, spec).status == "noop"
+
+
+def test_a_short_retention_is_refused_unless_allowed(spark, tmp_path, capsys):
+    spec, _ = small_files_lake(spark, tmp_path)
+    with pytest.raises(LakeError, match="--retention-hours 1 is below the safe minimum of 168 hours"):
+        maintain(spec.lake, spec.name, retention_hours=1)
+    assert main(["maintain", "--pipeline", spec.origin, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "(dry run) partials: not compacted" in out
+    assert main(["maintain", "--pipeline", spec.origin, "--retention-hours", "1"]) == 4
