@@ -104,12 +104,16 @@ def parse_duration(text: object) -> Duration:
     return Duration(int(match.group(1)) * _UNIT_SECONDS[key])
 
 
+OPS = ("+I", "-U", "+U", "-D")  # a changelog source's row kinds; -U and -D retract
+
+
 @dataclass(frozen=True)
 class SourceSpec:
     path: str
     format: SourceFormat
     event_time: str
     schema: tuple[tuple[str, str], ...]  # (column, Spark SQL type), in declared order
+    op_column: str | None = None  # set for a changelog (CDC) source: +I/+U accumulate, -U/-D retract
 
     @property
     def columns(self) -> dict[str, str]:
@@ -236,7 +240,7 @@ def parse_spec(raw: Any, *, origin: str = "<memory>", base_dir: Path | None = No
     if name is not None and (not isinstance(name, str) or not _NAME.match(name)):
         c.add("name", f"bad name {name!r}; use lower-case letters, digits and '_', starting with a letter, e.g. page_views")
 
-    src = c.mapping(top.get("source", {}), "source", ("path", "format", "event_time", "schema"),
+    src = c.mapping(top.get("source", {}), "source", ("path", "format", "event_time", "schema", "op_column"),
                     ("path", "event_time", "schema"))
     fmt = src.get("format", "parquet")
     if fmt not in FORMATS:
@@ -259,8 +263,15 @@ def parse_spec(raw: Any, *, origin: str = "<memory>", base_dir: Path | None = No
             c.add("source.event_time", f"column {event_time!r} is not in source.schema; add it as {event_time}: timestamp")
         elif schema[event_time] != "timestamp":
             c.add("source.event_time", f"column {event_time!r} has type {schema[event_time]}; declare it as timestamp")
+    op_column = src.get("op_column")
+    if op_column is not None and schema:
+        if op_column not in schema:
+            c.add("source.op_column", f"column {op_column!r} is not in source.schema; add it as {op_column}: string")
+        elif schema[op_column] != "string":
+            c.add("source.op_column", f"column {op_column!r} has type {schema[op_column]}; declare it as string "
+                  f"holding {', '.join(OPS)}")
     for col in schema:
-        if col in RESERVED_COLUMNS:
+        if col in RESERVED_COLUMNS and col != op_column:  # the op column is consumed, never stored
             c.add(f"source.schema.{col}", f"{col!r} is reserved by the pipeline tables; rename the column")
 
     group_by = top.get("group_by")
@@ -321,7 +332,7 @@ def parse_spec(raw: Any, *, origin: str = "<memory>", base_dir: Path | None = No
                 c.add(f"{field}.fn", f"expected a function name, got {a.get('fn')!r}")
             continue
         agg = AggregateSpec(str(agg_name), a["fn"], tuple(cols_raw), tuple(sorted(args.items())))
-        for problem in validate_aggregate(agg, schema):
+        for problem in validate_aggregate(agg, schema, retracting=op_column is not None):
             c.add(f"{field}.{problem[0]}", problem[1])
         aggregates.append(agg)
 
@@ -356,6 +367,7 @@ def parse_spec(raw: Any, *, origin: str = "<memory>", base_dir: Path | None = No
             format=cast(SourceFormat, fmt),
             event_time=cast(str, event_time),
             schema=tuple(schema.items()),
+            op_column=cast(str | None, op_column),
         ),
         group_by=keys,
         aggregates=tuple(aggregates),

@@ -75,6 +75,12 @@ class AggregateFunction(ABC, Generic[ACC, OUT]):
             acc = self.accumulate(acc, *row)
         return acc
 
+    def retract_batch(self, acc: ACC, *arrays: pa.Array) -> ACC:
+        """Undo all rows of one group in an Arrow batch (a changelog's -U/-D rows)."""
+        for row in zip(*(a.to_pylist() for a in arrays), strict=True):
+            acc = self.retract(acc, *row)
+        return acc
+
     def merge_batch(self, acc: ACC, others: list[ACC]) -> ACC:
         """Fold several accumulators of one group; override when a vectorised merge exists."""
         for other in others:

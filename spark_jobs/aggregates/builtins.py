@@ -40,7 +40,10 @@ __all__ = [
     "First",
     "Last",
     "Max",
+    "MaxMapView",
     "Min",
+    "MinMapView",
+    "RETRACTING",
     "Sum",
 ]
 
@@ -56,6 +59,7 @@ class Builtin(AggregateFunction[Any, Any]):
     numeric_only: ClassVar[bool] = False
     args_allowed: ClassVar[tuple[str, ...]] = ()
     uses_event_time: ClassVar[bool] = False
+    map_view: ClassVar[bool] = False  # two phases are keyed aggregations (see compile), not one expression
 
     def __init__(self, spec: AggregateSpec, input_type: str | None = None) -> None:
         self.spec = spec
@@ -74,7 +78,8 @@ class Builtin(AggregateFunction[Any, Any]):
         return [f"{self.spec.name}__{f}" for f in self.acc_fields]
 
     # Spark phases ------------------------------------------------------------
-    def spark_partial(self, value: Column | None, event_time: Column) -> list[Column]:
+    def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
+        """Accumulator expressions over raw rows; ``sign`` (-1 for -U/-D rows) only for retracting ones."""
         raise NotImplementedError
 
     def spark_merge(self, accs: list[Column]) -> list[Column]:
@@ -111,9 +116,11 @@ class Count(Builtin):
             raise ValueError("count(*) over arrays needs the row count; pass any column of the batch")
         return acc + (len(arrays[0]) if not self.spec.columns else len(arrays[0]) - arrays[0].null_count)
 
-    def spark_partial(self, value: Column | None, event_time: Column) -> list[Column]:
+    def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
         from pyspark.sql import functions as F
 
+        if sign is not None:
+            return [F.sum(sign if value is None else F.when(value.isNotNull(), sign).otherwise(0)).cast("bigint")]
         return [F.count(F.lit(1)) if value is None else F.count(value)]
 
     def spark_merge(self, accs: list[Column]) -> list[Column]:
@@ -156,10 +163,12 @@ class Sum(Builtin):
         total = pc.sum(arr).as_py() or 0
         return [acc[0] + (int(total) if isinstance(total, Decimal) else total), acc[1] + n] if n else acc
 
-    def spark_partial(self, value: Column | None, event_time: Column) -> list[Column]:
+    def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
         from pyspark.sql import functions as F
 
         assert value is not None
+        if sign is not None:
+            return [F.sum(value * sign), F.sum(F.when(value.isNotNull(), sign).otherwise(0)).cast("bigint")]
         return [F.sum(value), F.count(value)]
 
     def spark_merge(self, accs: list[Column]) -> list[Column]:
@@ -181,10 +190,12 @@ class Avg(Sum):
     def get_value(self, acc: list[Any]) -> float | None:
         return acc[0] / acc[1] if acc[1] > 0 else None
 
-    def spark_partial(self, value: Column | None, event_time: Column) -> list[Column]:
+    def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
         from pyspark.sql import functions as F
 
         assert value is not None
+        if sign is not None:
+            return [F.sum(value.cast("double") * sign), F.sum(F.when(value.isNotNull(), sign).otherwise(0)).cast("bigint")]
         return [F.sum(value.cast("double")), F.count(value)]
 
     def spark_value(self, accs: list[Column]) -> Column:
@@ -218,7 +229,7 @@ class Min(_Extreme):
     fn = "min"
     _pick = min
 
-    def spark_partial(self, value: Column | None, event_time: Column) -> list[Column]:
+    def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
         from pyspark.sql import functions as F
 
         assert value is not None
@@ -234,7 +245,7 @@ class Max(_Extreme):
     fn = "max"
     _pick = max
 
-    def spark_partial(self, value: Column | None, event_time: Column) -> list[Column]:
+    def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
         from pyspark.sql import functions as F
 
         assert value is not None
@@ -270,7 +281,7 @@ class CountDistinct(Builtin):
         acc.update(v for v in pc.unique(arrays[0].drop_null()).to_pylist())
         return acc
 
-    def spark_partial(self, value: Column | None, event_time: Column) -> list[Column]:
+    def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
         from pyspark.sql import functions as F
 
         assert value is not None
@@ -323,7 +334,7 @@ class ApproxCountDistinct(Builtin):
     def get_value(self, acc: ds.hll_sketch) -> int:
         return round(acc.get_estimate())
 
-    def spark_partial(self, value: Column | None, event_time: Column) -> list[Column]:
+    def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
         from pyspark.sql import functions as F
 
         assert value is not None
@@ -397,7 +408,7 @@ class ApproxPercentile(Builtin):
         value = acc.get_quantile(self.q)
         return int(value) if self.input_type in ("int", "bigint") else value
 
-    def spark_partial(self, value: Column | None, event_time: Column) -> list[Column]:
+    def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
         from pyspark.sql import functions as F
 
         assert value is not None
@@ -458,7 +469,7 @@ class First(_ByEventTime):
     fn = "first"
     _pick = min
 
-    def spark_partial(self, value: Column | None, event_time: Column) -> list[Column]:
+    def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
         from pyspark.sql import functions as F
 
         assert value is not None
@@ -474,7 +485,7 @@ class Last(_ByEventTime):
     fn = "last"
     _pick = max
 
-    def spark_partial(self, value: Column | None, event_time: Column) -> list[Column]:
+    def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
         from pyspark.sql import functions as F
 
         assert value is not None
@@ -485,6 +496,64 @@ class Last(_ByEventTime):
 
         return [F.max(accs[0])]
 
+
+class _ExtremeMapView(Builtin):
+    """``min``/``max`` over a CDC source, as Flink keeps them with a map view: the accumulator
+    counts each value (a ``map<value, bigint>`` column), so retracting the current extreme
+    falls back to the next one. Used instead of Min/Max when the spec sets ``source.op_column``."""
+
+    acc_fields = ("counts",)
+    map_view = True
+    _pick: ClassVar[Any]
+
+    def create_accumulator(self) -> dict[Any, int]:
+        return {}
+
+    def _add(self, acc: dict[Any, int], value: Any, n: int) -> dict[Any, int]:
+        if value is None:
+            return acc
+        acc = dict(acc)
+        count = acc.get(value, 0) + n
+        if count:
+            acc[value] = count
+        else:
+            acc.pop(value, None)
+        return acc
+
+    def accumulate(self, acc: dict[Any, int], *values: Any) -> dict[Any, int]:
+        return self._add(acc, values[0], 1)
+
+    def retract(self, acc: dict[Any, int], *values: Any) -> dict[Any, int]:
+        return self._add(acc, values[0], -1)
+
+    def merge(self, acc: dict[Any, int], other: dict[Any, int]) -> dict[Any, int]:
+        for value, n in dict(other).items():
+            acc = self._add(acc, value, n)
+        return acc
+
+    def get_value(self, acc: dict[Any, int]) -> Any:
+        present = [v for v, n in acc.items() if n > 0]
+        return type(self)._pick(present) if present else None
+
+    def spark_value(self, accs: list[Column]) -> Column:
+        from pyspark.sql import functions as F
+
+        present = F.map_keys(F.map_filter(accs[0], lambda _, n: n > 0))
+        return F.array_min(present) if self._pick is min else F.array_max(present)
+
+
+class MinMapView(_ExtremeMapView):
+    fn = "min"
+    _pick = min
+
+
+class MaxMapView(_ExtremeMapView):
+    fn = "max"
+    _pick = max
+
+
+# what ``fn`` resolves to when the source is a changelog (source.op_column): the retracting forms
+RETRACTING: dict[str, type[Builtin]] = {"count": Count, "sum": Sum, "avg": Avg, "min": MinMapView, "max": MaxMapView}
 
 BUILTINS: dict[str, type[Builtin]] = {
     cls.fn: cls

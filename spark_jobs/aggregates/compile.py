@@ -20,7 +20,7 @@ from spark_jobs.spec import AggregateSpec, PipelineSpec
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["CompiledAggregates", "assign_windows", "final_aggregate", "partial_aggregate"]
+__all__ = ["CompiledAggregates", "assign_windows", "final_aggregate", "partial_aggregate", "with_sign"]
 
 
 class CompiledAggregates:
@@ -28,10 +28,11 @@ class CompiledAggregates:
 
     def __init__(self, spec: PipelineSpec) -> None:
         self.spec = spec
+        self.retracting = spec.source.op_column is not None
         schema = spec.source.columns
         self.entries: list[tuple[AggregateSpec, Builtin | UserAggregate]] = []
         for agg in spec.aggregates:
-            impl = resolve(agg, schema)
+            impl = resolve(agg, schema, retracting=self.retracting)
             if isinstance(impl, Builtin):
                 self.entries.append((agg, impl))
             else:
@@ -83,8 +84,39 @@ def assign_windows(df: DataFrame, spec: PipelineSpec) -> DataFrame:
             .drop("_window"))
 
 
-def _join(left: DataFrame, right: DataFrame, keys: list[str]) -> DataFrame:
-    return left.join(right, keys) if keys else left.crossJoin(right)
+def _join(left: DataFrame, right: DataFrame, keys: list[str], how: str = "inner") -> DataFrame:
+    from pyspark.sql import functions as F
+
+    return left.join(right, keys, how) if keys else left.join(right, F.lit(True), how)
+
+
+SIGN = "_sign"
+
+
+def with_sign(rows: DataFrame, spec: PipelineSpec) -> DataFrame:
+    """Add ``_sign``: -1 for the -U/-D rows of a changelog source, else 1."""
+    from pyspark.sql import functions as F
+
+    op = spec.source.op_column
+    sign = F.when(F.col(op).isin("-U", "-D"), F.lit(-1)).otherwise(F.lit(1)) if op else F.lit(1)
+    return rows.withColumn(SIGN, sign)
+
+
+def _map_view_partial(rows: DataFrame, keys: list[str], column: str, acc: str) -> DataFrame:
+    """Per key, a map of value -> signed count: the accumulator of min/max over a changelog."""
+    from pyspark.sql import functions as F
+
+    counts = (rows.where(F.col(column).isNotNull()).groupBy(*keys, F.col(column).alias("_v"))
+              .agg(F.sum(SIGN).cast("bigint").alias("_n")).where(F.col("_n") != 0))
+    return counts.groupBy(*keys).agg(F.map_from_entries(F.collect_list(F.struct("_v", "_n"))).alias(acc))
+
+
+def _map_view_merge(partials: DataFrame, keys: list[str], acc: str) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    entries = partials.select(*keys, F.explode(acc).alias("_v", "_n"))
+    counts = entries.groupBy(*keys, "_v").agg(F.sum("_n").alias("_n")).where(F.col("_n") != 0)
+    return counts.groupBy(*keys).agg(F.map_from_entries(F.collect_list(F.struct("_v", "_n"))).alias(acc))
 
 
 def partial_aggregate(rows: DataFrame, compiled: CompiledAggregates, *, extra_keys: Sequence[str] = (),
@@ -99,13 +131,22 @@ def partial_aggregate(rows: DataFrame, compiled: CompiledAggregates, *, extra_ke
     spec = compiled.spec
     keys = [*extra_keys, *spec.key_columns]
     event_time = F.col(spec.source.event_time)
-    exprs = [F.count(F.lit(1)).alias("n_rows")]
+    sign = F.col(SIGN) if compiled.retracting else None
+    if compiled.retracting:
+        rows = with_sign(rows, spec)
+    exprs = [F.sum(sign).cast("bigint").alias("n_rows") if sign is not None else F.count(F.lit(1)).alias("n_rows")]
     for agg, impl in compiled.builtins:
+        if impl.map_view:
+            continue
         value = F.col(agg.columns[0]) if agg.columns else None
-        exprs.extend(c.alias(n) for c, n in zip(impl.spark_partial(value, event_time), impl.acc_columns(), strict=True))
+        exprs.extend(c.alias(n) for c, n in zip(impl.spark_partial(value, event_time, sign), impl.acc_columns(),
+                                                strict=True))
     out = rows.groupBy(*keys).agg(*exprs, *extra_aggs)
+    for agg, impl in compiled.builtins:
+        if impl.map_view:
+            out = _join(out, _map_view_partial(rows, keys, agg.columns[0], impl.acc_columns()[0]), keys, "left")
     if compiled.udafs:
-        out = _join(out, udaf_partials(rows, keys, compiled.udafs), keys)
+        out = _join(out, udaf_partials(rows, keys, compiled.udafs, sign=SIGN if sign is not None else None), keys)
     known = {*keys, "n_rows", *compiled.acc_columns}
     return out.select(*keys, "n_rows", *compiled.acc_columns, *(c for c in out.columns if c not in known))
 
@@ -118,9 +159,15 @@ def final_aggregate(partials: DataFrame, compiled: CompiledAggregates, *, extra_
     keys = [*extra_keys, *compiled.spec.key_columns]
     exprs = [F.sum("n_rows").alias("n_rows")]
     for _, impl in compiled.builtins:
-        accs = [F.col(c) for c in impl.acc_columns()]
-        exprs.extend(c.alias(n) for c, n in zip(impl.spark_merge(accs), impl.acc_columns(), strict=True))
+        if not impl.map_view:
+            accs = [F.col(c) for c in impl.acc_columns()]
+            exprs.extend(c.alias(n) for c, n in zip(impl.spark_merge(accs), impl.acc_columns(), strict=True))
     merged = partials.groupBy(*keys).agg(*exprs, *extra_aggs)
+    if compiled.retracting and not extra_keys:  # every row of the key was retracted: the key is gone
+        merged = merged.where(F.col("n_rows") != 0)
+    for _, impl in compiled.builtins:
+        if impl.map_view:
+            merged = _join(merged, _map_view_merge(partials, keys, impl.acc_columns()[0]), keys, "left")
     if compiled.udafs:
         merged = _join(merged, udaf_merge(partials, keys, compiled.udafs, with_value=True), keys)
     known = {*keys, "n_rows", *compiled.acc_columns, *compiled.value_names}

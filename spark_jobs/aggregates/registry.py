@@ -6,7 +6,7 @@ import importlib
 from typing import Any
 
 from spark_jobs.aggregates.base import AggregateFunction
-from spark_jobs.aggregates.builtins import BUILTINS, NUMERIC, Builtin
+from spark_jobs.aggregates.builtins import BUILTINS, NUMERIC, RETRACTING, Builtin
 from spark_jobs.spec import AggregateSpec
 
 __all__ = ["load_user_aggregate", "resolve", "validate_aggregate"]
@@ -29,14 +29,23 @@ def load_user_aggregate(path: str) -> type[AggregateFunction[Any, Any]]:
     return cls
 
 
-def validate_aggregate(agg: AggregateSpec, schema: dict[str, str]) -> list[tuple[str, str]]:
-    """Problems with one spec entry as (field, message) pairs; empty when it is fine."""
+_NO_RETRACT = ("cannot retract, so it cannot consume a changelog source's -U/-D rows (source.op_column); "
+               "use count, sum, avg, min or max, or remove source.op_column")
+
+
+def validate_aggregate(agg: AggregateSpec, schema: dict[str, str], *, retracting: bool = False) -> list[tuple[str, str]]:
+    """Problems with one spec entry as (field, message) pairs; empty when it is fine.
+
+    ``retracting``: the source is a changelog (+I/-U/+U/-D), so the aggregate must retract.
+    """
     if agg.user_defined:
         try:
             cls = load_user_aggregate(agg.fn)
         except ValueError as exc:
             return [("fn", str(exc))]
         problems = []
+        if retracting and cls.retract is AggregateFunction.retract:
+            problems.append(("fn", f"{agg.fn} does not implement retract: it {_NO_RETRACT}"))
         if cls.merge is AggregateFunction.merge:
             problems.append(("fn", f"{agg.fn} does not implement merge; two-phase aggregation needs it"))
         if cls.accumulator_type is None or cls.result_type is None:
@@ -53,6 +62,8 @@ def validate_aggregate(agg: AggregateSpec, schema: dict[str, str]) -> list[tuple
         return [("fn", f"unknown function {agg.fn!r}; use one of {', '.join(BUILTINS)} "
                        "or 'package.module:Class' for a user-defined aggregate")]
     problems = builtin.check_args(dict(agg.args))
+    if retracting and agg.fn not in RETRACTING:
+        problems.append(("fn", f"{agg.fn} {_NO_RETRACT}"))
     if builtin.column_required and len(agg.columns) != 1:
         problems.append(("column", f"{agg.fn} needs exactly one column; add column: <name>"))
     elif not builtin.column_required and len(agg.columns) > 1:
@@ -63,9 +74,9 @@ def validate_aggregate(agg: AggregateSpec, schema: dict[str, str]) -> list[tuple
     return problems
 
 
-def resolve(agg: AggregateSpec, schema: dict[str, str]) -> AggregateFunction[Any, Any]:
-    """The aggregate object for a validated spec entry."""
+def resolve(agg: AggregateSpec, schema: dict[str, str], *, retracting: bool = False) -> AggregateFunction[Any, Any]:
+    """The aggregate object for a validated spec entry (its retracting form for a changelog source)."""
     if agg.user_defined:
         return load_user_aggregate(agg.fn)(**dict(agg.args))
-    cls: type[Builtin] = BUILTINS[agg.fn]
+    cls: type[Builtin] = RETRACTING[agg.fn] if retracting else BUILTINS[agg.fn]
     return cls(agg, schema.get(agg.columns[0]) if agg.columns else None)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from spark_jobs.aggregates.base import AggregateFunction
 
@@ -116,11 +117,14 @@ def _key_fields(df: DataFrame, keys: Sequence[str]) -> list[pa.Field]:
 
 
 def udaf_partials(df: DataFrame, keys: Sequence[str], aggs: Sequence[UserAggregate],
-                  flush_rows: int = FLUSH_ROWS) -> DataFrame:
-    """Combine phase: one accumulator per key (and aggregate) for the rows of ``df``."""
+                  flush_rows: int = FLUSH_ROWS, sign: str | None = None) -> DataFrame:
+    """Combine phase: one accumulator per key (and aggregate) for the rows of ``df``.
+
+    ``sign`` names a column that is -1 on rows to retract (a changelog source's -U/-D).
+    """
     keys, aggs = list(keys), list(aggs)
     key_fields = _key_fields(df, keys)
-    inputs = sorted({c for a in aggs for c in a.columns})
+    inputs = sorted({c for a in aggs for c in a.columns} | ({sign} if sign else set()))
 
     def local(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         state: dict[tuple[Any, ...], list[Any]] = {}
@@ -132,9 +136,17 @@ def udaf_partials(df: DataFrame, keys: Sequence[str], aggs: Sequence[UserAggrega
                 accs = state.get(key)
                 if accs is None:
                     accs = state[key] = [a.function.create_accumulator() for a in aggs]
+                retract = pc.equal(columns[sign].slice(start, length), -1) if sign else None
+                if retract is not None and not pc.any(retract).as_py():
+                    retract = None
                 for j, agg in enumerate(aggs):
                     arrays = [columns[c].slice(start, length) for c in agg.columns]
-                    accs[j] = agg.function.accumulate_batch(accs[j], *arrays)
+                    if retract is None:
+                        accs[j] = agg.function.accumulate_batch(accs[j], *arrays)
+                    else:
+                        keep = pc.invert(retract)
+                        accs[j] = agg.function.accumulate_batch(accs[j], *(a.filter(keep) for a in arrays))
+                        accs[j] = agg.function.retract_batch(accs[j], *(a.filter(retract) for a in arrays))
         if state:
             yield _emit(state, key_fields, aggs, with_value=False)
 

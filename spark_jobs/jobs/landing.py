@@ -11,7 +11,7 @@ import os
 from typing import TYPE_CHECKING
 
 from spark_jobs.errors import InputError, SchemaMismatchError
-from spark_jobs.spec import PipelineSpec
+from spark_jobs.spec import OPS, PipelineSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -134,6 +134,10 @@ def classify(raw: DataFrame, spec: PipelineSpec, date: str | Column | None, *kee
     missing = [F.when(~F.col("_corrupt") & et.isNull(), F.lit(f"{spec.source.event_time} is missing"))]
     missing += [F.when(~F.col("_corrupt") & F.col(k).isNull(), F.lit(f"group key {k} is missing"))
                 for k in spec.group_by]
+    op = spec.source.op_column
+    if op is not None:
+        missing.append(F.when(~F.col("_corrupt") & (F.col(op).isNull() | ~F.col(op).isin(*OPS)), F.concat(
+            F.lit(f"{op}: bad change kind "), F.coalesce(F.col(op), F.lit("NULL")), F.lit(f"; use {', '.join(OPS)}"))))
     if date is not None:
         day = F.lit(date) if isinstance(date, str) else date
         missing.append(F.when(et.isNotNull() & (F.to_date(et) != day.cast("date")),

@@ -309,6 +309,8 @@ class MiniBatchAggregator:
         new_state = state.join(touched_days, self.state_keys, "left_anti").unionByName(merged)
         if closes is not None:
             new_state = new_state.where(F.col("window_end") > F.lit(closes))
+        if compiled.retracting:  # every row of that day and key was retracted
+            new_state = new_state.where(F.col("n_rows") != 0)
         commit = lake.replace_keys(new_state, t.stream_state, keys=self.state_keys, touched=None, app_txn=txn,
                                    metadata=meta, sort_by=self.state_keys)
         written["stream_state"] = commit.version
