@@ -33,7 +33,6 @@ _CASTABLE = {  # spec type -> Parquet/Spark types that convert to it without los
 
 def read_partition(spark: SparkSession, spec: PipelineSpec, date: str) -> DataFrame:
     """The raw rows of one landing partition with ``_raw``; spec columns as read (untyped)."""
-    from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
     path = spec.source.partition_path(date)

@@ -324,14 +324,14 @@ class MiniBatchAggregator:
 
         columns = [*self.keys, "n_rows", *self.compiled.acc_columns]
         files = self.lake.files(self.tables.partials)
-        batch_days = sorted({f.partition_values.get(DAY) for f in files
-                             if f.partition_values.get("source") == "batch"} - {None})
+        batch_days = sorted({d for f in files if f.partition_values.get("source") == "batch"
+                             and (d := f.partition_values.get(DAY)) is not None})
         live = key_rows.where(~F.col(DAY).cast("string").isin(batch_days)) if batch_days else key_rows
         out = live.select(*columns)
         if batch_days:
             if prune is not None:
                 lo, hi = prune[1].date() - dt.timedelta(days=1), prune[2].date() + dt.timedelta(days=1)
-                batch_days = [d for d in batch_days if d is not None and lo <= dt.date.fromisoformat(d) <= hi]
+                batch_days = [d for d in batch_days if lo <= dt.date.fromisoformat(d) <= hi]
             paths = [f.path for f in files if f.partition_values.get("source") == "batch"
                      and f.partition_values.get(DAY) in batch_days]
             if paths:
@@ -393,7 +393,7 @@ def run(spark: SparkSession, spec: PipelineSpec, *, available_now: bool = False,
     with _stop_on_signals(stop):
         query = writer.start()
         while query.isActive and not stop.is_set():
-            query.awaitTermination(0.5)
+            query.awaitTermination(1)
         if stop.is_set():
             aggregator.stopping = True
             with aggregator.lock:  # wait for the running mini-batch to finish

@@ -186,7 +186,8 @@ def test_late_rows_go_to_dead_letter_and_closed_windows_leave_state(spark, tmp_p
     combine.run(spark, spec, date)
     reduce.run(spark, spec)
     agg = actual(tables.aggregates, spec)
-    assert dict(zip(zip(agg["page"], agg["window_start"].dt.hour), agg["views"], strict=True))[("/a", 0)] == 2
+    views = {(p, w.hour): v for p, w, v in zip(agg["page"], agg["window_start"], agg["views"], strict=True)}
+    assert views[("/a", 0)] == 2
     assert_matches(agg, expected(read_landing(landing), spec), spec)
 
 
@@ -228,7 +229,7 @@ def test_json_landing_rejects_malformed_lines_into_dead_letter(spark, tmp_path):
 
 def test_missing_landing_directory_is_a_clear_input_error(spark, tmp_path):
     spec = scores_spec(tmp_path)
-    with pytest.raises(InputError, match="landing directory .* does not exist"):
+    with pytest.raises(InputError, match=r"landing directory .* does not exist"):
         stream.run(spark, spec, available_now=True)
 
 
@@ -239,7 +240,7 @@ def test_state_without_its_checkpoint_is_refused(spark, tmp_path):
     land(tmp_path / "landing", "2024-03-01", scores(TOM_JOHN))
     stream.run(spark, spec, available_now=True)
     shutil.rmtree(PipelineTables(spec.lake, spec.name).stream_checkpoint)
-    with pytest.raises(LakeError, match="checkpoint .* is missing"):
+    with pytest.raises(LakeError, match=r"checkpoint .* is missing"):
         stream.run(spark, spec, available_now=True)
 
 
