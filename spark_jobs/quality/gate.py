@@ -9,6 +9,9 @@ Three gates, in the order the batch DAG runs them (see the README, "Quality gate
 - ``outputs --date D``: the day's batch partials, finalised as reduce would finalise them
   (the would-be contribution of the day), before reduce touches ``aggregates``; their
   ``sum(n_rows)`` must equal the rows the day's latest successful combine run aggregated.
+  On failure the day's partials are rolled back to the ones ``aggregates`` was built from
+  (none, if the day was never reduced), so no later reduce publishes the rejected day; the
+  rejected partials stay readable by time travel (the report names the version).
 - ``outputs``: the serving table after reduce; ``sum(n_rows)`` must equal the partials it
   consumed and, for tumbling or no windows, the combine runs in ``runs``.
 
@@ -38,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = ["Check", "QualityReport", "Suite", "validate"]
 
 Suite = Literal["input", "outputs"]
+ROLLBACK = "rollback"  # marks, in runs.inputs, a gate run that rolled a day's partials back
 SUITES: tuple[str, ...] = ("input", "outputs")
 log = logging.getLogger("spark_jobs")
 
@@ -74,6 +78,7 @@ class QualityReport:
     checks: list[Check]
     rows: int | None = None
     dead_lettered: int = 0
+    rolled_back: str | None = None
     report_path: str | None = None
     run_id: str | None = None
     validated_at: str = field(default_factory=lambda: dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
@@ -90,6 +95,8 @@ class QualityReport:
         if self.dead_lettered:
             lines.append(f"  {self.dead_lettered:,} rows breaking row-level checks written to dead_letter "
                          f"(job validate, batch {self.date})")
+        if self.rolled_back:
+            lines.append(f"  {self.rolled_back}")
         if self.report_path:
             lines.append(f"  report: {self.report_path}")
         return "\n".join(lines)
@@ -97,6 +104,7 @@ class QualityReport:
     def to_json(self) -> dict[str, Any]:
         return {"pipeline": self.pipeline, "suite": self.suite, "date": self.date, "target": self.target,
                 "success": self.success, "rows": self.rows, "dead_lettered": self.dead_lettered,
+                "rolled_back": self.rolled_back,
                 "validated_at": self.validated_at, "run_id": self.run_id,
                 "checks": [c.__dict__ for c in self.checks]}
 
@@ -190,15 +198,17 @@ def _runs(spec: PipelineSpec) -> list[dict[str, Any]]:
     path = PipelineTables(spec.lake, spec.name).runs
     if not DeltaTable.is_deltatable(path):
         return []
-    return DeltaTable(path).to_pyarrow_table(columns=["job", "batch", "status", "finished_at",
+    return DeltaTable(path).to_pyarrow_table(columns=["job", "batch", "status", "finished_at", "inputs",
                                                       "rows_aggregated"]).to_pylist()
 
 
 def combined_rows(spec: PipelineSpec, days: list[str] | None = None) -> dict[str, int]:
-    """Rows aggregated by the latest successful combine run of each day (all days, or ``days``)."""
+    """Rows in each day's batch partials per ``runs``: its latest successful combine, or a later gate rollback."""
     latest: dict[str, dict[str, Any]] = {}
     for run in _runs(spec):
-        if run["job"] != "combine" or run["status"] != "success" or run["batch"] is None:
+        combined = run["job"] == "combine" and run["status"] == "success"
+        rolled_back = run["job"] == "validate" and ROLLBACK in json.loads(run["inputs"] or "[]")
+        if not (combined or rolled_back) or run["batch"] is None:
             continue
         if days is not None and run["batch"] not in days:
             continue
@@ -253,6 +263,34 @@ def _outputs(spark: SparkSession, spec: PipelineSpec, rules: QualityRules, date:
     df = df.persist(StorageLevel.MEMORY_AND_DISK)  # one computation for all of GX's metric jobs
     checks = _run_suite(df, f"{spec.name}_outputs", output_expectations(spec, rules, reconcile=reconcile))
     return checks, df, target
+
+
+def _rollback_day(spec: PipelineSpec, lake: Lake, date: str, run_id: str) -> tuple[int, int | None]:
+    """Put back the day's batch partials that ``aggregates`` was built from; (rows restored, commit version)."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs.jobs import reduce
+    from spark_jobs.jobs.combine import PARTIALS_PARTITIONS
+    from spark_jobs.lake import PipelineTables
+
+    tables = PipelineTables(spec.lake, spec.name)
+
+    def in_day(f: Any) -> bool:
+        return bool(f.partition_values.get("event_date") == date and f.partition_values.get("source") == "batch")
+
+    consumed = lake.txn_version(tables.aggregates, reduce.app_id(spec)) \
+        if lake.version(tables.aggregates) is not None else None
+    old = [f.path for f in lake.files(tables.partials, consumed) if in_day(f)] if consumed is not None else []
+    if old and lake.missing_files(tables.partials, old):
+        raise LakeError(f"cannot roll {date} back in {tables.partials}: the files of version {consumed} are "
+                        "vacuumed; recombine the day from fixed input")
+    rows = lake.read_files(tables.partials, old, version=consumed)
+    total = rows.agg(F.sum("n_rows")).first() if old else None
+    commit = lake.replace_partition(rows, tables.partials, partition_by=PARTIALS_PARTITIONS,
+                                    partition={"event_date": date, "source": "batch"},
+                                    metadata={"run_id": run_id, "job": "validate", "batch": date,
+                                              "rolled_back_to": consumed})
+    return (int(total[0] or 0) if total else 0), commit.version
 
 
 def _report_dir(spec: PipelineSpec, suite: str, date: str | None, reports: str | None) -> Path:
@@ -318,6 +356,14 @@ def validate(spark: SparkSession, spec: PipelineSpec, suite: str, *, date: str |
             record.rows_aggregated = record.rows_in - rejected
             if commit is not None:
                 record.versions_written = {"dead_letter": commit.version}
+        if suite == "outputs" and date is not None and not report.success:
+            before = lake.version(tables.partials)
+            restored, version = _rollback_day(spec, lake, date, record.run_id)
+            record.inputs.append(ROLLBACK)
+            record.rows_aggregated = restored
+            record.versions_written = {"partials": version}
+            report.rolled_back = (f"{date}'s partials rolled back to what aggregates holds ({restored:,} rows) "
+                                  f"in partials version {version}; the rejected ones are version {before}")
         write_report(report, spec, reports)
         record.message = f"{suite}: {len(report.checks) - len(report.failed)}/{len(report.checks)} met"
         if not report.success:

@@ -118,13 +118,37 @@ def test_outputs_before_and_after_reduce_reconcile_with_runs_and_partials(spark,
                       400.0)]
 
 
-def test_outputs_out_of_bounds_fail_before_reduce(spark, spec, tmp_path):
+def test_outputs_out_of_bounds_fail_before_reduce_and_roll_the_day_back(spark, spec, tmp_path):
+    tables = PipelineTables(spec.lake, spec.name)
+    for day in (D1, D2):
+        write_day(tmp_path / "landing", day, day_events(day, 50, seed=1))
+        combine.run(spark, spec, day)
+    reduce.run(spark, spec)
+    served = DeltaTable(tables.aggregates).to_pandas().drop(columns=["updated_at", "run_id"])
+    # D1 again, now with a duration the outputs gate bounds (max_ms <= 100000) reject
+    at = dt.datetime(2024, 3, 1, 12, tzinfo=dt.UTC)
+    write_day(tmp_path / "landing", D1, events([(at, "u1", "/a", 10, 1.0, "DE"), (at, "u2", "/a", 500_000, 1.0, "DE")]))
+    combine.run(spark, spec, D1)  # no input gate here: the outputs gate must catch it
+    with pytest.raises(QualityError, match=r"range: max_ms within \[0, 100000\]") as info:
+        validate(spark, spec, "outputs", date=D1)
+    assert "2024-03-01's partials rolled back to what aggregates holds (50 rows)" in str(info.value)
+    # the next reduce (another day's run) does not publish the rejected day: the serving table is unchanged
+    reduce.run(spark, spec)
+    after = DeltaTable(tables.aggregates).to_pandas().drop(columns=["updated_at", "run_id"])
+    keys = ["page", "window_start"]
+    assert after.sort_values(keys).reset_index(drop=True).equals(served.sort_values(keys).reset_index(drop=True))
+    assert validate(spark, spec, "outputs").success  # runs reconcile: the rollback is on record
+
+
+def test_a_day_never_reduced_is_rolled_back_to_nothing(spark, spec, tmp_path):
     (tmp_path / "expectations" / "views.yaml").write_text("outputs:\n  ranges: {max_ms: {max: 5}}\n")
     write_day(tmp_path / "landing", D1, day_events(D1, 50))
     combine.run(spark, spec, D1)
     with pytest.raises(QualityError, match="range: max_ms within"):
         validate(spark, spec, "outputs", date=D1)
-    assert not DeltaTable.is_deltatable(PipelineTables(spec.lake, spec.name).aggregates)
+    tables = PipelineTables(spec.lake, spec.name)
+    assert not DeltaTable.is_deltatable(tables.aggregates)
+    assert DeltaTable(tables.partials).to_pyarrow_table().num_rows == 0
 
 
 def test_the_cli_exits_5_on_a_failed_gate_and_2_on_a_bad_suite(spark, spec, tmp_path, capsys):
