@@ -216,10 +216,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_inspect_parser(sub).set_defaults(func=cmd_inspect)
 
     b = sub.add_parser("bench", help="benchmarks (not tests): ratios against Spark baselines")
-    b.add_argument("suite", choices=["batch"], help="which benchmark")
+    b.add_argument("suite", choices=["batch", "stream"], help="which benchmark")
     b.add_argument("--events", type=int, default=10_000_000)
     b.add_argument("--days", type=int, default=30)
     b.add_argument("--work-dir", default="/tmp/spark_jobs_bench")
+    b.add_argument("--files", type=int, help="stream: landing files the events are split into (default 100)")
+    b.add_argument("--batch-files", help="stream: mini-batch sizes in files, comma-separated (default 5,20,50)")
+    b.add_argument("--trigger", type=int, default=2, help="stream latency run: trigger interval in seconds")
+    b.add_argument("--latency-files", type=int, default=30, help="stream latency run: files landed")
+    b.add_argument("--latency-rows", type=int, default=5000, help="stream latency run: events per file")
+    b.add_argument("--latency-interval", type=float, default=1.0, help="stream latency run: seconds between files")
     spark_opts(b)
     b.set_defaults(func=cmd_bench)
     return parser

@@ -29,6 +29,7 @@ import datetime as dt
 import logging
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -70,6 +71,7 @@ class BatchOutcome:
     changes: int = 0
     watermark: dt.datetime | None = None
     replayed: bool = False
+    visible_at: float | None = None  # wall-clock time the aggregates commit landed (latency figures)
 
 
 @dataclass
@@ -292,6 +294,7 @@ class MiniBatchAggregator:
                 rows, t.aggregates, keys=keys, touched=touched, app_txn=txn, metadata=meta,
                 sort_by=(["window_start", *spec.group_by] if spec.window else list(spec.group_by)),
                 cluster=("window_start", 1) if spec.window else None, prune=prune).version
+            outcome.visible_at = time.time()
         if _pending(lake, t.changelog, txn):
             commit = lake.append(changes, t.changelog, app_txn=txn, metadata=meta)
             written["changelog"] = commit.version
