@@ -175,7 +175,11 @@ def _input(spark: SparkSession, spec: PipelineSpec, rules: QualityRules, date: s
     et = F.col(spec.source.event_time)
     # GX computes each metric as its own Spark job: read and type the partition once
     rows = rows.withColumn("_event_day", F.date_format(et, "yyyy-MM-dd")).persist(StorageLevel.MEMORY_AND_DISK)
-    checks = _run_suite(rows, f"{spec.name}_input", input_expectations(spec, rules, date))
+    try:
+        checks = _run_suite(rows, f"{spec.name}_input", input_expectations(spec, rules, date))
+    except BaseException:
+        rows.unpersist()
+        raise
     # rows that break a row-level check, with every check they break as the reason
     reasons = [F.col("_reason")]
     for col, rng in rules.input_ranges.items():
@@ -261,7 +265,11 @@ def _outputs(spark: SparkSession, spec: PipelineSpec, rules: QualityRules, date:
         df = lake.read(tables.aggregates)
         target = f"{tables.aggregates} (version {lake.version(tables.aggregates)})"
     df = df.persist(StorageLevel.MEMORY_AND_DISK)  # one computation for all of GX's metric jobs
-    checks = _run_suite(df, f"{spec.name}_outputs", output_expectations(spec, rules, reconcile=reconcile))
+    try:
+        checks = _run_suite(df, f"{spec.name}_outputs", output_expectations(spec, rules, reconcile=reconcile))
+    except BaseException:
+        df.unpersist()
+        raise
     return checks, df, target
 
 
@@ -364,6 +372,7 @@ def validate(spark: SparkSession, spec: PipelineSpec, suite: str, *, date: str |
             record.versions_written = {"partials": version}
             report.rolled_back = (f"{date}'s partials rolled back to what aggregates holds ({restored:,} rows) "
                                   f"in partials version {version}; the rejected ones are version {before}")
+        rows.unpersist()  # a cached plan would answer a later gate over the same files in this session
         write_report(report, spec, reports)
         record.message = f"{suite}: {len(report.checks) - len(report.failed)}/{len(report.checks)} met"
         if not report.success:

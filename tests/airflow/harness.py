@@ -42,6 +42,15 @@ class AirflowHome:
                                  f"{proc.stderr[-5000:]}")
         return proc
 
+    def retry(self, *args: str, attempts: int = 5) -> subprocess.CompletedProcess[str]:
+        """Run a CLI command that writes, again after SQLite's "database is locked" under a running scheduler."""
+        for attempt in range(attempts):
+            proc = self.run(*args, check=attempt == attempts - 1)
+            if proc.returncode == 0:
+                break
+            time.sleep(1 + attempt)
+        return proc
+
     def json(self, *args: str) -> Any:
         for attempt in range(5):  # SQLite can answer "database is locked" under concurrent writers
             proc = self.run(*args, "-o", "json", check=False)

@@ -87,11 +87,14 @@ def test_bad_input_fails_the_gate_leaves_aggregates_unchanged_and_dead_letters_t
 def test_a_scheduler_backfill_of_three_days_succeeds_and_matches_the_oracle(tmp_path):
     spec, tables, af = setup(tmp_path)
     started = time.monotonic()
-    # parse the DAGs and create the backfill's runs before the scheduler writes to SQLite ("database is locked")
+    # parse the DAGs and create the backfill's runs before the scheduler writes to SQLite ("database is locked"),
+    # with the DAG paused, so that no task starts before the API server its task processes report to is up
     af.run("dags", "reserialize")
+    af.run("dags", "pause", "views_batch")
     af.run("backfill", "create", "--dag-id", "views_batch", "--from-date", DAYS[0], "--to-date", DAYS[-1],
            "--max-active-runs", "2")
     with running_airflow(af):
+        af.retry("dags", "unpause", "views_batch")
         runs = wait_for_runs(af, "views_batch", 3, timeout=1200)
     assert sorted(r["logical_date"][:10] for r in runs) == list(DAYS)
     assert af.runs("views_batch") == runs  # SPARK_JOBS_END_DATE: no scheduled run of a day without data
