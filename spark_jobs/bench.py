@@ -281,7 +281,9 @@ def spark_windowed_stream(spark: Any, spec: PipelineSpec, lake: Any, checkpoint:
 def _files_by_batch(checkpoint: str) -> dict[str, int]:
     """Landing file -> the mini-batch id that read it, from the file source's checkpoint log."""
     out: dict[str, int] = {}
-    for log in sorted(Path(checkpoint, "sources", "0").glob("*")):
+    for log in Path(checkpoint, "sources", "0").glob("*"):
+        if not (log.name.isdigit() or log.name.endswith(".compact")):
+            continue  # .crc and temporary files
         for line in log.read_text().splitlines()[1:]:
             entry = json.loads(line)
             out[entry["path"].removeprefix("file://")] = int(entry["batchId"])
@@ -292,6 +294,7 @@ def stream(args: argparse.Namespace) -> int:
     """Throughput for a few mini-batch sizes against Spark's own windowed streaming aggregation,
     end-to-end latency with small mini-batches, and state writes per input row."""
     import numpy as np
+    import pyarrow.parquet as pq
 
     from spark_jobs.jobs import stream as stream_job
 
@@ -343,9 +346,8 @@ def stream(args: argparse.Namespace) -> int:
     spec = spec.with_paths(source_path=str(live))
     stop = threading.Event()
     result: dict[str, Any] = {}
-    runner = threading.Thread(target=lambda: result.update(summary=stream_job.run(spark, spec, stop=stop)))
-    import pyarrow.parquet as pq
-
+    runner = threading.Thread(target=lambda: result.update(summary=stream_job.run(spark, spec, stop=stop)),
+                              daemon=True)
     sources = sorted(landing.rglob("*.parquet"))[:latency_files]
     (live / "event_date=2024-03-01").mkdir(parents=True)
     # a first file before the stream starts, so the query has something to plan on start
@@ -355,7 +357,7 @@ def stream(args: argparse.Namespace) -> int:
             runner.start()
         table = pq.read_table(src).slice(0, args.latency_rows)
         dest = live / "event_date=2024-03-01" / f"live-{i:04d}.parquet"
-        tmp = dest.with_suffix(".tmp")
+        tmp = dest.with_name(f".{dest.name}.tmp")  # hidden: the file source skips it until the rename
         pq.write_table(table, tmp)
         os.replace(tmp, dest)
         landed[str(dest)] = time.time()
