@@ -13,10 +13,13 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import yaml
 from deltalake import DeltaTable
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
 
 from spark_jobs.errors import InputError, LakeError
 from spark_jobs.jobs import combine, reduce, stream
@@ -308,3 +311,48 @@ def test_changelog_source_rejects_unknown_change_kinds(spark, tmp_path):
     assert summary.batches[0].rows_rejected == 1
     dead = DeltaTable(PipelineTables(spec.lake, spec.name).dead_letter).to_pandas()
     assert dead["reason"][0] == "op: bad change kind *; use +I, -U, +U, -D"
+
+
+# ------------------------------------------------------------------ property: any split into mini-batches
+@st.composite
+def split_days(draw: Any) -> tuple[list[pa.Table], int]:
+    """Random events over two days, cut into 1-4 files in random order, and a mini-batch size in files."""
+    n = draw(st.integers(1, 60))
+    seconds = draw(st.lists(st.integers(0, 2 * 86_400 - 1), min_size=n, max_size=n))
+    pages = draw(st.lists(st.sampled_from(["/a", "/b", "/c"]), min_size=n, max_size=n))
+    ms = draw(st.lists(st.one_of(st.none(), st.integers(0, 100)), min_size=n, max_size=n))
+    rows = [(T0 + dt.timedelta(seconds=s), "u1", p, m, 1.0, "DE") for s, p, m in zip(seconds, pages, ms, strict=True)]
+    cuts = sorted(draw(st.lists(st.integers(0, n), max_size=3)))
+    parts = [rows[a:b] for a, b in zip([0, *cuts], [*cuts, n], strict=True)]
+    return [events(p) for p in draw(st.permutations(parts)) if p], draw(st.integers(1, 3))
+
+
+@settings(max_examples=4, deadline=None, derandomize=True, phases=[Phase.generate])
+@given(split=split_days())
+def test_any_split_into_mini_batches_equals_the_oracle(spark, tmp_path_factory, split):
+    tables_in, files_per_batch = split
+    root = tmp_path_factory.mktemp("split")
+    spec = with_stream(make_spec(root, window={"size": "1 hour"}, aggregates=FAST_AGGREGATES),
+                       max_files_per_batch=files_per_batch, watermark="3 days")
+    for table in tables_in:
+        for date in ("2024-03-01", "2024-03-02"):  # a file holds one day's rows, as landing partitions do
+            day = table.filter(pc.equal(pc.strftime(table["event_time"], "%Y-%m-%d"), date))
+            if day.num_rows:
+                land(root / "landing", date, day)
+    summary = stream.run(spark, spec, available_now=True)
+    tables = PipelineTables(spec.lake, spec.name)
+    got = actual(tables.aggregates, spec)
+    assert_matches(got, expected(read_landing(root / "landing"), spec), spec)
+    assert sum(b.state_writes for b in summary.batches) <= sum(b.rows_aggregated for b in summary.batches)
+
+    def values(row: Any) -> tuple[int, int | None]:
+        return int(row.views), None if pd.isna(row.total_ms) else int(row.total_ms)
+
+    applied: dict[tuple[Any, ...], Any] = {}
+    for row in changelog(spec).itertuples():
+        key = (row.page, row.window_start)
+        if row.op in ("+I", "+U"):
+            applied[key] = values(row)
+        else:
+            assert applied.pop(key) == values(row)  # -U carries exactly the values it retracts
+    assert applied == {(r.page, r.window_start): values(r) for r in got.itertuples()}
