@@ -66,9 +66,9 @@ class InspectError(PipelineError):
 class QualityError(PipelineError):
     """A Great Expectations suite failed: the data is readable but not fit to publish.
 
-    Exit code 5. The message lists the failed expectations and says where the full report is;
-    nothing downstream of the gate (``partials`` for the input suite, ``aggregates`` for the
-    pre-reduce outputs suite) has been written.
+    Exit code 5. The message lists the failed expectations and says where the full report is.
+    A failed input gate has written nothing but the day's bad rows to ``dead_letter``; a failed
+    pre-reduce outputs gate has rolled the day's partials back, so ``aggregates`` never sees them.
     """
 
     exit_code = 5

@@ -76,7 +76,7 @@ def maintain(lake: str, pipeline: str, *, retention_hours: int = DEFAULT_RETENTI
             before = dt.version()
             entry = TableMaintenance(name, path, before, before, len(dt.file_uris()), len(dt.file_uris()))
             if name in COMPACTED and not dry_run:
-                props = CommitProperties(custom_metadata={"job": "maintain", "operation": "compact"})
+                props = CommitProperties(custom_metadata={"job": "maintain"})
                 entry.compacted = dt.optimize.compact(target_size=target_size, commit_properties=props)
                 dt = DeltaTable(path)
             entry.vacuumed = dt.vacuum(retention_hours=retention_hours, dry_run=dry_run,
