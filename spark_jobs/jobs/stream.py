@@ -360,6 +360,28 @@ def _utc(value: dt.datetime | None) -> dt.datetime | None:
     return value.astimezone(dt.UTC) if value.tzinfo else value.astimezone().astimezone(dt.UTC)
 
 
+# Mini-batch plans are many small joins and aggregations: with adaptive execution and broadcast
+# joins each stage and each broadcast is a Spark job of its own (about 30 a batch instead of 6),
+# and their scheduling, not the data, would set the latency.
+_SMALL_BATCH_CONF = {"spark.sql.adaptive.enabled": "false", "spark.sql.autoBroadcastJoinThreshold": "-1"}
+
+
+@contextmanager
+def _session_conf(spark: SparkSession, conf: dict[str, str]) -> Iterator[None]:
+    """Set runtime SQL settings for the block and restore them after (the session may be shared)."""
+    before = {k: spark.conf.get(k, None) for k in conf}
+    for key, value in conf.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, old in before.items():
+            if old is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, old)
+
+
 @contextmanager
 def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
     """SIGTERM/SIGINT ask for a stop at the next batch boundary (main thread only)."""
@@ -393,7 +415,7 @@ def run(spark: SparkSession, spec: PipelineSpec, *, available_now: bool = False,
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=spec.stream.trigger.spark)
     stop = stop or threading.Event()
     summary = StreamSummary(aggregator.outcomes)
-    with _stop_on_signals(stop):
+    with _stop_on_signals(stop), _session_conf(spark, _SMALL_BATCH_CONF):
         query = writer.start()
         while query.isActive and not stop.is_set():
             query.awaitTermination(1)
