@@ -84,6 +84,7 @@ def test_bad_input_fails_the_gate_leaves_aggregates_unchanged_and_dead_letters_t
     assert gate["status"] == "failed" and gate["message"].startswith("QualityError: views input suite failed")
 
 
+@pytest.mark.timeout(2400)  # 21 task processes, each a spark-submit: about 6 min on an idle 2-core machine, 15+ loaded
 def test_a_scheduler_backfill_of_three_days_succeeds_and_matches_the_oracle(tmp_path):
     spec, tables, af = setup(tmp_path)
     started = time.monotonic()
@@ -95,7 +96,7 @@ def test_a_scheduler_backfill_of_three_days_succeeds_and_matches_the_oracle(tmp_
            "--max-active-runs", "2")
     with running_airflow(af):
         af.retry("dags", "unpause", "views_batch")
-        runs = wait_for_runs(af, "views_batch", 3, timeout=1200)
+        runs = wait_for_runs(af, "views_batch", 3, timeout=2100)
     assert sorted(r["logical_date"][:10] for r in runs) == list(DAYS)
     assert af.runs("views_batch") == runs  # SPARK_JOBS_END_DATE: no scheduled run of a day without data
     assert [r["state"] for r in runs] == ["success"] * 3, [af.task_states("views_batch", r["run_id"]) for r in runs]
