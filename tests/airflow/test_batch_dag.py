@@ -84,7 +84,7 @@ def test_bad_input_fails_the_gate_leaves_aggregates_unchanged_and_dead_letters_t
     assert gate["status"] == "failed" and gate["message"].startswith("QualityError: views input suite failed")
 
 
-@pytest.mark.timeout(2400)  # 21 task processes, each a spark-submit: about 6 min on an idle 2-core machine, 15+ loaded
+@pytest.mark.timeout(2400)  # 21 task processes, each a spark-submit: 12 min seen at load ~8, over 15 at ~16
 def test_a_scheduler_backfill_of_three_days_succeeds_and_matches_the_oracle(tmp_path):
     spec, tables, af = setup(tmp_path)
     started = time.monotonic()
