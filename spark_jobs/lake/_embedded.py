@@ -330,14 +330,13 @@ class EmbeddedLake:
         failpoint(f"commit:{table_name}:before")
         try:
             if existing is None:
-                create_table_with_add_actions(_local(path), DeltaSchema.from_arrow(schema), [a for a, _ in adds], mode="error",
-                                              partition_by=list(partition_by) or None, commit_properties=props)
-            elif replace is not None:
+                existing = self._create(path, schema, [a for a, _ in adds], partition_by, props)
+            if existing is not None and replace is not None:
                 filters = [(k, "=", v) for k, v in replace.items()]
                 existing.create_write_transaction([a for a, _ in adds], "overwrite", schema,
                                                   partition_by=list(partition_by) or None,
                                                   partition_filters=filters, commit_properties=props)
-            else:
+            elif existing is not None:
                 existing.create_write_transaction([*(a for a, _ in adds), *remove_actions], "append", schema,
                                                   partition_by=list(partition_by) or None, commit_properties=props)
         except Exception as exc:
@@ -345,6 +344,20 @@ class EmbeddedLake:
         failpoint(f"commit:{table_name}:after")
         dt = DeltaTable(_local(path))
         return Commit(dt.version(), files_added=len(adds), files_removed=len(removes), rows_added=rows)
+
+    def _create(self, path: str, schema: pa.Schema, adds: list[AddAction], partition_by: Sequence[str],
+                props: CommitProperties) -> DeltaTable | None:
+        """Create the table with ``adds`` and return None; or, when another job (a parallel combine
+        of another day) created it meanwhile, return that table to commit into instead."""
+        try:
+            create_table_with_add_actions(_local(path), DeltaSchema.from_arrow(schema), adds, mode="error",
+                                          partition_by=list(partition_by) or None, commit_properties=props)
+            return None
+        except Exception:
+            existing = self.table(path)
+            if existing is None:
+                raise
+            return existing
 
     def _stage(self, df: DataFrame, path: str, partition_by: Sequence[str]) -> list[tuple[AddAction, int]]:
         root = _local(path).rstrip("/")

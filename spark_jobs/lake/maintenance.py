@@ -12,7 +12,8 @@ Needs no Spark. What it does to each table of a pipeline:
 - **vacuum**: files removed longer than ``retention_hours`` ago (default 168, Delta's default;
   never below it unless ``enforce_retention=False``) are deleted. Time travel to versions older
   than the retention stops working; reduce, finding replaced partial files vacuumed, falls back
-  to a full merge (correct, slower).
+  to a full merge (correct, slower). The stream's state table (``_stream/state``), rewritten by
+  every mini-batch, is vacuumed and checkpointed too.
 - **checkpoint**: a Parquet checkpoint of the log, so readers replay fewer JSON commits.
 """
 
@@ -67,8 +68,8 @@ def maintain(lake: str, pipeline: str, *, retention_hours: int = DEFAULT_RETENTI
                         "pass a larger value (or, knowing no job is running, disable enforcement)")
     tables = PipelineTables(lake, pipeline)
     out: list[TableMaintenance] = []
-    for name in TABLES:
-        path = tables.path(name)
+    # the stream's state is rewritten by every mini-batch: it is never compacted, but vacuumed
+    for name, path in [*((n, tables.path(n)) for n in TABLES), ("stream_state", tables.stream_state)]:
         if not DeltaTable.is_deltatable(path):
             continue
         try:

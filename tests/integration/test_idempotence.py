@@ -251,3 +251,30 @@ def test_a_new_day_outside_every_existing_file_s_window_range_is_appended(spark,
         files.append(set(pa.table(DeltaTable(tables.aggregates).get_add_actions(flatten=True))["path"].to_pylist()))
     assert files[0] < files[1]
     assert_matches(actual(tables.aggregates, spec), expected(read_landing(tmp_path / "landing"), spec), spec)
+
+
+def test_combines_of_two_days_creating_partials_at_once_both_land(spark, tmp_path, monkeypatch):
+    """A parallel combine of another day may create ``partials`` between our check and our commit."""
+    from spark_jobs.lake._embedded import EmbeddedLake
+
+    spec = make_spec(tmp_path, aggregates=FAST_AGGREGATES)
+    for date in ("2024-03-01", "2024-03-02"):
+        write_day(tmp_path / "landing", date, day_events(date, 50, seed=2))
+    stage = EmbeddedLake._stage
+    raced: list[str] = []
+
+    def stage_then_race(self, df, path, partition_by):  # the other day's combine commits while we stage
+        adds = stage(self, df, path, partition_by)
+        if path.endswith("/partials") and not raced:
+            raced.append(path)
+            combine.run(spark, spec, "2024-03-02")
+        return adds
+
+    monkeypatch.setattr(EmbeddedLake, "_stage", stage_then_race)
+    combine.run(spark, spec, "2024-03-01")
+    assert raced
+    days = DeltaTable(PipelineTables(spec.lake, spec.name).partials).to_pandas()["event_date"].astype(str)
+    assert set(days) == {"2024-03-01", "2024-03-02"}
+    reduce.run(spark, spec)
+    assert_matches(actual(PipelineTables(spec.lake, spec.name).aggregates, spec),
+                   expected(read_landing(tmp_path / "landing"), spec), spec)

@@ -356,3 +356,20 @@ def test_any_split_into_mini_batches_equals_the_oracle(spark, tmp_path_factory, 
         else:
             assert applied.pop(key) == values(row)  # -U carries exactly the values it retracts
     assert applied == {(r.page, r.window_start): values(r) for r in got.itertuples()}
+
+
+def test_maintenance_vacuums_the_streams_state_and_the_stream_goes_on(spark, tmp_path):
+    from spark_jobs.lake.maintenance import maintain
+
+    spec = scores_spec(tmp_path, max_files_per_batch=1)
+    for i, row in enumerate(TOM_JOHN[:3]):
+        land(tmp_path / "landing", "2024-03-01", scores([row], start=i))
+    stream.run(spark, spec, available_now=True)
+    state = PipelineTables(spec.lake, spec.name).stream_state
+    report = {m.table: m for m in maintain(spec.lake, spec.name, retention_hours=0, enforce_retention=False)}
+    assert report["stream_state"].vacuumed and report["stream_state"].checkpoint  # earlier states, rewritten since
+    on_disk = {p.name for p in Path(state).glob("*.parquet")}
+    assert on_disk == {Path(u).name for u in DeltaTable(state).file_uris()}
+    land(tmp_path / "landing", "2024-03-01", scores([TOM_JOHN[3]], start=3))
+    stream.run(spark, spec, available_now=True)
+    assert flink_text(changelog(spec)) == "+I[Tom,1] +I[John,1] -U[Tom,1] +U[Tom,2] -U[Tom,2] +U[Tom,3]"
