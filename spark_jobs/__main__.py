@@ -221,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--days", type=int, default=30)
     b.add_argument("--work-dir", default="/tmp/spark_jobs_bench")
     b.add_argument("--files", type=int, help="stream: landing files the events are split into (default 100)")
-    b.add_argument("--batch-files", help="stream: mini-batch sizes in files, comma-separated (default 5,20,50)")
+    b.add_argument("--batch-files", help="stream: mini-batch sizes in files, comma-separated (default 5,20,50; 0 for the latency run only)")
     b.add_argument("--trigger", type=int, default=2, help="stream latency run: trigger interval in seconds")
     b.add_argument("--latency-files", type=int, default=30, help="stream latency run: files landed")
     b.add_argument("--latency-rows", type=int, default=5000, help="stream latency run: events per file")

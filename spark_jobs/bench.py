@@ -316,7 +316,7 @@ def stream(args: argparse.Namespace) -> int:
     stream_job.run(spark, warm, available_now=True)
     spark_windowed_stream(spark, warm, lake, work / "ckpt-warm-spark")
 
-    sizes = [int(x) for x in (args.batch_files or "5,20,50").split(",")]
+    sizes = [int(x) for x in (args.batch_files or "5,20,50").split(",") if int(x) > 0]  # "0": latency only
     for size in sizes:
         print(f"mini-batches of {size} files ({size * rows_total // len(paths):,} events) ...", flush=True)
         spec = _stream_spec(work, landing, f"lake-stream-{size}", size)
