@@ -32,6 +32,9 @@ _FIXED_CONF = {
     "spark.sql.sources.partitionOverwriteMode": "dynamic",
     "spark.sql.legacy.timeParserPolicy": "CORRECTED",
     "spark.driver.extraJavaOptions": "-Dderby.system.home=/tmp/derby -XX:+UseG1GC",
+    # Sketch accumulators (HLL, KLL) aggregate in an object hash map that falls back to sorting
+    # every row past 128 groups per task; ~16k groups of a few KB each stay well inside memory.
+    "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "16384",
 }
 
 

@@ -117,38 +117,47 @@ def classify(raw: DataFrame, spec: PipelineSpec, date: str | Column | None, *kee
     """
     from pyspark.sql import functions as F
 
-    reasons: list[Column] = []
+    checks: list[tuple[Column, Column]] = []  # (row fails, why): the message is built for failing rows only
     typed: list[Column] = []
     corrupt = F.col(CORRUPT).isNotNull() if CORRUPT in raw.columns else F.lit(False)
-    reasons.append(F.when(corrupt, F.lit("malformed record")))
+    checks.append((corrupt, F.lit("malformed record")))
     kinds = {f.name: f.dataType.simpleString() for f in raw.schema.fields}
     for col, typ in spec.source.schema:
         src = F.col(col)
         value = src if kinds[col] == typ else src.try_cast(typ)
         typed.append(value.alias(col))
         if kinds[col] != typ:
-            reasons.append(F.when(~corrupt & src.isNotNull() & value.isNull(),
-                                  F.concat(F.lit(f"{col}: cannot read "), src.cast("string"), F.lit(f" as {typ}"))))
+            checks.append((~corrupt & src.isNotNull() & value.isNull(),
+                           F.concat(F.lit(f"{col}: cannot read "), src.cast("string"), F.lit(f" as {typ}"))))
     et = F.col(spec.source.event_time)
-    missing = [F.when(~F.col("_corrupt") & et.isNull(), F.lit(f"{spec.source.event_time} is missing"))]
-    missing += [F.when(~F.col("_corrupt") & F.col(k).isNull(), F.lit(f"group key {k} is missing"))
-                for k in spec.group_by]
+    ok = ~F.col("_corrupt")
+    missing = [(ok & et.isNull(), F.lit(f"{spec.source.event_time} is missing"))]
+    missing += [(ok & F.col(k).isNull(), F.lit(f"group key {k} is missing")) for k in spec.group_by]
     op = spec.source.op_column
     if op is not None:
-        missing.append(F.when(~F.col("_corrupt") & (F.col(op).isNull() | ~F.col(op).isin(*OPS)), F.concat(
+        missing.append((ok & (F.col(op).isNull() | ~F.col(op).isin(*OPS)), F.concat(
             F.lit(f"{op}: bad change kind "), F.coalesce(F.col(op), F.lit("NULL")), F.lit(f"; use {', '.join(OPS)}"))))
     if date is not None:
         day = F.lit(date) if isinstance(date, str) else date
-        missing.append(F.when(et.isNotNull() & (F.to_date(et) != day.cast("date")),
-                              F.concat(F.lit(f"{spec.source.event_time} "), et.cast("string"),
-                                       F.lit(" is outside partition event_date="), day.cast("string"))))
+        missing.append((et.isNotNull() & (F.to_date(et) != day.cast("date")),
+                        F.concat(F.lit(f"{spec.source.event_time} "), et.cast("string"),
+                                 F.lit(" is outside partition event_date="), day.cast("string"))))
     # type reasons read the untyped columns, the others the typed ones: two selects
-    typed_reasons = F.concat_ws("; ", F.array_compact(F.array(*reasons)))
-    staged = raw.select(*typed, corrupt.alias("_corrupt"), "_raw", "_file", typed_reasons.alias("_type_reason"), *keep)
-    all_reasons = F.concat_ws("; ", F.array_compact(F.array(
-        F.when(F.col("_type_reason") != "", F.col("_type_reason")), *missing)))
-    return staged.select(*(c for c, _ in spec.source.schema), "_raw", "_file",
-                         F.when(all_reasons != "", all_reasons).alias("_reason"), *keep)
+    staged = raw.select(*typed, corrupt.alias("_corrupt"), "_raw", "_file",
+                        _reasons(checks).alias("_type_reason"), *keep)
+    reason = _reasons([(F.col("_type_reason").isNotNull(), F.col("_type_reason")), *missing])
+    return staged.select(*(c for c, _ in spec.source.schema), "_raw", "_file", reason.alias("_reason"), *keep)
+
+
+def _reasons(checks: list[tuple[Column, Column]]) -> Column:
+    """The failing checks' messages joined by '; ', or NULL when every check passes."""
+    from functools import reduce
+    from operator import or_
+
+    from pyspark.sql import functions as F
+
+    failed = reduce(or_, (c for c, _ in checks))
+    return F.when(failed, F.concat_ws("; ", *(F.when(c, m) for c, m in checks)))
 
 
 def spark_read_error(exc: BaseException) -> str:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from spark_jobs.aggregates.compile import CompiledAggregates, final_aggregate
 from spark_jobs.errors import LakeError
 from spark_jobs.jobs.runs import RunRecord, recorded_run
-from spark_jobs.lake import AppTxn, DataFile, Lake, PipelineTables, open_lake
+from spark_jobs.lake import AppTxn, Cluster, DataFile, Lake, PipelineTables, open_lake
 from spark_jobs.spec import PipelineSpec
 
 if TYPE_CHECKING:
@@ -55,11 +55,11 @@ def _sort_keys(spec: PipelineSpec) -> list[str]:
     return (["window_start", *spec.group_by]) if spec.window else list(spec.group_by)
 
 
-def _cluster(spec: PipelineSpec, files: list[DataFile]) -> tuple[str, int] | None:
+def _cluster(spec: PipelineSpec, files: list[DataFile]) -> Cluster | None:
     """About one output file per event day, by window: a backfilled day then rewrites one or two."""
     if spec.window is None:
         return None
-    return "window_start", len({f.partition_values.get("event_date") for f in files}) or 1
+    return Cluster("window_start", len({f.partition_values.get("event_date") for f in files}) or 1)
 
 
 def _in_day_range(files: dict[str, DataFile], first: dt.date, last: dt.date) -> list[str]:

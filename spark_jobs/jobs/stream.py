@@ -1,8 +1,9 @@
 """stream: windowed mini-batch aggregation with keyed state and a retraction changelog, exactly once.
 
-Spark Structured Streaming reads new landing files; each micro-batch is a mini-batch in
-Flink's sense. Its rows are pre-aggregated per (event day, key, window) first; then each
-touched key's state is read once, merged once and written once. State is a Delta table of
+Spark Structured Streaming tracks new landing files; each micro-batch is a mini-batch in
+Flink's sense, whose files are read as a batch DataFrame (pruned, vectorised). Its rows are
+pre-aggregated per (event day, key, window) first; then each touched key's state is read
+once, merged once and written once. State is a Delta table of
 the accumulators of open windows (``_stream/state``). Spark's checkpoint
 (``_stream/checkpoint``) fixes which files each batch id holds, so a replayed batch sees
 the same rows.
@@ -41,17 +42,18 @@ from spark_jobs.jobs.combine import PARTIALS_PARTITIONS, batch_columns, write_de
 from spark_jobs.jobs.landing import CORRUPT, classify, spark_read_error, with_raw
 from spark_jobs.jobs.reduce import reduce
 from spark_jobs.jobs.runs import new_run_id, recorded_run
-from spark_jobs.lake import AppTxn, Lake, PipelineTables, open_lake
+from spark_jobs.lake import AppTxn, Cluster, Lake, PipelineTables, open_lake
 from spark_jobs.spec import PipelineSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["BatchOutcome", "StreamSummary", "app_id", "changelog_rows", "run", "source_stream"]
+__all__ = ["BatchOutcome", "StreamSummary", "app_id", "changelog_rows", "landed_rows", "run", "source_stream"]
 
 log = logging.getLogger("spark_jobs")
 
 DAY = "event_date"
+_FILE_SCHEMA = "path string, modificationTime timestamp, length bigint, content binary"
 
 
 def app_id(spec: PipelineSpec) -> str:
@@ -93,25 +95,38 @@ class StreamSummary:
 
 
 def source_stream(spark: SparkSession, spec: PipelineSpec) -> DataFrame:
-    """New landing files as a stream: spec columns as read, ``_raw``, ``_file`` and ``event_date``."""
+    """New landing files as a stream of their paths (``path``), ``stream.max_files_per_batch`` a batch.
+
+    The stream carries file names only: ``foreachBatch`` hands its function a DataFrame that
+    is an already-planned RDD, which Spark can neither prune nor scan with its vectorised
+    readers. Each mini-batch reads its files as an ordinary batch DataFrame instead.
+    """
     import os
 
     if not os.path.isdir(spec.source.path) and "://" not in spec.source.path:
         raise InputError(f"landing directory {spec.source.path} does not exist; create it or fix source.path "
                          "(python -m spark_jobs generate writes sample data)")
+    return (spark.readStream.format("binaryFile").schema(_FILE_SCHEMA)  # "content" is pruned: never read
+            .option("maxFilesPerTrigger", spec.stream.max_files_per_batch).load(spec.source.path).select("path"))
+
+
+def landed_rows(reader: Any, spec: PipelineSpec, paths: list[str] | None) -> DataFrame:
+    """Landing rows through a ``spark.read`` (of ``paths``) or ``spark.readStream`` (of
+    ``source.path``, ``paths=None``) reader: spec columns as read, ``_raw``, ``_file`` and
+    ``event_date`` (from the file's partition directory)."""
     if spec.source.format == "parquet":
         columns = [f"`{c}` {t}" for c, t in spec.source.schema]
     else:
         columns = [f"`{c}` string" for c, _ in spec.source.schema] + [f"`{CORRUPT}` string"]
-    reader = (spark.readStream.schema(", ".join([*columns, f"{DAY} string"]))
-              .option("maxFilesPerTrigger", spec.stream.max_files_per_batch))
+    reader = reader.schema(", ".join([*columns, f"{DAY} string"])).option("basePath", spec.source.path)
+    target = spec.source.path if paths is None else paths
     if spec.source.format == "json":
-        df = reader.option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT).json(spec.source.path)
+        df = reader.option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT).json(target)
     elif spec.source.format == "csv":  # columns by position, in the spec's order, after a header line
         df = (reader.option("header", True).option("mode", "PERMISSIVE")
-              .option("columnNameOfCorruptRecord", CORRUPT).csv(spec.source.path))
+              .option("columnNameOfCorruptRecord", CORRUPT).csv(target))
     else:
-        df = reader.parquet(spec.source.path)
+        df = reader.parquet(target) if paths is None else reader.parquet(*target)
     return with_raw(df, spec, DAY)
 
 
@@ -120,8 +135,9 @@ def changelog_rows(before: DataFrame, after: DataFrame, first_seen: DataFrame, c
     """Pure transform: each key's values before and after a batch -> its +I/-U/+U/-D rows.
 
     A new key gives ``+I``; a changed key ``-U`` (old values) then ``+U`` (new values); a key
-    whose row count falls to zero ``-D``; an unchanged key nothing. ``seq`` orders the rows
-    within the batch: keys by their first event in the batch, then by key.
+    whose row count falls to zero ``-D``; an unchanged key nothing. A key that is missing or
+    has a row count of zero does not exist. ``seq`` orders the rows within the batch: keys by
+    their first event in the batch, then by key.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -139,10 +155,11 @@ def changelog_rows(before: DataFrame, after: DataFrame, first_seen: DataFrame, c
         return F.struct(F.lit(op).alias("op"), F.lit(order).alias("_order"),
                         *(F.col(f"{values}.{n}").alias(n) for n in names))
 
+    was = F.col("_old").isNotNull() & (F.col("_old.n_rows") != 0)
     gone = F.col("_new").isNull() | (F.col("_new.n_rows") == 0)
-    ops = (F.when(F.col("_old").isNull() & ~gone, F.array(entry("+I", 0, "_new")))
-           .when(F.col("_old").isNotNull() & gone, F.array(entry("-D", 0, "_old")))
-           .when(F.col("_old").isNotNull() & ~same, F.array(entry("-U", 0, "_old"), entry("+U", 1, "_new")))
+    ops = (F.when(~was & ~gone, F.array(entry("+I", 0, "_new")))
+           .when(was & gone, F.array(entry("-D", 0, "_old")))
+           .when(was & ~same, F.array(entry("-U", 0, "_old"), entry("+U", 1, "_new")))
            .otherwise(F.array()))
     rows = both.select(*keys, "_first_seen", F.explode(ops).alias("_c")).select(*keys, "_first_seen", "_c.*")
     order = Window.orderBy(F.col("_first_seen").asc_nulls_last(), *keys, "_order")
@@ -199,7 +216,7 @@ class MiniBatchAggregator:
         return self._high
 
     # ------------------------------------------------------------------ batch
-    def process(self, df: DataFrame, batch_id: int) -> BatchOutcome:
+    def process(self, landed: DataFrame, batch_id: int) -> BatchOutcome:
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
@@ -208,11 +225,15 @@ class MiniBatchAggregator:
         if done is not None and done >= batch_id:
             log.info("mini-batch %d is already committed (state at %d): skipped", batch_id, done)
             return BatchOutcome(batch_id, replayed=True)
+        files = sorted(r["path"] for r in landed.collect())
+        if not files:
+            return BatchOutcome(batch_id)
         txn = AppTxn(self.app, batch_id)
         batch = f"stream-{batch_id}"
         outcome = BatchOutcome(batch_id)
         with recorded_run(lake, t, job="stream", batch=batch, run_id=f"{self.run_id}-{batch_id}") as record:
-            record.inputs = [spec.source.path]
+            record.inputs = files
+            df = landed_rows(self.spark.read, spec, files)
             state = self._state()
             record.versions_read = {"stream_state": lake.version(t.stream_state)}
             outcome.watermark = watermark = self._watermark(self._load_high(state))
@@ -223,52 +244,55 @@ class MiniBatchAggregator:
                 F.col("_late"), F.concat(F.lit("late: "), et.cast("string"), F.lit(
                     f" is older than the watermark {watermark or dt.datetime.min:%Y-%m-%d %H:%M:%S} UTC; the batch "
                     "combine of its day counts it")))))
-            rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
+            # Two passes over the batch's files: its rejects (few, cached to count and write) and
+            # its pre-aggregation, which also yields the counts and event-time span of valid rows.
+            bad = rows.where(F.col("_reason").isNotNull()).persist(StorageLevel.MEMORY_AND_DISK)
             try:
-                counts = rows.agg(F.count(F.lit(1)).alias("n"), F.count("_reason").alias("rejected"),
-                                  F.count(F.when(F.col("_late"), 1)).alias("late"),
-                                  F.min(F.when(F.col("_reason").isNull(), et)).alias("low"),
-                                  F.max(F.when(F.col("_reason").isNull(), et)).alias("high")).first()
+                counts = bad.agg(F.count(F.lit(1)).alias("rejected"),
+                                 F.count(F.when(F.col("_late"), 1)).alias("late")).first()
             except Exception as exc:
                 raise InputError(f"mini-batch {batch_id} failed reading {spec.source.path}: "
                                  f"{spark_read_error(exc)}") from exc
             assert counts is not None
-            outcome.rows_in, outcome.rows_rejected, outcome.rows_late = (int(counts["n"]), int(counts["rejected"]),
-                                                                         int(counts["late"]))
-            outcome.rows_aggregated = outcome.rows_in - outcome.rows_rejected
-            record.rows_in, record.rows_rejected = outcome.rows_in, outcome.rows_rejected
-            record.rows_aggregated = outcome.rows_aggregated
+            outcome.rows_rejected, outcome.rows_late = int(counts["rejected"]), int(counts["late"])
             written: dict[str, int | None] = {}
-            dead = write_dead_letters(lake, t, rows, job="stream", batch=batch, run_id=record.run_id,
+            dead = write_dead_letters(lake, t, bad, job="stream", batch=batch, run_id=record.run_id,
                                       rejected=outcome.rows_rejected)
             if dead is not None:
                 written["dead_letter"] = dead.version
+            bad.unpersist()
+            valid = rows.where(F.col("_reason").isNull()).withColumn(DAY, F.col(DAY).cast("date"))
+            # local pre-aggregation: one row per (day, key, window) of the batch
+            delta = partial_aggregate(assign_windows(valid, spec), self.compiled, extra_keys=[DAY], extra_aggs=[
+                F.max(et).alias("max_event_time"), F.min(et).alias("_first_seen"), F.count(F.lit(1)).alias("_rows")])
+            delta = delta.persist(StorageLevel.MEMORY_AND_DISK)
+            span = delta.agg(F.sum("_rows").alias("rows"), F.min("_first_seen").alias("low"),
+                             F.max("max_event_time").alias("high")).first()
+            assert span is not None
+            outcome.rows_aggregated = int(span["rows"] or 0)
+            outcome.rows_in = outcome.rows_aggregated + outcome.rows_rejected
+            record.rows_in, record.rows_rejected = outcome.rows_in, outcome.rows_rejected
+            record.rows_aggregated = outcome.rows_aggregated
             if outcome.rows_aggregated:
-                valid = rows.where(F.col("_reason").isNull()).withColumn(DAY, F.col(DAY).cast("date"))
-                high = max(h for h in (self._high, _utc(counts["high"])) if h is not None)
-                span = (_utc(counts["low"]), _utc(counts["high"]))
-                self._aggregate(valid, state, batch_id, txn, record.run_id, span, self._watermark(high), outcome,
-                                written)
+                high = max(h for h in (self._high, _utc(span["high"])) if h is not None)
+                self._aggregate(delta.drop("_rows"), state, batch_id, txn, record.run_id,
+                                (_utc(span["low"]), _utc(span["high"])), self._watermark(high), outcome, written)
                 self._high = high
-            rows.unpersist()
+            delta.unpersist()
             record.versions_written = written
             record.message = (f"mini-batch {batch_id}: {outcome.state_writes} state writes, {outcome.changes} "
                               f"changelog rows, {outcome.rows_late} late"
                               + (f", watermark {watermark:%Y-%m-%d %H:%M:%S}" if watermark else ""))
         return outcome
 
-    def _aggregate(self, valid: DataFrame, state: DataFrame | None, batch_id: int, txn: AppTxn, run_id: str,
+    def _aggregate(self, delta: DataFrame, state: DataFrame | None, batch_id: int, txn: AppTxn, run_id: str,
                    span: tuple[Any, Any], closes: dt.datetime | None, outcome: BatchOutcome,
                    written: dict[str, int | None]) -> None:
+        """Merge the batch's pre-aggregated ``delta`` into state and commit the outputs."""
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
         spec, lake, t, compiled, keys = self.spec, self.lake, self.tables, self.compiled, self.keys
-        et = F.col(spec.source.event_time)
-        # local pre-aggregation: one row per (day, key, window) of the batch
-        delta = partial_aggregate(assign_windows(valid, spec), compiled, extra_keys=[DAY],
-                                  extra_aggs=[F.max(et).alias("max_event_time"), F.min(et).alias("_first_seen")])
-        delta = delta.persist(StorageLevel.MEMORY_AND_DISK)
         touched_days = delta.select(*self.state_keys)
         touched = delta.select(*keys).distinct()
         first_seen = delta.groupBy(*keys).agg(F.min("_first_seen").alias("_first_seen"))
@@ -282,18 +306,24 @@ class MiniBatchAggregator:
         merged = merged.select(*self.state_columns).persist(StorageLevel.MEMORY_AND_DISK)
         new_key_rows = key_rows.join(touched_days, self.state_keys, "left_anti").unionByName(merged)
 
-        changes = changelog_rows(final_aggregate(key_rows, compiled), final_aggregate(new_key_rows, compiled),
-                                 first_seen, compiled, batch_id)
+        # the touched keys' values before and after, in one aggregation
+        sides = key_rows.withColumn("_after", F.lit(False)).unionByName(new_key_rows.withColumn("_after", F.lit(True)))
+        values = final_aggregate(sides, compiled, extra_keys=["_after"])
+        changes = changelog_rows(values.where(~F.col("_after")).drop("_after"),
+                                 values.where(F.col("_after")).drop("_after"), first_seen, compiled, batch_id)
         meta = {"run_id": run_id, "job": "stream", "batch_id": batch_id}
-        prune = None
+        prune, cluster = None, None
         if spec.window is not None:  # a window holding event time t starts in (t - size, t]
             prune = ("window_start", span[0] - dt.timedelta(seconds=spec.window.size.seconds), span[1])
+            # about a file per window: the next batch rewrites only the files of its own windows
+            windows = (prune[2] - prune[1]).total_seconds() // (spec.window.slide or spec.window.size).seconds
+            cluster = Cluster("window_start", int(windows) + 1, by="hash")
         if _pending(lake, t.aggregates, txn):
             rows = reduce(self._hybrid_inputs(new_key_rows, touched, prune), compiled, run_id=run_id)
             written["aggregates"] = lake.replace_keys(
                 rows, t.aggregates, keys=keys, touched=touched, app_txn=txn, metadata=meta,
                 sort_by=(["window_start", *spec.group_by] if spec.window else list(spec.group_by)),
-                cluster=("window_start", 1) if spec.window else None, prune=prune).version
+                cluster=cluster, prune=prune).version
             outcome.visible_at = time.time()
         if _pending(lake, t.changelog, txn):
             commit = lake.append(changes, t.changelog, app_txn=txn, metadata=meta)
@@ -317,7 +347,7 @@ class MiniBatchAggregator:
         commit = lake.replace_keys(new_state, t.stream_state, keys=self.state_keys, touched=None, app_txn=txn,
                                    metadata=meta, sort_by=self.state_keys)
         written["stream_state"] = commit.version
-        for df in (delta, key_rows, merged):
+        for df in (key_rows, merged):
             df.unpersist()
 
     def _hybrid_inputs(self, key_rows: DataFrame, touched: DataFrame, prune: tuple[str, Any, Any] | None) -> DataFrame:
@@ -362,7 +392,8 @@ def _utc(value: dt.datetime | None) -> dt.datetime | None:
 
 # Mini-batch plans are many small joins and aggregations: with adaptive execution and broadcast
 # joins each stage and each broadcast is a Spark job of its own (about 30 a batch instead of 6),
-# and their scheduling, not the data, would set the latency.
+# and their scheduling, not the data, would set the latency. After the pre-aggregation every
+# shuffle holds touched keys only: one partition per core is enough (set in ``run``).
 _SMALL_BATCH_CONF = {"spark.sql.adaptive.enabled": "false", "spark.sql.autoBroadcastJoinThreshold": "-1"}
 
 
@@ -415,7 +446,8 @@ def run(spark: SparkSession, spec: PipelineSpec, *, available_now: bool = False,
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=spec.stream.trigger.spark)
     stop = stop or threading.Event()
     summary = StreamSummary(aggregator.outcomes)
-    with _stop_on_signals(stop), _session_conf(spark, _SMALL_BATCH_CONF):
+    conf = {**_SMALL_BATCH_CONF, "spark.sql.shuffle.partitions": str(spark.sparkContext.defaultParallelism)}
+    with _stop_on_signals(stop), _session_conf(spark, conf):
         query = writer.start()
         while query.isActive and not stop.is_set():
             query.awaitTermination(1)

@@ -12,14 +12,14 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from spark_jobs.lake._types import AppTxn, Commit, DataFile
+from spark_jobs.lake._types import AppTxn, Cluster, Commit, DataFile
 from spark_jobs.lake.tables import TABLES, PipelineTables, TableName
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["AppTxn", "Backend", "Commit", "DataFile", "Lake", "PipelineTables", "TABLES", "TableName", "open_lake"]
+__all__ = ["AppTxn", "Backend", "Cluster", "Commit", "DataFile", "Lake", "PipelineTables", "TABLES", "TableName", "open_lake"]
 
 Backend = Literal["embedded", "delta-spark"]
 BACKENDS: tuple[str, ...] = ("embedded", "delta-spark")
@@ -42,7 +42,7 @@ class Lake(Protocol):
                           metadata: Mapping[str, Any] | None = None) -> Commit: ...
     def replace_keys(self, rows: DataFrame, path: str, *, keys: Sequence[str], touched: DataFrame | None,
                      app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None,
-                     sort_by: Sequence[str] = (), cluster: tuple[str, int] | None = None,
+                     sort_by: Sequence[str] = (), cluster: Cluster | None = None,
                      prune: tuple[str, Any, Any] | None = None) -> Commit: ...
     def append_rows(self, table: pa.Table, path: str, *, metadata: Mapping[str, Any] | None = None) -> Commit: ...
 

@@ -31,7 +31,7 @@ from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Tra
 
 from spark_jobs._failpoints import failpoint
 from spark_jobs.errors import LakeError
-from spark_jobs.lake._types import AppTxn, Commit, DataFile
+from spark_jobs.lake._types import AppTxn, Cluster, Commit, DataFile
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -231,22 +231,22 @@ class EmbeddedLake:
 
     def replace_keys(self, rows: DataFrame, path: str, *, keys: Sequence[str], touched: DataFrame | None,
                      app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None,
-                     sort_by: Sequence[str] = (), cluster: tuple[str, int] | None = None,
+                     sort_by: Sequence[str] = (), cluster: Cluster | None = None,
                      prune: tuple[str, Any, Any] | None = None) -> Commit:
         """Copy-on-write upsert: rows whose keys are in ``touched`` are replaced by ``rows``.
 
         Only the data files holding a touched key are rewritten; keys in ``touched`` that have
         no row in ``rows`` disappear from the table. ``touched=None`` replaces the whole table.
-        ``cluster=(column, n)`` range-partitions the written rows into ``n`` files by ``column``,
-        so later updates of a narrow range (a backfilled day) rewrite few files.
-        ``prune=(column, lo, hi)`` promises every touched key has ``lo <= column <= hi``: files
-        whose Delta statistics exclude that range are not even scanned for touched keys.
+        ``cluster`` lays the written rows out in files by a column, so later updates of a narrow
+        range (a backfilled day, the open windows) rewrite few files.
+        ``prune=(column, lo, hi)`` promises every touched key has ``lo <= column <= hi``: the
+        files whose Delta statistics overlap that range are rewritten, without a scan for
+        touched keys; the others are not read.
         """
         from pyspark.sql import functions as F
 
         keys = list(keys)
-        if cluster is not None:
-            rows = rows.repartitionByRange(max(1, cluster[1]), cluster[0])
+        rows = _clustered(rows, cluster)
         if self.table(path) is None:
             return self._commit_df(rows, path, app_txn=app_txn, metadata=metadata, sort_by=sort_by)
         by_path = {f.path: f for f in self.files(path)}
@@ -254,22 +254,20 @@ class EmbeddedLake:
             return self._commit_df(rows, path, removes=list(by_path.values()), app_txn=app_txn, metadata=metadata,
                                    sort_by=sort_by)
         touched = touched.select(*keys).distinct()
-        candidates = list(by_path) if prune is None else self._overlapping(path, *prune)
-        hit: list[str] = []
-        if candidates:
-            current = self.read_files(path, candidates).select(*keys, F.col("_metadata.file_path").alias("_file"))
+        if prune is not None:  # clustered by the prune column: the overlapping files are the touched ones
+            affected = self._overlapping(path, *prune)
+        else:
+            current = self.read_files(path, list(by_path)).select(*keys, F.col("_metadata.file_path").alias("_file"))
             hit = [r["_file"] for r in current.join(touched, keys, "left_semi").select("_file").distinct().collect()]
-        root = Path(_local(path)).resolve()
-        affected = [os.path.relpath(_local(unquote(uri)), root) for uri in hit]
+            root = Path(_local(path)).resolve()
+            affected = [os.path.relpath(_local(unquote(uri)), root) for uri in hit]
         missing = [f for f in affected if f not in by_path]
         if missing:
             raise LakeError(f"files {missing[:3]} of {path} are not in its snapshot; the table changed meanwhile, rerun")
         out = rows
         if affected:
             kept = self.read_files(path, affected).join(touched, keys, "left_anti")
-            out = kept.select(*rows.columns).unionByName(rows)
-            if cluster is not None:
-                out = out.repartitionByRange(max(1, cluster[1]), cluster[0])
+            out = _clustered(kept.select(*rows.columns).unionByName(rows), cluster)
         removes = [by_path[f] for f in affected]
         return self._commit_df(out, path, removes=removes, app_txn=app_txn, metadata=metadata, sort_by=sort_by)
 
@@ -383,6 +381,14 @@ class EmbeddedLake:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return adds
+
+
+def _clustered(df: DataFrame, cluster: Cluster | None) -> DataFrame:
+    if cluster is None:
+        return df
+    if cluster.by == "hash":
+        return df.repartition(max(1, cluster.files), cluster.column)
+    return df.repartitionByRange(max(1, cluster.files), cluster.column)
 
 
 def _utc(value: Any) -> Any:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from spark_jobs._failpoints import failpoint
 from spark_jobs.lake._embedded import EmbeddedLake
-from spark_jobs.lake._types import AppTxn, Commit
+from spark_jobs.lake._types import AppTxn, Cluster, Commit
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -84,7 +84,7 @@ class SparkDeltaLake(EmbeddedLake):
 
     def replace_keys(self, rows: DataFrame, path: str, *, keys: Sequence[str], touched: DataFrame | None,
                      app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None,
-                     sort_by: Sequence[str] = (), cluster: tuple[str, int] | None = None,
+                     sort_by: Sequence[str] = (), cluster: Cluster | None = None,
                      prune: tuple[str, Any, Any] | None = None) -> Commit:
         from delta.tables import DeltaTable
         from pyspark.sql import functions as F

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
-__all__ = ["AppTxn", "Commit", "DataFile"]
+__all__ = ["AppTxn", "Cluster", "Commit", "DataFile"]
 
 
 @dataclass(frozen=True)
@@ -14,6 +15,16 @@ class AppTxn:
 
     app_id: str
     version: int
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """How a rewrite lays out its rows: up to ``files`` files by ``column``. ``range`` keeps each
+    file's values contiguous; ``hash`` needs no sampling pass, for small frequent rewrites."""
+
+    column: str
+    files: int
+    by: Literal["range", "hash"] = "range"
 
 
 @dataclass(frozen=True)
