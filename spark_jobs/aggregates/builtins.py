@@ -150,7 +150,8 @@ class Sum(Builtin):
         return acc
 
     def merge(self, acc: list[Any], other: list[Any]) -> list[Any]:
-        return [acc[0] + other[0], acc[1] + other[1]]
+        total = acc[0] if other[0] is None else other[0] if acc[0] is None else acc[0] + other[0]  # SQL sum: NULLs skip
+        return [total, acc[1] + other[1]]
 
     def get_value(self, acc: list[Any]) -> Any:
         return acc[0] if acc[1] > 0 else None

@@ -19,6 +19,13 @@ State goes last: a batch with a state commit is complete. A replay skips every t
 already has its commit, so after a kill -9 anywhere, a restart gives the tables of an
 uninterrupted run.
 
+Where the state merge runs: a batch that touches few keys (``DRIVER_MAX_KEYS`` after its
+pre-aggregation) merges them on the driver with the aggregates' Python algebra and commits
+its outputs from Arrow (:mod:`spark_jobs.jobs.stream_driver`), keeping the state of open
+windows in memory between batches: planning and scheduling the Spark jobs of a merge costs
+seconds, merging a few thousand keys milliseconds. Larger batches, a state too large to
+hold, and days that already have a batch combine (the hybrid rule) merge in Spark.
+
 Watermark: the largest event time in state minus ``stream.watermark``, as of the batch's
 start. Rows older than it go to ``dead_letter`` as ``late``. Windows ending at or before
 it are closed and leave state. Without a window, state is unbounded group aggregation.
@@ -37,15 +44,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs.aggregates.compile import CompiledAggregates, assign_windows, final_aggregate, partial_aggregate
+from spark_jobs.aggregates.local import LocalAggregates
 from spark_jobs.errors import InputError, LakeError, PipelineError
 from spark_jobs.jobs.combine import PARTIALS_PARTITIONS, batch_columns, write_dead_letters
 from spark_jobs.jobs.landing import CORRUPT, classify, spark_read_error, with_raw
 from spark_jobs.jobs.reduce import reduce
 from spark_jobs.jobs.runs import new_run_id, recorded_run
-from spark_jobs.lake import AppTxn, Cluster, Lake, PipelineTables, open_lake
+from spark_jobs.jobs.stream_driver import merge_on_driver, partial_rows
+from spark_jobs.lake import AppTxn, Cluster, DataFile, Lake, PipelineTables, open_lake
 from spark_jobs.spec import PipelineSpec
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["BatchOutcome", "StreamSummary", "app_id", "changelog_rows", "landed_rows", "run", "source_stream"]
@@ -53,6 +63,8 @@ __all__ = ["BatchOutcome", "StreamSummary", "app_id", "changelog_rows", "landed_
 log = logging.getLogger("spark_jobs")
 
 DAY = "event_date"
+DRIVER_MAX_KEYS = 50_000  # (day, key, window) rows of a pre-aggregated batch merged on the driver
+DRIVER_MAX_STATE = 2_000_000  # state rows held in driver memory for it
 _FILE_SCHEMA = "path string, modificationTime timestamp, length bigint, content binary"
 
 
@@ -73,6 +85,7 @@ class BatchOutcome:
     changes: int = 0
     watermark: dt.datetime | None = None
     replayed: bool = False
+    on_driver: bool = False  # its state merge ran on the driver (few keys), not in Spark
     visible_at: float | None = None  # wall-clock time the aggregates commit landed (latency figures)
 
 
@@ -170,10 +183,14 @@ def changelog_rows(before: DataFrame, after: DataFrame, first_seen: DataFrame, c
 class MiniBatchAggregator:
     """The ``foreachBatch`` function: one mini-batch in, five atomic commits out (see module doc)."""
 
-    def __init__(self, spark: SparkSession, spec: PipelineSpec, lake: Lake, run_id: str) -> None:
+    def __init__(self, spark: SparkSession, spec: PipelineSpec, lake: Lake, run_id: str,
+                 driver_max_keys: int = DRIVER_MAX_KEYS) -> None:
         self.spark, self.spec, self.lake, self.run_id = spark, spec, lake, run_id
         self.tables = PipelineTables(spec.lake, spec.name)
         self.compiled = CompiledAggregates(spec)
+        self.local = LocalAggregates(self.compiled)
+        self.driver_max_keys = driver_max_keys
+        self._held: tuple[int | None, pa.Table] | None = None  # (state version, its rows) for driver merges
         self.app = app_id(spec)
         self.keys = list(spec.key_columns)
         self.state_keys = [DAY, *self.keys]
@@ -267,7 +284,7 @@ class MiniBatchAggregator:
                 F.max(et).alias("max_event_time"), F.min(et).alias("_first_seen"), F.count(F.lit(1)).alias("_rows")])
             delta = delta.persist(StorageLevel.MEMORY_AND_DISK)
             span = delta.agg(F.sum("_rows").alias("rows"), F.min("_first_seen").alias("low"),
-                             F.max("max_event_time").alias("high")).first()
+                             F.max("max_event_time").alias("high"), F.count(F.lit(1)).alias("keys")).first()
             assert span is not None
             outcome.rows_aggregated = int(span["rows"] or 0)
             outcome.rows_in = outcome.rows_aggregated + outcome.rows_rejected
@@ -275,8 +292,14 @@ class MiniBatchAggregator:
             record.rows_aggregated = outcome.rows_aggregated
             if outcome.rows_aggregated:
                 high = max(h for h in (self._high, _utc(span["high"])) if h is not None)
-                self._aggregate(delta.drop("_rows"), state, batch_id, txn, record.run_id,
-                                (_utc(span["low"]), _utc(span["high"])), self._watermark(high), outcome, written)
+                bounds = (_utc(span["low"]), _utc(span["high"]))
+                schemas = self._driver_schemas(int(span["keys"]), bounds)
+                if schemas is not None:
+                    self._aggregate_on_driver(delta, schemas, batch_id, txn, record.run_id, bounds,
+                                              self._watermark(high), outcome, written)
+                else:
+                    self._aggregate(delta.drop("_rows"), state, batch_id, txn, record.run_id, bounds,
+                                    self._watermark(high), outcome, written)
                 self._high = high
             delta.unpersist()
             record.versions_written = written
@@ -292,7 +315,7 @@ class MiniBatchAggregator:
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
-        spec, lake, t, compiled, keys = self.spec, self.lake, self.tables, self.compiled, self.keys
+        lake, t, compiled, keys = self.lake, self.tables, self.compiled, self.keys
         touched_days = delta.select(*self.state_keys)
         touched = delta.select(*keys).distinct()
         first_seen = delta.groupBy(*keys).agg(F.min("_first_seen").alias("_first_seen"))
@@ -312,18 +335,12 @@ class MiniBatchAggregator:
         changes = changelog_rows(values.where(~F.col("_after")).drop("_after"),
                                  values.where(F.col("_after")).drop("_after"), first_seen, compiled, batch_id)
         meta = {"run_id": run_id, "job": "stream", "batch_id": batch_id}
-        prune, cluster = None, None
-        if spec.window is not None:  # a window holding event time t starts in (t - size, t]
-            prune = ("window_start", span[0] - dt.timedelta(seconds=spec.window.size.seconds), span[1])
-            # about a file per window: the next batch rewrites only the files of its own windows
-            windows = (prune[2] - prune[1]).total_seconds() // (spec.window.slide or spec.window.size).seconds
-            cluster = Cluster("window_start", int(windows) + 1, by="hash")
+        prune, cluster = self._layout(span)
         if _pending(lake, t.aggregates, txn):
             rows = reduce(self._hybrid_inputs(new_key_rows, touched, prune), compiled, run_id=run_id)
             written["aggregates"] = lake.replace_keys(
                 rows, t.aggregates, keys=keys, touched=touched, app_txn=txn, metadata=meta,
-                sort_by=(["window_start", *spec.group_by] if spec.window else list(spec.group_by)),
-                cluster=cluster, prune=prune).version
+                sort_by=self._sort_by, cluster=cluster, prune=prune).version
             outcome.visible_at = time.time()
         if _pending(lake, t.changelog, txn):
             commit = lake.append(changes, t.changelog, app_txn=txn, metadata=meta)
@@ -350,6 +367,89 @@ class MiniBatchAggregator:
         for df in (key_rows, merged):
             df.unpersist()
 
+    @property
+    def _sort_by(self) -> list[str]:
+        return ["window_start", *self.spec.group_by] if self.spec.window else list(self.spec.group_by)
+
+    def _layout(self, span: tuple[Any, Any]) -> tuple[tuple[str, Any, Any] | None, Cluster | None]:
+        """How the batch rewrites ``aggregates``: the window range it touches, and a file per window."""
+        window = self.spec.window
+        if window is None:
+            return None, None
+        prune = ("window_start", span[0] - dt.timedelta(seconds=window.size.seconds), span[1])  # starts in (t - size, t]
+        # about a file per window: the next batch rewrites only the files of its own windows
+        windows = (prune[2] - prune[1]).total_seconds() // (window.slide or window.size).seconds
+        return prune, Cluster("window_start", int(windows) + 1, by="hash")
+
+    @staticmethod
+    def _batch_days(files: list[DataFile]) -> list[str]:
+        """Event days that have a batch combine: their streaming partials no longer count."""
+        return sorted({d for f in files if f.partition_values.get("source") == "batch"
+                       and (d := f.partition_values.get(DAY)) is not None})
+
+    # ------------------------------------------------------------ driver merge
+    def _driver_schemas(self, keys: int, span: tuple[Any, Any]) -> dict[str, pa.Schema] | None:
+        """The output tables' schemas when this batch merges on the driver, else None (merge in Spark)."""
+        if keys > self.driver_max_keys:
+            return None
+        t = self.tables
+        schemas = {name: self.lake.schema(path) for name, path in (
+            ("aggregates", t.aggregates), ("changelog", t.changelog), ("partials", t.partials),
+            ("state", t.stream_state))}
+        if any(s is None for s in schemas.values()):  # the first batch creates them with Spark's types
+            return None
+        if sum(f.num_records or 0 for f in self.lake.files(t.stream_state)) > DRIVER_MAX_STATE:
+            return None
+        days = self._batch_days(self.lake.files(t.partials))
+        if days and self.spec.window is not None:  # windows reach at most a day beyond their events
+            lo, hi = span[0].date() - dt.timedelta(days=1), span[1].date() + dt.timedelta(days=1)
+            days = [d for d in days if lo <= dt.date.fromisoformat(d) <= hi]
+        return None if days else {k: s for k, s in schemas.items() if s is not None}
+
+    def _held_state(self, schema: pa.Schema) -> pa.Table:
+        """State rows, kept in memory from the last driver merge while the table has not moved on."""
+        version = self.lake.version(self.tables.stream_state)
+        if self._held is None or self._held[0] != version:
+            self._held = (version, self.lake.read(self.tables.stream_state).toArrow().select(schema.names).cast(schema))
+        return self._held[1]
+
+    def _aggregate_on_driver(self, delta: DataFrame, schemas: dict[str, pa.Schema], batch_id: int, txn: AppTxn,
+                             run_id: str, span: tuple[Any, Any], closes: dt.datetime | None, outcome: BatchOutcome,
+                             written: dict[str, int | None]) -> None:
+        """``_aggregate`` for few keys: the batch's rows come to the driver, the outputs leave as Arrow."""
+        import pyarrow as pa
+
+        lake, t = self.lake, self.tables
+        outcome.on_driver = True
+        now = dt.datetime.now(dt.UTC)
+        rows = delta.toArrow()
+        state_schema = schemas["state"]
+        first_seen = pa.field("_first_seen", state_schema.field("max_event_time").type)
+        batch = rows.select([*state_schema.names, "_first_seen"]).cast(pa.schema([*state_schema, first_seen]))
+        result = merge_on_driver(batch, self._held_state(state_schema), self.local, self.keys, schemas=schemas,
+                                 batch_id=batch_id, closes=closes, retracting=self.compiled.retracting,
+                                 run_id=run_id, now=now)
+        meta = {"run_id": run_id, "job": "stream", "batch_id": batch_id}
+        prune, cluster = self._layout(span)
+        if _pending(lake, t.aggregates, txn):
+            written["aggregates"] = lake.replace_keys(
+                result.aggregates, t.aggregates, keys=self.keys, touched=result.touched, app_txn=txn, metadata=meta,
+                sort_by=self._sort_by, cluster=cluster, prune=prune).version
+            outcome.visible_at = time.time()
+        if _pending(lake, t.changelog, txn):
+            commit = lake.append(result.changelog, t.changelog, app_txn=txn, metadata=meta)
+            written["changelog"] = commit.version
+            outcome.changes = commit.rows_added
+        if _pending(lake, t.partials, txn):
+            partials = partial_rows(rows, schemas["partials"], batch=f"stream-{batch_id}", run_id=run_id, now=now)
+            written["partials"] = lake.append(partials, t.partials, partition_by=PARTIALS_PARTITIONS, app_txn=txn,
+                                              metadata=meta).version
+        outcome.state_writes = result.state_writes
+        commit = lake.replace_keys(result.state, t.stream_state, keys=self.state_keys, touched=None, app_txn=txn,
+                                   metadata=meta, sort_by=self.state_keys)
+        written["stream_state"] = commit.version
+        self._held = (commit.version, result.state)
+
     def _hybrid_inputs(self, key_rows: DataFrame, touched: DataFrame, prune: tuple[str, Any, Any] | None) -> DataFrame:
         """The partial rows that count for the touched keys: stream state of days without a batch
         combine, and the batch partials of days with one (the hybrid rule, as in reduce)."""
@@ -357,8 +457,7 @@ class MiniBatchAggregator:
 
         columns = [*self.keys, "n_rows", *self.compiled.acc_columns]
         files = self.lake.files(self.tables.partials)
-        batch_days = sorted({d for f in files if f.partition_values.get("source") == "batch"
-                             and (d := f.partition_values.get(DAY)) is not None})
+        batch_days = self._batch_days(files)
         live = key_rows.where(~F.col(DAY).cast("string").isin(batch_days)) if batch_days else key_rows
         out = live.select(*columns)
         if batch_days:
@@ -435,12 +534,13 @@ def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
 
 
 def run(spark: SparkSession, spec: PipelineSpec, *, available_now: bool = False, lake: Lake | None = None,
-        run_id: str | None = None, stop: threading.Event | None = None) -> StreamSummary:
+        run_id: str | None = None, stop: threading.Event | None = None,
+        driver_max_keys: int = DRIVER_MAX_KEYS) -> StreamSummary:
     """Run the stream: until the landing files present are done (``available_now``) or until stopped."""
     lake = lake or open_lake(spark)
     tables = PipelineTables(spec.lake, spec.name)
     _check_checkpoint(lake, tables, spec)
-    aggregator = MiniBatchAggregator(spark, spec, lake, run_id or new_run_id("stream"))
+    aggregator = MiniBatchAggregator(spark, spec, lake, run_id or new_run_id("stream"), driver_max_keys)
     writer = (source_stream(spark, spec).writeStream.foreachBatch(aggregator)
               .option("checkpointLocation", tables.stream_checkpoint).queryName(f"{spec.name}_stream"))
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=spec.stream.trigger.spark)

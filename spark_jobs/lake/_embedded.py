@@ -6,6 +6,9 @@ only their Parquet footers (for Delta statistics), then one delta-rs transaction
 removes what they replace and records the app transaction that makes a replay a no-op.
 A crash before the commit leaves unreferenced files that ``vacuum`` removes; the table
 itself only ever changes in that one commit.
+
+Small writes the driver already holds as Arrow tables (a small mini-batch's outputs) skip
+Spark: pyarrow writes the files into the same staging folder, and the same commit follows.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 from deltalake import Schema as DeltaSchema
@@ -32,6 +36,7 @@ from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Tra
 from spark_jobs._failpoints import failpoint
 from spark_jobs.errors import LakeError
 from spark_jobs.lake._types import AppTxn, Cluster, Commit, DataFile
+from spark_jobs.lake.arrow import key_mask, split_by
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -154,6 +159,11 @@ class EmbeddedLake:
         dt = self.table(path)
         return None if dt is None else dt.version()
 
+    def schema(self, path: str) -> pa.Schema | None:
+        """The table's columns as Arrow types (what an Arrow write must match), None without a table."""
+        dt = self.table(path)
+        return None if dt is None else _nullable(pa.schema(dt.schema().to_arrow()))
+
     def txn_version(self, path: str, app_id: str) -> int | None:
         dt = self.table(path)
         return None if dt is None else dt.transaction_version(app_id)
@@ -215,9 +225,10 @@ class EmbeddedLake:
         return df.select(*schema.names)
 
     # ------------------------------------------------------------------ writes
-    def append(self, df: DataFrame, path: str, *, partition_by: Sequence[str] = (),
+    def append(self, df: DataFrame | pa.Table, path: str, *, partition_by: Sequence[str] = (),
                app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None) -> Commit:
-        return self._commit_df(df, path, partition_by=partition_by, app_txn=app_txn, metadata=metadata)
+        data = [df] if isinstance(df, pa.Table) else df
+        return self._commit_df(data, path, partition_by=partition_by, app_txn=app_txn, metadata=metadata)
 
     def replace_partition(self, df: DataFrame, path: str, *, partition_by: Sequence[str],
                           partition: Mapping[str, str], app_txn: AppTxn | None = None,
@@ -229,10 +240,10 @@ class EmbeddedLake:
         return self._commit_df(df, path, partition_by=partition_by, replace=partition, app_txn=app_txn,
                                metadata=metadata)
 
-    def replace_keys(self, rows: DataFrame, path: str, *, keys: Sequence[str], touched: DataFrame | None,
-                     app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None,
-                     sort_by: Sequence[str] = (), cluster: Cluster | None = None,
-                     prune: tuple[str, Any, Any] | None = None) -> Commit:
+    def replace_keys(self, rows: DataFrame | pa.Table, path: str, *, keys: Sequence[str],
+                     touched: DataFrame | pa.Table | None, app_txn: AppTxn | None = None,
+                     metadata: Mapping[str, Any] | None = None, sort_by: Sequence[str] = (),
+                     cluster: Cluster | None = None, prune: tuple[str, Any, Any] | None = None) -> Commit:
         """Copy-on-write upsert: rows whose keys are in ``touched`` are replaced by ``rows``.
 
         Only the data files holding a touched key are rewritten; keys in ``touched`` that have
@@ -241,11 +252,17 @@ class EmbeddedLake:
         range (a backfilled day, the open windows) rewrite few files.
         ``prune=(column, lo, hi)`` promises every touched key has ``lo <= column <= hi``: the
         files whose Delta statistics overlap that range are rewritten, without a scan for
-        touched keys; the others are not read.
+        touched keys; the others are not read. Arrow ``rows`` and ``touched`` are merged on
+        the driver, without Spark.
         """
         from pyspark.sql import functions as F
 
         keys = list(keys)
+        if isinstance(rows, pa.Table):
+            assert touched is None or isinstance(touched, pa.Table)
+            return self._replace_keys_arrow(rows, path, keys=keys, touched=touched, app_txn=app_txn,
+                                            metadata=metadata, sort_by=sort_by, cluster=cluster, prune=prune)
+        assert not isinstance(touched, pa.Table)
         rows = _clustered(rows, cluster)
         if self.table(path) is None:
             return self._commit_df(rows, path, app_txn=app_txn, metadata=metadata, sort_by=sort_by)
@@ -271,6 +288,36 @@ class EmbeddedLake:
         removes = [by_path[f] for f in affected]
         return self._commit_df(out, path, removes=removes, app_txn=app_txn, metadata=metadata, sort_by=sort_by)
 
+    def _replace_keys_arrow(self, rows: pa.Table, path: str, *, keys: list[str], touched: pa.Table | None,
+                            app_txn: AppTxn | None, metadata: Mapping[str, Any] | None, sort_by: Sequence[str],
+                            cluster: Cluster | None, prune: tuple[str, Any, Any] | None) -> Commit:
+        def layout(table: pa.Table) -> list[pa.Table]:  # driver rows are few: split by value, in order
+            return split_by(table, cluster.column, cluster.files) if cluster else [table]
+
+        by_path = {f.path: f for f in self.files(path)}
+        if self.table(path) is None or touched is None:
+            return self._commit_df(layout(rows), path, removes=list(by_path.values()), app_txn=app_txn,
+                                   metadata=metadata, sort_by=sort_by)
+        root = _local(path)
+
+        def read(file: str, columns: list[str]) -> pa.Table:
+            return pq.read_table(os.path.join(root, file), columns=columns).cast(
+                pa.schema([rows.schema.field(c) for c in columns]))
+
+        if prune is not None:
+            affected = self._overlapping(path, *prune)
+        else:
+            affected = [f for f in by_path if key_mask(read(f, keys), keys, touched).any()]
+        missing = [f for f in affected if f not in by_path]
+        if missing:
+            raise LakeError(f"files {missing[:3]} of {path} are not in its snapshot; the table changed meanwhile, rerun")
+        out = rows
+        if affected:
+            old = pa.concat_tables([read(f, rows.column_names) for f in affected])
+            out = pa.concat_tables([old.filter(pa.array(~key_mask(old, keys, touched))), rows])
+        return self._commit_df(layout(out), path, removes=[by_path[f] for f in affected], app_txn=app_txn,
+                               metadata=metadata, sort_by=sort_by)
+
     def _overlapping(self, path: str, column: str, lo: Any, hi: Any) -> list[str]:
         """Data files whose min/max statistics of ``column`` may hold a value in [lo, hi]."""
         lo, hi = (_utc(v) for v in (lo, hi))
@@ -295,13 +342,16 @@ class EmbeddedLake:
         return Commit(dt.version(), files_added=1, files_removed=0, rows_added=table.num_rows)
 
     # ---------------------------------------------------------------- internal
-    def _commit_df(self, df: DataFrame, path: str, *, partition_by: Sequence[str] = (),
+    def _commit_df(self, df: DataFrame | list[pa.Table], path: str, *, partition_by: Sequence[str] = (),
                    replace: Mapping[str, str] | None = None, removes: Sequence[DataFile] = (),
                    app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None,
                    sort_by: Sequence[str] = ()) -> Commit:
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        schema = _nullable(to_arrow_schema(df.schema, timezone="UTC"))
+        if isinstance(df, list):
+            schema = _nullable(df[0].schema)
+        else:
+            schema = _nullable(to_arrow_schema(df.schema, timezone="UTC"))
         table_name = Path(_local(path)).name
         existing = self.table(path)
         if existing is not None:
@@ -315,9 +365,11 @@ class EmbeddedLake:
             if list(existing.metadata().partition_columns) != list(partition_by):
                 raise LakeError(f"Delta table {path} is partitioned by {existing.metadata().partition_columns}, "
                                 f"expected {list(partition_by)}; remove the table and recompute it")
-        if sort_by:
-            df = df.sortWithinPartitions(*sort_by)
-        adds = self._stage(df, path, partition_by)
+        if isinstance(df, list):
+            tables = [t.sort_by([(c, "ascending") for c in sort_by]) if sort_by else t for t in df]
+            adds = self._stage(tables, path, partition_by)
+        else:
+            adds = self._stage(df.sortWithinPartitions(*sort_by) if sort_by else df, path, partition_by)
         rows = sum(a_rows for _, a_rows in adds)
         props = CommitProperties(
             custom_metadata=_meta(metadata),
@@ -357,10 +409,14 @@ class EmbeddedLake:
                 raise
             return existing
 
-    def _stage(self, df: DataFrame, path: str, partition_by: Sequence[str]) -> list[tuple[AddAction, int]]:
+    def _stage(self, df: DataFrame | list[pa.Table], path: str,
+               partition_by: Sequence[str]) -> list[tuple[AddAction, int]]:
         root = _local(path).rstrip("/")
         staging = f"{root}/{_STAGING}/{uuid.uuid4().hex}"
-        df.write.mode("errorifexists").partitionBy(*partition_by).parquet(staging)
+        if isinstance(df, list):
+            _write_arrow(df, staging, partition_by)
+        else:
+            df.write.mode("errorifexists").partitionBy(*partition_by).parquet(staging)
         adds: list[tuple[AddAction, int]] = []
         try:
             for dirpath, _, names in os.walk(staging):
@@ -381,6 +437,32 @@ class EmbeddedLake:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return adds
+
+
+def _write_arrow(tables: list[pa.Table], staging: str, partition_by: Sequence[str]) -> None:
+    """Parquet files as Spark lays them out: one per table and partition, Hive-style directories."""
+    for table in tables:
+        if table.num_rows == 0:
+            continue
+        parts = [{}] if not partition_by else table.select(list(partition_by)).group_by(
+            list(partition_by), use_threads=False).aggregate([]).to_pylist()
+        for values in parts:
+            rows = table
+            for col, value in values.items():
+                rows = rows.filter(pc.is_null(rows.column(col)) if value is None
+                                   else pc.equal(rows.column(col), pa.scalar(value, rows.schema.field(col).type)))
+            folder = os.path.join(staging, *(f"{col}={_partition_dir(v)}" for col, v in values.items()))
+            os.makedirs(folder, exist_ok=True)
+            pq.write_table(rows.drop_columns(list(partition_by)), os.path.join(folder, f"part-{uuid.uuid4().hex}.parquet"),
+                           compression="snappy")
+
+
+def _partition_dir(value: Any) -> str:
+    """A partition value as Spark names its directory (ExternalCatalogUtils.escapePathName)."""
+    if value is None:
+        return _HIVE_NULL
+    text = value.isoformat() if isinstance(value, date) else str(value)
+    return "".join(f"%{ord(ch):02X}" if ord(ch) < 0x20 or ch in '"#%\'*/:=?\\\x7f{[]^' else ch for ch in text)
 
 
 def _clustered(df: DataFrame, cluster: Cluster | None) -> DataFrame:

@@ -13,12 +13,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+
 from spark_jobs._failpoints import failpoint
 from spark_jobs.lake._embedded import EmbeddedLake
 from spark_jobs.lake._types import AppTxn, Cluster, Commit
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import Column, DataFrame, DataFrameWriter
 
 __all__ = ["SparkDeltaLake"]
@@ -67,10 +68,14 @@ class SparkDeltaLake(EmbeddedLake):
         failpoint(f"commit:{Path(path).name}:after")
         return Commit(self.version(path))
 
-    def append(self, df: DataFrame, path: str, *, partition_by: Sequence[str] = (),
+    def _df(self, data: DataFrame | pa.Table) -> DataFrame:
+        """Driver-held Arrow rows go through Spark here: MERGE and the Delta writer need a DataFrame."""
+        return self.spark.createDataFrame(data) if isinstance(data, pa.Table) else data
+
+    def append(self, df: DataFrame | pa.Table, path: str, *, partition_by: Sequence[str] = (),
                app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None) -> Commit:
         failpoint(f"commit:{Path(path).name}:before")
-        self._writer(df, "append", partition_by, app_txn, metadata).save(path)
+        self._writer(self._df(df), "append", partition_by, app_txn, metadata).save(path)
         return self._done(path)
 
     def replace_partition(self, df: DataFrame, path: str, *, partition_by: Sequence[str],
@@ -82,12 +87,15 @@ class SparkDeltaLake(EmbeddedLake):
         writer.option("replaceWhere", where).save(path)
         return self._done(path)
 
-    def replace_keys(self, rows: DataFrame, path: str, *, keys: Sequence[str], touched: DataFrame | None,
-                     app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None,
-                     sort_by: Sequence[str] = (), cluster: Cluster | None = None,
-                     prune: tuple[str, Any, Any] | None = None) -> Commit:
+    def replace_keys(self, rows: DataFrame | pa.Table, path: str, *, keys: Sequence[str],
+                     touched: DataFrame | pa.Table | None, app_txn: AppTxn | None = None,
+                     metadata: Mapping[str, Any] | None = None, sort_by: Sequence[str] = (),
+                     cluster: Cluster | None = None, prune: tuple[str, Any, Any] | None = None) -> Commit:
         from delta.tables import DeltaTable
         from pyspark.sql import functions as F
+
+        rows = self._df(rows)
+        touched = None if touched is None else self._df(touched)
 
         if self.table(path) is None:
             return self.append(rows, path, app_txn=app_txn, metadata=metadata)
