@@ -1,0 +1,118 @@
+"""The driver-side mini-batch merge over Arrow tables, without Spark: Flink's changelog rules."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pyarrow as pa
+
+from spark_jobs.aggregates.compile import CompiledAggregates
+from spark_jobs.aggregates.local import LocalAggregates
+from spark_jobs.jobs.stream_driver import merge_on_driver, partial_rows
+from spark_jobs.spec import PipelineSpec, parse_spec
+
+T0 = dt.datetime(2024, 3, 1, tzinfo=dt.UTC)
+TS = pa.timestamp("us", tz="UTC")
+
+
+def spec(op_column: str | None = None) -> PipelineSpec:
+    schema = {"at": "timestamp", "name": "string", "score": "long", **({op_column: "string"} if op_column else {})}
+    return parse_spec({"name": "scores", "lake": "lake", "group_by": ["name"],
+                       "source": {"path": "landing", "event_time": "at", "schema": schema,
+                                  **({"op_column": op_column} if op_column else {})},
+                       "aggregates": [{"name": "cnt", "fn": "count"}, {"name": "low", "fn": "min", "column": "score"}]})
+
+
+def state_schema(local: LocalAggregates) -> pa.Schema:
+    low = pa.map_(pa.int64(), pa.int64()) if local.compiled.retracting else pa.int64()
+    return pa.schema([("event_date", pa.date32()), ("name", pa.string()), ("n_rows", pa.int64()),
+                      ("cnt__count", pa.int64()), ("low__" + ("counts" if local.compiled.retracting else "value"), low),
+                      ("max_event_time", TS)])
+
+
+def schemas(local: LocalAggregates) -> dict[str, pa.Schema]:
+    state = state_schema(local)
+    values = [("cnt", pa.int64()), ("low", pa.int64())]
+    return {"aggregates": pa.schema([("name", pa.string()), *values, *list(state)[2:5], ("updated_at", TS),
+                                     ("run_id", pa.string())]),
+            "changelog": pa.schema([("op", pa.string()), ("name", pa.string()), *values, ("batch_id", pa.int64()),
+                                    ("seq", pa.int64())])}
+
+
+def delta(local: LocalAggregates, rows: list[tuple[str, int, Any, int]]) -> pa.Table:
+    """Pre-aggregated batch rows (name, n_rows, low accumulator, minute of the row's first event)."""
+    schema = state_schema(local)
+    return pa.Table.from_pylist(
+        [{"event_date": T0.date(), "name": n, "n_rows": k, "cnt__count": k, schema.field(4).name: low,
+          "max_event_time": T0 + dt.timedelta(minutes=m), "_first_seen": T0 + dt.timedelta(minutes=m)}
+         for n, k, low, m in rows], schema=schema.append(pa.field("_first_seen", TS)))
+
+
+def run(local: LocalAggregates, batches: list[list[tuple[str, int, Any, int]]]) -> tuple[list[str], pa.Table, Any]:
+    state = state_schema(local).empty_table()
+    ops: list[str] = []
+    result = None
+    for batch_id, rows in enumerate(batches):
+        result = merge_on_driver(delta(local, rows), state, local, ["name"], schemas=schemas(local),
+                                 batch_id=batch_id, closes=None, retracting=local.compiled.retracting,
+                                 run_id="r", now=T0)
+        ops += [f"{r['op']}[{r['name']},{r['cnt']}]" for r in result.changelog.to_pylist()]
+        assert result.changelog.column("seq").to_pylist() == list(range(result.changelog.num_rows))
+        state = result.state
+    return ops, state, result
+
+
+def test_one_row_per_batch_gives_flinks_retraction_changelog():
+    local = LocalAggregates(CompiledAggregates(spec()))
+    ops, state, result = run(local, [[("Tom", 1, 12, 0)], [("John", 1, 15, 1)], [("Tom", 1, 18, 2)],
+                                     [("Tom", 1, 19, 3)]])
+    assert " ".join(ops) == "+I[Tom,1] +I[John,1] -U[Tom,1] +U[Tom,2] -U[Tom,2] +U[Tom,3]"
+    assert sorted((r["name"], r["n_rows"], r["low__value"]) for r in state.to_pylist()) == [
+        ("John", 1, 15), ("Tom", 3, 12)]
+    assert result.aggregates.to_pylist()[0] | {"updated_at": None} == {
+        "name": "Tom", "cnt": 3, "low": 12, "n_rows": 3, "cnt__count": 3, "low__value": 12, "updated_at": None,
+        "run_id": "r"}
+    assert result.state_writes == 1
+
+
+def test_all_rows_in_one_batch_give_only_the_final_values_in_first_event_order():
+    local = LocalAggregates(CompiledAggregates(spec()))
+    ops, _, _ = run(local, [[("John", 1, 15, 1), ("Tom", 3, 12, 0)]])
+    assert ops == ["+I[Tom,3]", "+I[John,1]"]
+
+
+def test_retracted_keys_are_deleted_and_min_falls_back_to_the_next_value():
+    local = LocalAggregates(CompiledAggregates(spec(op_column="op")))
+    ops, state, result = run(local, [
+        [("Tom", 2, [(10, 1), (20, 1)], 0), ("Ann", 1, [(7, 1)], 1)],
+        [("Tom", -1, [(10, -1)], 2), ("Ann", -1, [(7, -1)], 3)],
+    ])
+    assert ops == ["+I[Tom,2]", "+I[Ann,1]", "-U[Tom,2]", "+U[Tom,1]", "-D[Ann,1]"]
+    assert [(r["name"], r["low"]) for r in result.changelog.to_pylist()] == [("Tom", 10), ("Tom", 20), ("Ann", 7)]
+    assert [r["name"] for r in state.to_pylist()] == ["Tom"]  # Ann's state is gone with its last row
+    assert [r["name"] for r in result.aggregates.to_pylist()] == ["Tom"]
+    assert sorted(result.touched.column("name").to_pylist()) == ["Ann", "Tom"]  # Ann leaves aggregates too
+
+
+def test_closed_windows_leave_state():
+    local = LocalAggregates(CompiledAggregates(spec()))
+    state = state_schema(local).empty_table()
+    closes = T0 + dt.timedelta(minutes=5)
+    window_state = state.append_column("window_end", pa.array([], TS))
+    rows = delta(local, [("Tom", 1, 12, 0), ("Ann", 1, 3, 9)])
+    rows = rows.append_column("window_end", pa.array([T0 + dt.timedelta(minutes=5), T0 + dt.timedelta(minutes=10)], TS))
+    out = merge_on_driver(rows.select([*window_state.column_names, "_first_seen"]), window_state, local, ["name"],
+                          schemas=schemas(local), batch_id=0, closes=closes, retracting=False, run_id="r", now=T0)
+    assert out.state.column("name").to_pylist() == ["Ann"]
+    assert out.aggregates.num_rows == 2  # closing a window drops its state, not its values
+
+
+def test_partial_rows_lay_out_the_batch_like_the_partials_table():
+    local = LocalAggregates(CompiledAggregates(spec()))
+    schema = pa.schema([("batch", pa.string()), ("source", pa.string()), ("event_date", pa.date32()),
+                        ("name", pa.string()), ("n_rows", pa.int64()), ("cnt__count", pa.int64()),
+                        ("low__value", pa.int64()), ("run_id", pa.string()), ("created_at", TS)])
+    out = partial_rows(delta(local, [("Tom", 2, 12, 0)]), schema, batch="stream-4", run_id="r", now=T0)
+    assert out.to_pylist() == [{"batch": "stream-4", "source": "stream", "event_date": T0.date(), "name": "Tom",
+                                "n_rows": 2, "cnt__count": 2, "low__value": 12, "run_id": "r", "created_at": T0}]
