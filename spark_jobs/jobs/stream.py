@@ -100,7 +100,7 @@ class StreamSummary:
         text = (f"stream: {len(done)} mini-batches, {total:,} rows in, {sum(b.rows_aggregated for b in done):,} "
                 f"aggregated, {sum(b.rows_rejected for b in done):,} rejected ({sum(b.rows_late for b in done):,} "
                 f"late), {sum(b.state_writes for b in done):,} state writes, {sum(b.changes for b in done):,} "
-                "changelog rows")
+                f"changelog rows; {sum(b.on_driver for b in done)} of the batches merged on the driver")
         skipped = len(self.batches) - len(done)
         if skipped:
             text += f"; {skipped} replayed batches were already committed"
