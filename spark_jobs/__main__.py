@@ -1,7 +1,8 @@
 """``python -m spark_jobs <command>``: parse arguments, call one function, map errors to exit codes.
 
 Exit codes: 0 ok, 1 unexpected failure, 2 bad arguments or spec, 3 bad or missing input,
-4 lake (Delta) problem, 5 a data-quality suite failed (``validate``; the report says which checks).
+4 lake (Delta) problem, 5 a data-quality suite failed (``validate``; the report says which checks),
+6 Spark cannot be reached (no Java, a Spark Connect server that is down).
 """
 
 from __future__ import annotations
@@ -28,10 +29,16 @@ def _spec(args: argparse.Namespace) -> PipelineSpec:
     return load_spec(args.pipeline, lake=args.lake, source_path=getattr(args, "source_path", None))
 
 
-def _session(args: argparse.Namespace, app: str) -> SparkSession:
+def _session(args: argparse.Namespace, app: str, *, connect: bool = True) -> SparkSession:
+    """The job's session: a Spark Connect client when ``--remote``/``$SPARK_REMOTE`` names a server
+    (and the job can run as one), else its own application; an explicit ``--master`` wins."""
     from spark_jobs.session import SessionConfig, build_session
 
     kwargs: dict[str, Any] = {"app_name": f"spark_jobs {app}", "progress": sys.stderr.isatty()}
+    if args.master or not connect:
+        kwargs["remote"] = None
+    elif args.remote:
+        kwargs["remote"] = args.remote
     if args.master:
         kwargs["master"] = args.master
     if args.shuffle_partitions:
@@ -126,7 +133,8 @@ def cmd_stream(args: argparse.Namespace) -> int:
     from spark_jobs.jobs import stream
 
     spec = _spec(args)
-    spark = _session(args, "stream")
+    # its own application: foreachBatch and the driver merge's held state need a driver in this process
+    spark = _session(args, "stream", connect=False)
     print(stream.run(spark, spec, available_now=args.available_now, run_id=args.run_id).summary())
     return 0
 
@@ -137,9 +145,21 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return run_inspect(args)
 
 
+def cmd_server(args: argparse.Namespace) -> int:
+    from spark_jobs.server.cli import run_server
+
+    return run_server(args)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.suite == "airflow":
+        from spark_jobs.bench_airflow import airflow_bench
+
+        args.days = args.days or 10
+        return airflow_bench(args)
     from spark_jobs.bench import run_bench
 
+    args.days = args.days or 30
     return run_bench(args)
 
 
@@ -149,7 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def spark_opts(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--master", help="Spark master URL (default $SPARK_MASTER or local[*])")
+        p.add_argument("--master", help="Spark master URL of an own application (default $SPARK_MASTER or local[*])")
+        p.add_argument("--remote", help="Spark Connect server to run on, sc://host:port (default $SPARK_REMOTE; "
+                                        "the stream always runs its own application)")
         p.add_argument("--shuffle-partitions", type=int, help="spark.sql.shuffle.partitions (default 8)")
 
     def spec_opts(p: argparse.ArgumentParser) -> None:
@@ -215,17 +237,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_inspect_parser(sub).set_defaults(func=cmd_inspect)
 
-    b = sub.add_parser("bench", help="benchmarks (not tests): ratios against Spark baselines")
-    b.add_argument("suite", choices=["batch", "stream"], help="which benchmark")
-    b.add_argument("--events", type=int, default=10_000_000)
-    b.add_argument("--days", type=int, default=30)
-    b.add_argument("--work-dir", default="/tmp/spark_jobs_bench")
+    from spark_jobs.server.cli import add_server_parser
+
+    add_server_parser(sub).set_defaults(func=cmd_server)
+
+    b = sub.add_parser("bench", help="benchmarks (not tests): ratios against baselines run in the same process")
+    b.add_argument("suite", choices=["batch", "stream", "airflow"],
+                   help="batch: combine+reduce vs Spark's one-shot aggregation; stream: mini-batches vs Spark's "
+                        "windowed streaming aggregation; airflow: a scheduler backfill vs the warm CLI")
+    b.add_argument("--events", type=int, default=10_000_000, help="batch, stream: events generated (default 10M)")
+    b.add_argument("--days", type=int, help="days of events (default 30; airflow: 10)")
+    b.add_argument("--work-dir", default="/tmp/spark_jobs_bench", help="where data, lakes and logs go "
+                                                                      "(default /tmp/spark_jobs_bench)")
     b.add_argument("--files", type=int, help="stream: landing files the events are split into (default 100)")
     b.add_argument("--batch-files", help="stream: mini-batch sizes in files, comma-separated (default 5,20,50; 0 for the latency run only)")
     b.add_argument("--trigger", type=int, default=2, help="stream latency run: trigger interval in seconds")
     b.add_argument("--latency-files", type=int, default=30, help="stream latency run: files landed")
     b.add_argument("--latency-rows", type=int, default=5000, help="stream latency run: events per file")
     b.add_argument("--latency-interval", type=float, default=1.0, help="stream latency run: seconds between files")
+    b.add_argument("--rows-per-day", type=int, default=100_000, help="airflow: events a day (default 100k)")
+    b.add_argument("--max-active-runs", type=int, default=3, help="airflow: backfill runs at once (default 3)")
+    b.add_argument("--parallelism", type=int, default=6, help="airflow: AIRFLOW__CORE__PARALLELISM (default 6)")
+    b.add_argument("--timeout", type=float, default=3600, help="airflow: seconds the backfill may take (default 3600)")
+    b.add_argument("--driver-memory", default="2g", help="airflow: the Connect server's driver memory (default 2g)")
     spark_opts(b)
     b.set_defaults(func=cmd_bench)
     return parser

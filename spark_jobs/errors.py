@@ -14,6 +14,7 @@ __all__ = [
     "LakeError",
     "InspectError",
     "QualityError",
+    "ComputeError",
     "RetractNotSupportedError",
     "MergeNotSupportedError",
 ]
@@ -72,6 +73,15 @@ class QualityError(PipelineError):
     """
 
     exit_code = 5
+
+
+class ComputeError(PipelineError):
+    """Spark cannot be reached or started: no Java, a bad master, a Spark Connect server that is down.
+
+    Exit code 6: nothing was read or written, and a retry may succeed once the server is back.
+    """
+
+    exit_code = 6
 
 
 class RetractNotSupportedError(NotImplementedError):

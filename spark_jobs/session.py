@@ -4,20 +4,28 @@ Jobs, operators and the CLI call :func:`build_session`; tests build theirs throu
 function with a smaller config. Settings that the tables depend on (UTC session time,
 microsecond Parquet timestamps, no ``_SUCCESS`` markers inside Delta tables) are fixed
 here so every writer produces the same files.
+
+Two kinds of session: a classic one that starts its own Spark application (``local[*]`` or a
+cluster master), and a Spark Connect client of a long-lived server (``--remote`` or
+``$SPARK_REMOTE``, ``sc://host:15002``) that many short jobs share warm. The server is
+started with the same fixed settings (:func:`server_conf`; ``spark_jobs.connect_server``).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from spark_jobs.errors import ComputeError
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["SessionConfig", "build_session", "ensure_java_home"]
+__all__ = ["SessionConfig", "build_session", "ensure_java_home", "is_remote", "server_conf"]
 
 # Settings every session gets: the lake's files must not depend on who wrote them.
 _FIXED_CONF = {
@@ -36,13 +44,17 @@ _FIXED_CONF = {
     # every row past 128 groups per task; ~16k groups of a few KB each stay well inside memory.
     "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "16384",
 }
+# Only a Spark application's own start sets these; a Connect client leaves them to the server.
+_STATIC_PREFIXES = ("spark.driver.", "spark.executor.", "spark.hadoop.", "spark.ui.", "spark.master")
 
 
 @dataclass(frozen=True)
 class SessionConfig:
-    """How to reach Spark. ``master`` defaults to ``$SPARK_MASTER`` or ``local[*]``."""
+    """How to reach Spark: a Connect server (``remote``, default ``$SPARK_REMOTE``), else an own
+    application on ``master`` (default ``$SPARK_MASTER`` or ``local[*]``)."""
 
     master: str = field(default_factory=lambda: os.environ.get("SPARK_MASTER", "local[*]"))
+    remote: str | None = field(default_factory=lambda: os.environ.get("SPARK_REMOTE") or None)
     app_name: str = "spark_jobs"
     shuffle_partitions: int = 8
     driver_memory: str = field(default_factory=lambda: os.environ.get("SPARK_DRIVER_MEMORY", "2g"))
@@ -55,6 +67,8 @@ class SessionConfig:
             raise ValueError(
                 f"bad Spark master {self.master!r}; use local[*], local[N], spark://host:7077, yarn or k8s://..."
             )
+        if self.remote is not None and not self.remote.startswith("sc://"):
+            raise ValueError(f"bad Spark Connect address {self.remote!r}; use sc://host:port, e.g. sc://127.0.0.1:15002")
         if self.shuffle_partitions < 1:
             raise ValueError(f"shuffle_partitions must be >= 1, got {self.shuffle_partitions}")
 
@@ -65,7 +79,7 @@ def ensure_java_home() -> None:
         return
     java = shutil.which("java")
     if java is None:
-        raise RuntimeError("no Java found: install a JDK 17 or 21 and put 'java' on PATH, or set JAVA_HOME")
+        raise ComputeError("no Java found: install a JDK 17 or 21 and put 'java' on PATH, or set JAVA_HOME")
     os.environ["JAVA_HOME"] = str(Path(java).resolve().parent.parent)
 
 
@@ -74,25 +88,68 @@ def build_session(config: SessionConfig | None = None) -> SparkSession:
     from pyspark.sql import SparkSession
 
     config = config or SessionConfig()
+    if config.remote:
+        return _connect(config)
+    os.environ.pop("SPARK_REMOTE", None)  # else pyspark's builder turns into a Connect client itself
     ensure_java_home()
     os.environ.setdefault("PYSPARK_PYTHON", _python())
     os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
     builder = SparkSession.builder.master(config.master).appName(config.app_name)
-    conf = dict(_FIXED_CONF)
-    conf.update(
-        {
-            "spark.sql.shuffle.partitions": str(config.shuffle_partitions),
-            "spark.driver.memory": config.driver_memory,
-            "spark.ui.enabled": str(config.ui).lower(),
-            "spark.ui.showConsoleProgress": str(config.progress).lower(),
-        }
-    )
-    conf.update(dict(config.extra))
-    for key, value in conf.items():
+    for key, value in server_conf(config).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("SPARK_LOG_LEVEL", "ERROR"))
     return spark
+
+
+def server_conf(config: SessionConfig) -> dict[str, str]:
+    """Every setting a Spark application of the lake starts with (a Connect server included)."""
+    conf = dict(_FIXED_CONF)
+    conf.update({
+        "spark.sql.shuffle.partitions": str(config.shuffle_partitions),
+        "spark.driver.memory": config.driver_memory,
+        "spark.ui.enabled": str(config.ui).lower(),
+        "spark.ui.showConsoleProgress": str(config.progress).lower(),
+    })
+    conf.update(dict(config.extra))
+    return conf
+
+
+def _connect(config: SessionConfig) -> SparkSession:
+    """A Spark Connect client session; fails at once, naming the fix, when no server listens."""
+    from pyspark.sql import SparkSession
+
+    assert config.remote is not None
+    host, port = address(config.remote)
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+    except OSError as exc:
+        raise ComputeError(
+            f"no Spark Connect server answers at {config.remote} ({exc.strerror or exc}); start one with "
+            "`python -m spark_jobs connect-server start`, or unset SPARK_REMOTE (and drop --remote) to run "
+            "Spark in this process"
+        ) from exc
+    os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
+    builder = SparkSession.builder.remote(config.remote)
+    for key, value in server_conf(config).items():
+        if not key.startswith(_STATIC_PREFIXES):
+            builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def address(remote: str) -> tuple[str, int]:
+    """``(host, port)`` of ``sc://host:port/;params`` (port 15002 when absent, as Spark Connect's default)."""
+    netloc = remote.removeprefix("sc://").split("/", 1)[0].split(";", 1)[0]
+    host, _, port = netloc.rpartition(":") if ":" in netloc else (netloc, "", "")
+    try:
+        return host or "127.0.0.1", int(port or 15002)
+    except ValueError as exc:
+        raise ComputeError(f"bad Spark Connect address {remote!r}: port {port!r} is not a number") from exc
+
+
+def is_remote(spark: SparkSession) -> bool:
+    """True for a Spark Connect client session (no SparkContext, no JVM in this process)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def _python() -> str:
@@ -103,6 +160,8 @@ def _python() -> str:
 
 def delta_jars_available(spark: SparkSession) -> bool:
     """True when the Delta Lake Spark classes are on the driver's classpath."""
+    if is_remote(spark):  # the server's classpath: its session extensions say whether Delta is there
+        return "DeltaSparkSessionExtension" in (spark.conf.get("spark.sql.extensions", "") or "")
     try:
         jvm = spark.sparkContext._jvm
         assert jvm is not None

@@ -1,13 +1,20 @@
 """Airflow operators and sensors for spark_jobs pipelines (imported by the DAG factory in ``dags/``).
 
 Importing this package imports no pyspark: operators and sensors store their arguments in
-``__init__`` and do their work (a ``spark-submit`` subprocess, a file or Delta log check) in
-``execute``/``poke``.
+``__init__`` and do their work (a job on the Spark Connect server or through ``spark-submit``, a
+file or Delta log check) in ``execute``/``poke``.
 """
 
 from __future__ import annotations
 
-from spark_jobs_airflow.operators import DATE, SparkJobError, SparkJobOperator, resolve_master
+from spark_jobs_airflow.operators import (
+    DATE,
+    SparkJobError,
+    SparkJobOperator,
+    SparkTarget,
+    resolve_master,
+    resolve_target,
+)
 from spark_jobs_airflow.sensors import DeltaVersionSensor, LandingPartitionSensor
 
 __all__ = [
@@ -16,5 +23,7 @@ __all__ = [
     "LandingPartitionSensor",
     "SparkJobError",
     "SparkJobOperator",
+    "SparkTarget",
     "resolve_master",
+    "resolve_target",
 ]

@@ -1,4 +1,11 @@
-"""``SparkJobOperator``: run one ``spark_jobs`` command through ``spark-submit``.
+"""``SparkJobOperator``: run one ``spark_jobs`` command on a shared Spark Connect server or through ``spark-submit``.
+
+Where it runs (:func:`resolve_target`): with a Spark Connect server configured (the Airflow
+connection ``spark_connect_default``, else ``$SPARK_REMOTE``) the job is a thin client of that
+long-lived server, run in the warm job runner at ``$SPARK_JOBS_RUNNER`` when one answers (no
+Python start, no imports) or else as ``python -m spark_jobs``. Without one, each task is its own
+Spark application through ``spark-submit`` on the ``spark_default`` connection's master,
+``$SPARK_MASTER`` or ``local[*]``: what a cluster that wants per-task applications uses.
 
 The job's output is streamed line by line into the task log. A non-zero exit fails the task
 with the job's own error message and exit code; exit codes that a retry cannot fix (2: bad
@@ -8,19 +15,23 @@ spec or arguments, 5: a failed quality gate) fail it without retries.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
-__all__ = ["DATE", "NO_RETRY_EXIT_CODES", "SparkJobError", "SparkJobOperator", "resolve_master"]
+__all__ = ["DATE", "NO_RETRY_EXIT_CODES", "SparkJobError", "SparkJobOperator", "SparkTarget", "resolve_master",
+           "resolve_target"]
 
 # The batch date of a run: the `date` param of a manual run, else the run's logical date, else the
 # day it was triggered (a manual run has no logical date unless given one).
@@ -41,12 +52,35 @@ class SparkJobFailure(SparkJobError, AirflowFailException):
     """A failure a retry cannot fix: no retries."""
 
 
-def _master_from_connection(conn_id: str) -> str | None:
+def _connection(conn_id: str) -> Any:
     try:
         from airflow.sdk import BaseHook
 
-        conn = BaseHook.get_connection(conn_id)
+        return BaseHook.get_connection(conn_id)
     except Exception:  # not defined (AirflowNotFoundException), or no Airflow metadata at all
+        return None
+
+
+def _remote_from_connection(conn_id: str) -> str | None:
+    """``sc://host:port[/;user_id=..;token=..;use_ssl=true]`` as the Spark provider's ``spark_connect`` type."""
+    conn = _connection(conn_id)
+    host = (getattr(conn, "host", None) or "").strip().removeprefix("sc://").rstrip("/")
+    if not host:
+        return None
+    params = []
+    if conn.login:
+        params.append(f"user_id={conn.login}")
+    if conn.password:
+        params.append(f"token={conn.password}")
+    if str(conn.extra_dejson.get("use_ssl", "")).lower() in ("1", "true"):
+        params.append("use_ssl=true")
+    url = f"sc://{host}:{conn.port or 15002}"
+    return f"{url}/;{';'.join(params)}" if params else url
+
+
+def _master_from_connection(conn_id: str) -> str | None:
+    conn = _connection(conn_id)
+    if conn is None:
         return None
     host = (conn.host or "").strip()
     if not host:
@@ -69,6 +103,27 @@ def resolve_master(master: str | None = None, conn_id: str | None = "spark_defau
     return os.environ.get("SPARK_MASTER") or "local[*]"
 
 
+@dataclass(frozen=True)
+class SparkTarget:
+    """Where a task's job runs: a Spark Connect server (``connect``) or its own application (``submit``)."""
+
+    kind: Literal["connect", "submit"]
+    url: str
+
+
+def resolve_target(*, master: str | None = None, remote: str | None = None, conn_id: str | None = "spark_default",
+                   connect_conn_id: str | None = "spark_connect_default") -> SparkTarget:
+    """Explicit ``remote`` or ``master``; else a Connect server from ``connect_conn_id`` or ``$SPARK_REMOTE``;
+    else ``spark-submit`` to :func:`resolve_master`."""
+    if remote:
+        return SparkTarget("connect", remote)
+    if not master:
+        found = (_remote_from_connection(connect_conn_id) if connect_conn_id else None) or os.environ.get("SPARK_REMOTE")
+        if found:
+            return SparkTarget("connect", found)
+    return SparkTarget("submit", resolve_master(master, conn_id))
+
+
 def _error_text(lines: Sequence[str]) -> str:
     """The job's own error: from its last ``error:`` line on, else its last non-empty line."""
     for i in range(len(lines) - 1, -1, -1):
@@ -79,13 +134,17 @@ def _error_text(lines: Sequence[str]) -> str:
 
 
 class SparkJobOperator(BaseOperator):
-    """Run ``python -m spark_jobs <args>`` as ``spark-submit --master <m> spark_jobs_submit.py <args>``.
+    """Run ``python -m spark_jobs <args>`` on the Spark Connect server, or through ``spark-submit``.
 
     Args:
         args: the spark_jobs command line (templated), e.g. ``["combine", "--pipeline", p, "--date", DATE]``.
-        master: Spark master URL; default from the Airflow connection ``conn_id``, ``$SPARK_MASTER``
-            or ``local[*]``.
+        master: Spark master URL of an own application per task (``spark-submit``); wins over a Connect
+            server. Default from the Airflow connection ``conn_id``, ``$SPARK_MASTER`` or ``local[*]``.
+        remote: Spark Connect server ``sc://host:port``; default from the Airflow connection
+            ``connect_conn_id``, else ``$SPARK_REMOTE``.
         conn_id: Airflow connection holding the master (host ``spark://h``, port 7077), if defined.
+        connect_conn_id: Airflow connection of the Connect server (type ``spark_connect``: host, port,
+            login as user_id, password as token, extra ``{"use_ssl": true}``), if defined.
         driver_memory: ``--driver-memory`` of the job's driver.
         conf: extra ``--conf`` pairs (``spark.log.level`` defaults to WARN).
         env: extra environment variables (templated).
@@ -95,20 +154,24 @@ class SparkJobOperator(BaseOperator):
     template_fields: Sequence[str] = ("args", "env")
     ui_color = "#f4a460"
 
-    def __init__(self, *, args: Sequence[str], master: str | None = None, conn_id: str | None = "spark_default",
+    def __init__(self, *, args: Sequence[str], master: str | None = None, remote: str | None = None,
+                 conn_id: str | None = "spark_default", connect_conn_id: str | None = "spark_connect_default",
                  driver_memory: str = "1g", conf: Mapping[str, str] | None = None,
                  env: Mapping[str, str] | None = None, skip_if: Callable[[Any], str | None] | None = None,
                  spark_submit: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.args = list(args)
         self.master = master
+        self.remote = remote
         self.conn_id = conn_id
+        self.connect_conn_id = connect_conn_id
         self.driver_memory = driver_memory
         self.conf = dict(conf or {})
         self.env = dict(env or {})
         self.skip_if = skip_if
         self.spark_submit = spark_submit
         self._proc: subprocess.Popen[str] | None = None
+        self._runner_conn: socket.socket | None = None
 
     def command(self, master: str) -> list[str]:
         submit = self.spark_submit or shutil.which("spark-submit") or str(Path(sys.executable).parent / "spark-submit")
@@ -118,13 +181,18 @@ class SparkJobOperator(BaseOperator):
             cmd += ["--conf", f"{key}={value}"]
         return [*cmd, str(SUBMIT_FILE), *map(str, self.args)]
 
-    def environment(self, master: str) -> dict[str, str]:
+    def environment(self, target: SparkTarget) -> dict[str, str]:
         from spark_jobs.session import ensure_java_home
 
         ensure_java_home()
         env = dict(os.environ)
         venv_bin = str(Path(sys.executable).parent)
-        env.update({"SPARK_MASTER": master, "SPARK_DRIVER_MEMORY": self.driver_memory,
+        if target.kind == "connect":
+            env["SPARK_REMOTE"] = target.url
+        else:
+            env.pop("SPARK_REMOTE", None)
+            env["SPARK_MASTER"] = target.url
+        env.update({"SPARK_DRIVER_MEMORY": self.driver_memory,
                     "PYSPARK_PYTHON": env.get("PYSPARK_PYTHON", sys.executable),
                     "PYSPARK_DRIVER_PYTHON": env.get("PYSPARK_DRIVER_PYTHON", sys.executable),
                     "PATH": f"{venv_bin}{os.pathsep}{env.get('PATH', '')}", "PYTHONUNBUFFERED": "1",
@@ -137,18 +205,25 @@ class SparkJobOperator(BaseOperator):
             reason = self.skip_if(context)
             if reason:
                 raise AirflowSkipException(reason)
-        master = resolve_master(self.master, self.conn_id)
-        cmd = self.command(master)
-        self.log.info("running: %s", " ".join(cmd))
+        target = resolve_target(master=self.master, remote=self.remote, conn_id=self.conn_id,
+                                connect_conn_id=self.connect_conn_id)
         tail: collections.deque[str] = collections.deque(maxlen=200)
-        self._proc = subprocess.Popen(cmd, env=self.environment(master), stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
-        assert self._proc.stdout is not None
-        for raw in self._proc.stdout:
-            line = raw.rstrip("\n")
-            tail.append(line)
-            self.log.info("%s", line)
-        code = self._proc.wait()
+
+        def line(text: str) -> None:
+            tail.append(text)
+            self.log.info("%s", text)
+
+        env = self.environment(target)
+        runner = os.environ.get("SPARK_JOBS_RUNNER")
+        if target.kind == "connect" and runner and self._runner_up(runner):
+            self.log.info("running on %s, in the warm runner %s: spark_jobs %s", target.url, runner,
+                          " ".join(map(str, self.args)))
+            code = self._run_in_runner(runner, env, line)
+        else:
+            cmd = (self.command(target.url) if target.kind == "submit"
+                   else [sys.executable, "-m", "spark_jobs", *map(str, self.args)])
+            self.log.info("running%s: %s", f" on {target.url}" if target.kind == "connect" else "", " ".join(cmd))
+            code = self._run_process(cmd, env, line)
         if code != 0:
             lines = list(tail)
             message = f"spark_jobs {self.args[0] if self.args else ''} failed with exit code {code}: {_error_text(lines)}"
@@ -158,6 +233,33 @@ class SparkJobOperator(BaseOperator):
         summary = [line for line in tail if line.strip() and not line.startswith(("WARN", "Using Spark", "Setting"))]
         return summary[-1] if summary else None
 
+    def _run_process(self, cmd: list[str], env: dict[str, str], line: Callable[[str], None]) -> int:
+        self._proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      bufsize=1, start_new_session=True)
+        assert self._proc.stdout is not None
+        for raw in self._proc.stdout:
+            line(raw.rstrip("\n"))
+        return self._proc.wait()
+
+    def _runner_up(self, path: str) -> bool:
+        from spark_jobs.server.runner import probe
+
+        if probe(path):
+            return True
+        self.log.warning("no warm runner answers at %s (SPARK_JOBS_RUNNER); starting a Python for the job", path)
+        return False
+
+    def _run_in_runner(self, path: str, env: dict[str, str], line: Callable[[str], None]) -> int:
+        from spark_jobs.server.runner import run_job
+
+        def started(conn: socket.socket) -> None:
+            self._runner_conn = conn
+
+        return run_job(path, list(map(str, self.args)), env=env, on_line=line, on_start=started)
+
     def on_kill(self) -> None:
+        if self._runner_conn is not None:  # the runner stops the job when its client goes away
+            with contextlib.suppress(OSError):
+                self._runner_conn.shutdown(socket.SHUT_RDWR)
         if self._proc is not None and self._proc.poll() is None:
             os.killpg(self._proc.pid, signal.SIGTERM)

@@ -416,7 +416,7 @@ class EmbeddedLake:
         if isinstance(df, list):
             _write_arrow(df, staging, partition_by)
         else:
-            df.write.mode("errorifexists").partitionBy(*partition_by).parquet(staging)
+            df.write.mode("error").partitionBy(*partition_by).parquet(staging)
         adds: list[tuple[AddAction, int]] = []
         try:
             for dirpath, _, names in os.walk(staging):
