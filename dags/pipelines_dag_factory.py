@@ -14,6 +14,12 @@ Settings (environment):
                            landing day that will never come
     SPARK_JOBS_CATCHUP     "true" lets the scheduler create a run for every day since the start
                            date (default false; ``airflow backfill create`` works either way)
+    SPARK_JOBS_STREAM_SCHEDULE  cron of the stream DAG (default ``*/5 * * * *``); "none" for runs
+                           triggered by hand or by another system only (bin/demo triggers one)
+
+Where the Spark work runs is the operator's choice (``plugins/spark_jobs_airflow``): the Spark
+Connect server of the connection ``spark_connect_default`` or ``$SPARK_REMOTE`` when one is set,
+else ``spark-submit`` per task.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ START = dt.datetime.fromisoformat(os.environ.get("SPARK_JOBS_START_DATE", "2024-
 END = (dt.datetime.fromisoformat(os.environ["SPARK_JOBS_END_DATE"]).replace(tzinfo=dt.UTC)
        if os.environ.get("SPARK_JOBS_END_DATE") else None)
 CATCHUP = os.environ.get("SPARK_JOBS_CATCHUP", "false").lower() in ("1", "true", "yes")
+STREAM_SCHEDULE = os.environ.get("SPARK_JOBS_STREAM_SCHEDULE", "*/5 * * * *")
 DEFAULT_ARGS = {"owner": "spark_jobs", "retries": 1, "retry_delay": dt.timedelta(seconds=30)}
 
 
@@ -112,11 +119,11 @@ def stream_dag(name: str, spec: Path) -> DAG:
     with DAG(
         dag_id=f"{name}_stream",
         description=f"{name}: the streaming job in available-now mode, reduce, validate",
-        schedule="*/5 * * * *",
+        schedule=None if STREAM_SCHEDULE.lower() == "none" else STREAM_SCHEDULE,
         start_date=START,
         catchup=False,
         max_active_runs=1,
-        is_paused_upon_creation=True,  # unpause to start streaming (bin/demo does)
+        is_paused_upon_creation=True,  # unpause to start streaming
         default_args=DEFAULT_ARGS,
         tags=["spark_jobs", name, "stream"],
     ) as dag:

@@ -277,6 +277,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        from spark_jobs.session import close_remote
+
+        close_remote()
 
 
 if __name__ == "__main__":

@@ -126,7 +126,7 @@ def _connect(config: SessionConfig) -> SparkSession:
     except OSError as exc:
         raise ComputeError(
             f"no Spark Connect server answers at {config.remote} ({exc.strerror or exc}); start one with "
-            "`python -m spark_jobs connect-server start`, or unset SPARK_REMOTE (and drop --remote) to run "
+            "`python -m spark_jobs server start`, or unset SPARK_REMOTE (and drop --remote) to run "
             "Spark in this process"
         ) from exc
     os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
@@ -134,7 +134,31 @@ def _connect(config: SessionConfig) -> SparkSession:
     for key, value in server_conf(config).items():
         if not key.startswith(_STATIC_PREFIXES):
             builder = builder.config(key, value)
-    return builder.getOrCreate()
+    spark = builder.getOrCreate()
+    _bound_retries(spark)
+    return spark
+
+
+def _bound_retries(spark: SparkSession) -> None:
+    """A server that stops answering fails the job within about a minute, not pyspark's ten (15 tries, 60 s apart)."""
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    client = getattr(spark, "client", None)
+    if client is not None:
+        client.set_retry_policies([DefaultPolicy(max_retries=8, max_backoff=10_000)])
+
+
+def close_remote() -> None:
+    """Release this process's Spark Connect session, if it made one, while the server still answers."""
+    import sys
+
+    if "pyspark.sql.connect.session" not in sys.modules:
+        return
+    from pyspark.sql.connect.session import SparkSession as RemoteSession
+
+    active = RemoteSession.getActiveSession()
+    if active is not None:
+        active.stop()
 
 
 def address(remote: str) -> tuple[str, int]:

@@ -34,6 +34,8 @@ def add_server_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--driver-memory", default=os.environ.get("SPARK_DRIVER_MEMORY", "2g"),
                    help="the server's driver memory (default $SPARK_DRIVER_MEMORY or 2g)")
     p.add_argument("--shuffle-partitions", type=int, default=8, help="default spark.sql.shuffle.partitions")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting of the server's application (repeatable), e.g. spark.driver.host=h")
     p.add_argument("--no-runner", action="store_true", help="start the Connect server only")
     p.add_argument("--timeout", type=float, default=180, help="seconds to wait for each part to be ready "
                                                                "(default 180)")
@@ -42,9 +44,13 @@ def add_server_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run_server(args: argparse.Namespace) -> int:
     state = Path(args.state_dir).resolve()
+    bad = [c for c in args.conf if "=" not in c or not c.split("=", 1)[0].startswith("spark.")]
+    if bad:
+        raise ComputeError(f"bad --conf {bad[0]!r}; use --conf spark.some.key=value")
     try:
         server = ConnectServer(state, host=args.host, port=args.port, master=args.master,
-                               driver_memory=args.driver_memory, shuffle_partitions=args.shuffle_partitions)
+                               driver_memory=args.driver_memory, shuffle_partitions=args.shuffle_partitions,
+                               extra=tuple(tuple(c.split("=", 1)) for c in args.conf))  # type: ignore[misc]
     except ValueError as exc:
         raise ComputeError(str(exc)) from exc
     runner = Background("runner", state)

@@ -52,6 +52,7 @@ class ConnectServer:
     master: str = field(default_factory=lambda: os.environ.get("SPARK_MASTER", "local[*]"))
     driver_memory: str = field(default_factory=lambda: os.environ.get("SPARK_DRIVER_MEMORY", "2g"))
     shuffle_partitions: int = 8
+    extra: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -70,7 +71,7 @@ class ConnectServer:
     def command(self) -> list[str]:
         conf = server_conf(SessionConfig(master=self.master, app_name="spark_jobs connect server", remote=None,
                                          shuffle_partitions=self.shuffle_partitions,
-                                         driver_memory=self.driver_memory))
+                                         driver_memory=self.driver_memory, extra=self.extra))
         conf.update({"spark.connect.grpc.binding.address": self.host,
                      "spark.connect.grpc.binding.port": str(self.port)})
         cmd = [str(Path(spark_home()) / "bin" / "spark-submit"), "--master", self.master,

@@ -30,10 +30,13 @@ def test_the_compose_file_is_valid_and_wires_airflow_to_the_spark_cluster():
     config = yaml.safe_load(proc.stdout)
     services = config["services"]
     assert {"postgres", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer",
-            "spark-master", "spark-worker-1", "spark-worker-2"} <= set(services)
+            "spark-master", "spark-worker-1", "spark-worker-2", "spark-connect"} <= set(services)
     env = services["airflow-scheduler"]["environment"]
-    assert env["SPARK_JOBS_DELTA_BACKEND"] == "delta-spark"
     assert '"spark://spark-master"' in env["AIRFLOW_CONN_SPARK_DEFAULT"]
-    for name in ("airflow-scheduler", "spark-worker-1", "spark-worker-2"):
+    assert '"host": "spark-connect", "port": 15002' in env["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"]
+    connect = services["spark-connect"]["command"]
+    assert connect[:4] == ["python", "-m", "spark_jobs", "server"] and "run" in connect
+    assert "spark://spark-master:7077" in connect
+    for name in ("airflow-scheduler", "spark-connect", "spark-worker-1", "spark-worker-2"):
         mounts = [v.get("target") if isinstance(v, dict) else str(v).split(":")[1] for v in services[name]["volumes"]]
         assert "/data" in mounts, name  # the shared lake
