@@ -42,7 +42,7 @@ def add_inspect_parser(sub: Any) -> argparse.ArgumentParser:
     when = s.add_mutually_exclusive_group()
     when.add_argument("--version", type=int, help="time travel: read this table version")
     when.add_argument("--as-of", help="time travel: the version current at this time (UTC), 'YYYY-MM-DD[ HH:MM:SS]'")
-    s.add_argument("--where", help="filter, e.g. \"page = '/home' AND views >= 10\" (not SQL; see the README)")
+    s.add_argument("--where", help="filter, e.g. \"page = '/home' AND views >= 10\" (not SQL; see docs/inspecting.md)")
     s.add_argument("--columns", help="comma-separated columns to show (default: all but accumulators)")
     s.add_argument("--order-by", help="column[:asc|desc][,column...] to sort by before --limit")
     s.add_argument("--limit", type=int, default=20)

@@ -1,6 +1,6 @@
 """Run a quality gate: a Great Expectations suite over Spark, a readable report, a verdict.
 
-Three gates, in the order the batch DAG runs them (see the README, "Quality gates"):
+Three gates, in the order the batch DAG runs them (see docs/airflow.md, "Quality gates"):
 
 - ``input --date D``: the landing partition, typed as combine types it. On failure, the rows
   that break a row-level check go to ``dead_letter`` (job ``validate``, batch ``D``) with the

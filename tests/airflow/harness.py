@@ -121,8 +121,12 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=30)
 
 
-def airflow_home(tmp: Path, pipelines: Path) -> AirflowHome:
-    """A migrated SQLite Airflow home that parses the repo's dags/ over the specs in ``pipelines``."""
+def airflow_home(tmp: Path, pipelines: Path, server: Any = None) -> AirflowHome:
+    """A migrated SQLite Airflow home that parses the repo's dags/ over the specs in ``pipelines``.
+
+    With ``server`` (the ``spark_server`` fixture) tasks run on its Spark Connect server, in its warm
+    runner; without, each task is a ``spark-submit``.
+    """
     home = tmp / "airflow_home"
     home.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
@@ -149,6 +153,10 @@ def airflow_home(tmp: Path, pipelines: Path) -> AirflowHome:
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
         "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32),
     })
+    env.pop("SPARK_REMOTE", None)
+    env.pop("SPARK_JOBS_RUNNER", None)
+    if server is not None:
+        env.update({"SPARK_REMOTE": server.remote, "SPARK_JOBS_RUNNER": server.runner})
     af = AirflowHome(home, pipelines, env, port)
     af.run("db", "migrate", timeout=300)
     return af

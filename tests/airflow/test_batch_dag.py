@@ -1,7 +1,9 @@
 """The batch DAG under real Airflow 3: ``airflow dags test``, a scheduler backfill, a failed gate.
 
-Real Spark (each task is a spark-submit), real Delta, real Great Expectations; the DuckDB
-oracle (``tests/oracle.py``) says what ``aggregates`` must hold.
+Real Spark (each task a client of the session's Spark Connect server, run in its warm runner, as
+``bin/demo`` and a deployment run them; ``test_operators`` covers the spark-submit path), real
+Delta, real Great Expectations; the DuckDB oracle (``tests/oracle.py``) says what ``aggregates``
+must hold.
 """
 
 from __future__ import annotations
@@ -23,15 +25,15 @@ pytestmark = pytest.mark.slow
 DAYS = ("2024-03-01", "2024-03-02", "2024-03-03")
 
 
-def setup(tmp_path: Path, days: tuple[str, ...] = DAYS, rows: int = 1500):
+def setup(tmp_path: Path, server, days: tuple[str, ...] = DAYS, rows: int = 1500):
     spec = make_spec(tmp_path, window={"size": "1 hour"}, aggregates=FAST_AGGREGATES)
     for i, day in enumerate(days):
         write_day(tmp_path / "landing", day, day_events(day, rows, seed=i, rejected=4), files=2)
-    return spec, PipelineTables(spec.lake, spec.name), airflow_home(tmp_path, tmp_path)
+    return spec, PipelineTables(spec.lake, spec.name), airflow_home(tmp_path, tmp_path, server)
 
 
-def test_dags_test_of_one_day_produces_the_oracle_tables_and_quality_reports(tmp_path):
-    spec, tables, af = setup(tmp_path, DAYS[:1])
+def test_dags_test_of_one_day_produces_the_oracle_tables_and_quality_reports(spark_server, tmp_path):
+    spec, tables, af = setup(tmp_path, spark_server, DAYS[:1])
     af.run("dags", "test", "views_batch", DAYS[0], timeout=900)
     [run] = af.runs("views_batch")
     states = af.task_states("views_batch", run["run_id"])
@@ -49,10 +51,10 @@ def test_dags_test_of_one_day_produces_the_oracle_tables_and_quality_reports(tmp
     assert len(dead) == 4 and {d["job"] for d in dead} == {"combine"}  # row-level rejects, as always
 
 
-def test_bad_input_fails_the_gate_leaves_aggregates_unchanged_and_dead_letters_the_rows(spark, tmp_path):
+def test_bad_input_fails_the_gate_leaves_aggregates_unchanged_and_dead_letters_the_rows(spark, spark_server, tmp_path):
     from spark_jobs.jobs import combine, reduce
 
-    spec, tables, af = setup(tmp_path, DAYS[:1])
+    spec, tables, af = setup(tmp_path, spark_server, DAYS[:1])
     combine.run(spark, spec, DAYS[0])
     reduce.run(spark, spec)
     before = DeltaTable(tables.aggregates)
@@ -84,9 +86,9 @@ def test_bad_input_fails_the_gate_leaves_aggregates_unchanged_and_dead_letters_t
     assert gate["status"] == "failed" and gate["message"].startswith("QualityError: views input suite failed")
 
 
-@pytest.mark.timeout(2400)  # 21 task processes, each a spark-submit: 12 min seen at load ~8, over 15 at ~16
-def test_a_scheduler_backfill_of_three_days_succeeds_and_matches_the_oracle(tmp_path):
-    spec, tables, af = setup(tmp_path)
+@pytest.mark.timeout(1200)  # about a minute on a quiet machine; the bound is for a loaded one
+def test_a_scheduler_backfill_of_three_days_succeeds_and_matches_the_oracle(spark_server, tmp_path):
+    spec, tables, af = setup(tmp_path, spark_server)
     started = time.monotonic()
     # parse the DAGs and create the backfill's runs before the scheduler writes to SQLite ("database is locked"),
     # with the DAG paused, so that no task starts before the API server its task processes report to is up
@@ -96,7 +98,7 @@ def test_a_scheduler_backfill_of_three_days_succeeds_and_matches_the_oracle(tmp_
            "--max-active-runs", "2")
     with running_airflow(af):
         af.retry("dags", "unpause", "views_batch")
-        runs = wait_for_runs(af, "views_batch", 3, timeout=2100)
+        runs = wait_for_runs(af, "views_batch", 3, timeout=900)
     assert sorted(r["logical_date"][:10] for r in runs) == list(DAYS)
     assert af.runs("views_batch") == runs  # SPARK_JOBS_END_DATE: no scheduled run of a day without data
     assert [r["state"] for r in runs] == ["success"] * 3, [af.task_states("views_batch", r["run_id"]) for r in runs]

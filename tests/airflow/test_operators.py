@@ -20,7 +20,9 @@ from spark_jobs_airflow import (
     LandingPartitionSensor,
     SparkJobError,
     SparkJobOperator,
+    SparkTarget,
     resolve_master,
+    resolve_target,
 )
 
 
@@ -81,6 +83,52 @@ def test_the_master_comes_from_the_argument_the_connection_the_environment_or_lo
     cmd = op.command("local[2]")
     assert cmd[1:5] == ["--master", "local[2]", "--driver-memory", "512m"]
     assert cmd[-2:] == [str(ROOT / "spark_jobs" / "_submit" / "spark_jobs_submit.py"), "reduce"]
+
+
+def test_a_connect_server_comes_from_the_argument_the_connection_or_the_environment(monkeypatch):
+    monkeypatch.delenv("SPARK_REMOTE", raising=False)
+    monkeypatch.delenv("SPARK_MASTER", raising=False)
+    assert resolve_target(remote="sc://h:1") == SparkTarget("connect", "sc://h:1")
+    assert resolve_target(connect_conn_id="no_such_connection") == SparkTarget("submit", "local[*]")
+    monkeypatch.setenv("SPARK_REMOTE", "sc://env:15002")
+    assert resolve_target(connect_conn_id="no_such_connection") == SparkTarget("connect", "sc://env:15002")
+    assert resolve_target(master="spark://m:7077") == SparkTarget("submit", "spark://m:7077")  # an explicit master wins
+    monkeypatch.setenv("AIRFLOW_CONN_SC_TEST", '{"conn_type": "spark_connect", "host": "sc://conn", "port": 15003, '
+                                               '"login": "me", "password": "t0k", "extra": {"use_ssl": true}}')
+    assert resolve_target(connect_conn_id="sc_test") == SparkTarget(
+        "connect", "sc://conn:15003/;user_id=me;token=t0k;use_ssl=true")
+    monkeypatch.setenv("AIRFLOW_CONN_SC_HOST_ONLY", '{"conn_type": "spark_connect", "host": "conn"}')
+    assert resolve_target(connect_conn_id="sc_host_only") == SparkTarget("connect", "sc://conn:15002")
+
+
+@pytest.mark.slow
+def test_on_a_connect_server_the_job_runs_in_the_warm_runner_with_its_log_and_exit_code(spark_server, tmp_path, capfd,
+                                                                                        monkeypatch):
+    monkeypatch.setenv("SPARK_JOBS_RUNNER", spark_server.runner)
+    spec = make_spec(tmp_path, aggregates=FAST_AGGREGATES)
+    write_day(tmp_path / "landing", "2024-03-01", day_events("2024-03-01", 30))
+    op = SparkJobOperator(task_id="combine", remote=spark_server.remote,
+                          args=["combine", "--pipeline", spec.origin, "--date", "2024-03-01"])
+    last = op.execute({})
+    assert last is not None and last.startswith("combine 2024-03-01 success: rows in 30")
+    assert f"running on {spark_server.remote}, in the warm runner" in "".join(capfd.readouterr())
+    op = SparkJobOperator(task_id="combine", remote=spark_server.remote,
+                          args=["combine", "--pipeline", spec.origin, "--date", "2024-03-09"])
+    with pytest.raises(SparkJobError) as info:
+        op.execute({})
+    assert info.value.exit_code == 3 and "error: no landing partition" in str(info.value)
+
+
+def test_without_a_runner_a_connect_job_is_a_python_process_and_a_down_server_is_named(tmp_path, capfd, monkeypatch):
+    monkeypatch.setenv("SPARK_JOBS_RUNNER", str(tmp_path / "no.sock"))
+    spec = make_spec(tmp_path, aggregates=FAST_AGGREGATES)
+    op = SparkJobOperator(task_id="reduce", remote="sc://127.0.0.1:9", args=["reduce", "--pipeline", spec.origin])
+    with pytest.raises(SparkJobError) as info:
+        op.execute({})
+    assert info.value.exit_code == 6 and not isinstance(info.value, AirflowFailException)  # retried: it may come back
+    assert "no Spark Connect server answers at sc://127.0.0.1:9" in str(info.value)
+    out = "".join(capfd.readouterr())
+    assert "no warm runner answers at" in out and "-m spark_jobs reduce" in out
 
 
 def test_the_landing_sensor_waits_for_data_files(tmp_path):

@@ -22,13 +22,13 @@ def stream_command_exists() -> bool:
     return proc.returncode == 0 and "--available-now" in proc.stdout
 
 
-def test_a_stream_dag_run_streams_reduces_and_validates(tmp_path):
+def test_a_stream_dag_run_streams_reduces_and_validates(spark_server, tmp_path):
     if not stream_command_exists():
         pytest.skip("`python -m spark_jobs stream` does not exist yet (the streaming issue); the DAG is wired for it")
     spec = make_spec(tmp_path, window={"size": "1 hour"}, aggregates=FAST_AGGREGATES)
     for i, day in enumerate(("2024-03-01", "2024-03-02")):
         write_day(tmp_path / "landing", day, day_events(day, 300, seed=i, rejected=1))
-    af = airflow_home(tmp_path, tmp_path)
+    af = airflow_home(tmp_path, tmp_path, spark_server)  # the stream is its own application, reduce on the server
     af.run("dags", "test", "views_stream", "2024-03-02T00:05:00+00:00", timeout=900)
     [run] = af.runs("views_stream")
     states = af.task_states("views_stream", run["run_id"])
