@@ -10,7 +10,8 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$STAMP" 2>/dev/null || true)" != "$w
   "$py" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$ROOT/requirements.txt"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps -e "$ROOT"
+  # setuptools prints a notice box for every editable install; nothing in it applies here
+  PYTHONWARNINGS=ignore "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps -e "$ROOT"
   echo "$want" > "$STAMP"
 fi
 if [ -z "${JAVA_HOME:-}" ]; then

@@ -1,13 +1,17 @@
 """Crash recovery, end to end: the CLI is killed with SIGKILL at chosen points and rerun.
 
-Every job here runs as ``python -m spark_jobs ...`` in a subprocess (its own JVM), killed
+Every job here runs as ``python -m spark_jobs ...`` in a subprocess, killed
 either by a failpoint (``SPARK_JOBS_FAILPOINT=commit:<table>:before|after``, a real
 ``kill -9`` of the process right before/after a Delta commit) or from outside after a
 random delay. Tables are then read with delta-rs only and compared with the DuckDB oracle.
+The walk through every commit point runs its jobs as clients of the session's Spark Connect
+server (the commit protocol is the client's, as in Airflow's tasks); the random kills run each
+job as its own Spark application (a JVM killed with it).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -59,9 +63,10 @@ def cli(*args: str, env_extra: dict[str, str] | None = None, timeout: float = 60
                           timeout=timeout, check=False)
 
 
-def job(spec: PipelineSpec, command: str, *args: str, failpoint: str | None = None) -> subprocess.CompletedProcess:
+def job(spec: PipelineSpec, command: str, *args: str, failpoint: str | None = None,
+        opts: tuple[str, ...] = SPARK_OPTS) -> subprocess.CompletedProcess:
     extra = {"SPARK_JOBS_FAILPOINT": failpoint} if failpoint else None
-    return cli(command, "--pipeline", spec.origin, *SPARK_OPTS, *args, env_extra=extra)
+    return cli(command, "--pipeline", spec.origin, *opts, *args, env_extra=extra)
 
 
 def table_frame(path: str | Path, version: int | None = None) -> pd.DataFrame:
@@ -142,22 +147,24 @@ def _explain(proc: subprocess.CompletedProcess) -> str:
 
 
 # ------------------------------------------------------------------------------- tests
-@pytest.mark.timeout(2400)
-def test_kill_at_every_commit_point_then_rerun(tmp_path):
+@pytest.mark.timeout(1200)
+def test_kill_at_every_commit_point_then_rerun(spark_server, tmp_path):
     """Walk through kill -9 right before and right after each commit; a rerun always repairs."""
     spec = make_pipeline(tmp_path)
+    on_server = functools.partial(job, opts=("--remote", spark_server.remote, "--shuffle-partitions", "2"))
+
     tables = PipelineTables(spec.lake, spec.name)
     landing = tmp_path / "landing"
 
     # 1. combine D1 killed before the partials commit: nothing committed
-    proc = job(spec, "combine", "--date", D1, failpoint="commit:partials:before")
+    proc = on_server(spec, "combine", "--date", D1, failpoint="commit:partials:before")
     assert proc.returncode == KILLED, _explain(proc)
     assert not exists(tables.partials) or day_rows(table_frame(tables.partials), D1).empty
     killed_files = files_on_disk(tables.partials)  # staged data files moved into the table dir, never committed
     assert killed_files, "the killed combine should have left its staged files behind"
     assert not any(runs(spec)["status"] == "success")
 
-    proc = job(spec, "combine", "--date", D1)
+    proc = on_server(spec, "combine", "--date", D1)
     assert proc.returncode == 0, _explain(proc)
     assert f"combine {D1} success" in proc.stdout
     assert not day_rows(table_frame(tables.partials), D1).empty
@@ -165,7 +172,7 @@ def test_kill_at_every_commit_point_then_rerun(tmp_path):
 
     # 2. combine D2 killed right after the partials commit: committed, but no run recorded
     before = DeltaTable(tables.partials).version()
-    proc = job(spec, "combine", "--date", D2, failpoint="commit:partials:after")
+    proc = on_server(spec, "combine", "--date", D2, failpoint="commit:partials:after")
     assert proc.returncode == KILLED, _explain(proc)
     assert DeltaTable(tables.partials).version() == before + 1
     committed_d2 = day_rows(table_frame(tables.partials), D2)
@@ -174,7 +181,7 @@ def test_kill_at_every_commit_point_then_rerun(tmp_path):
     assert recorded[(recorded["job"] == "combine") & (recorded["batch"] == D2) & (recorded["status"] == "success")].empty
 
     # rerun D2 (and combine D3, same process): D2's partials are exactly what the killed run committed
-    proc = job(spec, "combine", "--date", D2, "--to", D3)
+    proc = on_server(spec, "combine", "--date", D2, "--to", D3)
     assert proc.returncode == 0, _explain(proc)
     partials = table_frame(tables.partials)
     rerun_d2 = day_rows(partials, D2)
@@ -186,28 +193,28 @@ def test_kill_at_every_commit_point_then_rerun(tmp_path):
     assert sorted(ok["batch"]) == [D1, D2, D3]
 
     # 3. first reduce killed before the aggregates commit: no aggregates table
-    proc = job(spec, "reduce", failpoint="commit:aggregates:before")
+    proc = on_server(spec, "reduce", failpoint="commit:aggregates:before")
     assert proc.returncode == KILLED, _explain(proc)
     assert not exists(tables.aggregates)
     assert files_on_disk(tables.aggregates), "the killed reduce should have left its staged files behind"
-    proc = job(spec, "reduce")
+    proc = on_server(spec, "reduce")
     assert proc.returncode == 0, _explain(proc)
     assert "reduce success" in proc.stdout
     assert_oracle(spec, landing)
 
     # 4. backfill D1, then reduce killed right after its commit: merged once, run not recorded
-    proc = job(spec, "combine", "--date", D1)
+    proc = on_server(spec, "combine", "--date", D1)
     assert proc.returncode == 0, _explain(proc)
     partials_version = DeltaTable(tables.partials).version()
     reduces_before = int((runs(spec)["job"] == "reduce").sum())
-    proc = job(spec, "reduce", failpoint="commit:aggregates:after")
+    proc = on_server(spec, "reduce", failpoint="commit:aggregates:after")
     assert proc.returncode == KILLED, _explain(proc)
     agg = DeltaTable(tables.aggregates)
     agg_version = agg.version()
     assert agg.transaction_version(f"{spec.name}.reduce") == partials_version
     assert int((runs(spec)["job"] == "reduce").sum()) == reduces_before
 
-    proc = job(spec, "reduce")
+    proc = on_server(spec, "reduce")
     assert proc.returncode == 0, _explain(proc)
     assert "reduce noop" in proc.stdout, proc.stdout
     last = runs(spec)
