@@ -265,7 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, keep_session: bool = False) -> int:
+    """Run one command. A Spark Connect session is released at the end unless ``keep_session`` (a caller
+    that runs many commands in one process, as ``bench airflow``'s warm CLI, keeps it warm)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -278,9 +280,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     finally:
-        from spark_jobs.session import close_remote
+        if not keep_session:
+            from spark_jobs.session import close_remote
 
-        close_remote()
+            close_remote()
 
 
 if __name__ == "__main__":
