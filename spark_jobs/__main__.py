@@ -155,11 +155,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.suite == "airflow":
         from spark_jobs.bench_airflow import airflow_bench
 
-        args.days = args.days or 10
+        args.days = 10 if args.days is None else args.days
         return airflow_bench(args)
     from spark_jobs.bench import run_bench
 
-    args.days = args.days or 30
+    args.days = 30 if args.days is None else args.days
     return run_bench(args)
 
 

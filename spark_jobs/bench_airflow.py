@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_jobs.airflow_client import AirflowClient, RunsNotFinished
-from spark_jobs.errors import ComputeError
+from spark_jobs.errors import ComputeError, InputError
 from spark_jobs.session import close_remote
 
 __all__ = ["airflow_bench"]
@@ -40,6 +40,10 @@ START = "2024-03-01"
 
 
 def airflow_bench(args: argparse.Namespace) -> int:
+    for flag, value in (("--days", args.days), ("--rows-per-day", args.rows_per_day),
+                        ("--max-active-runs", args.max_active_runs), ("--parallelism", args.parallelism)):
+        if value < 1:
+            raise InputError(f"bench airflow: {flag} must be at least 1, got {value}")
     work = Path(args.work_dir) / "airflow"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)

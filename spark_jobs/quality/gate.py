@@ -116,7 +116,8 @@ def _run_suite(df: DataFrame, name: str, expectations: list[Any]) -> list[Check]
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
-    logging.getLogger("great_expectations").setLevel(logging.WARNING)
+    for logger in ("great_expectations", "great_expectations.data_context.types.base"):  # the latter sets INFO itself
+        logging.getLogger(logger).setLevel(logging.WARNING)
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
     batch_def = (context.data_sources.add_spark("spark_jobs").add_dataframe_asset(name)
