@@ -8,7 +8,7 @@ here so every writer produces the same files.
 Two kinds of session: a classic one that starts its own Spark application (``local[*]`` or a
 cluster master), and a Spark Connect client of a long-lived server (``--remote`` or
 ``$SPARK_REMOTE``, ``sc://host:15002``) that many short jobs share warm. The server is
-started with the same fixed settings (:func:`server_conf`; ``spark_jobs.connect_server``).
+started with the same fixed settings (:func:`server_conf`; ``spark_jobs.server.connect``).
 """
 
 from __future__ import annotations
