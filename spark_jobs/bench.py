@@ -69,7 +69,7 @@ def one_shot(raw: DataFrame, spec: PipelineSpec) -> DataFrame:
     """Spark's single-phase aggregation of the spec's aggregates: the baseline."""
     from pyspark.sql import functions as F
 
-    from spark_jobs.aggregates.compile import assign_windows
+    from spark_jobs.plan.phases import assign_windows
 
     et = F.col(spec.source.event_time)
     valid = raw.where(et.isNotNull() & F.col(spec.group_by[0]).isNotNull()) if spec.group_by else raw

@@ -10,20 +10,18 @@ from __future__ import annotations
 import datetime as dt
 from typing import TYPE_CHECKING
 
-from spark_jobs.aggregates.compile import CompiledAggregates, assign_windows, partial_aggregate
+from spark_jobs.plan.phases import CompiledAggregates, assign_windows, partial_aggregate
 from spark_jobs.errors import InputError, PipelineError
 from spark_jobs.jobs.landing import classify, read_partition, spark_read_error
 from spark_jobs.jobs.runs import RunRecord, recorded_run
 from spark_jobs.lake import Commit, Lake, PipelineTables, open_lake
+from spark_jobs.lake.rules import BATCH, DEAD_LETTER_PARTITIONS, PARTIALS_PARTITIONS
 from spark_jobs.spec import PipelineSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-__all__ = ["PARTIALS_PARTITIONS", "batch_columns", "combine", "parse_date", "run", "write_dead_letters"]
-
-PARTIALS_PARTITIONS = ("event_date", "source")
-DEAD_LETTER_PARTITIONS = ("job", "batch")
+__all__ = ["batch_columns", "combine", "parse_date", "run", "write_dead_letters"]
 
 
 def parse_date(text: str) -> str:
@@ -50,7 +48,7 @@ def combine(rows: DataFrame, spec: PipelineSpec, compiled: CompiledAggregates, *
     from pyspark.sql import functions as F
 
     partials = partial_aggregate(assign_windows(rows, spec), compiled)
-    return batch_columns(partials, batch=date, source="batch", event_date=F.lit(date).cast("date"), run_id=run_id)
+    return batch_columns(partials, batch=date, source=BATCH, event_date=F.lit(date).cast("date"), run_id=run_id)
 
 
 def write_dead_letters(lake: Lake, tables: PipelineTables, rows: DataFrame, *, job: str, batch: str,
@@ -94,7 +92,7 @@ def run(spark: SparkSession, spec: PipelineSpec, date: str, *, lake: Lake | None
             try:
                 counts = rows.agg(F.count(F.lit(1)).alias("n"), F.count("_reason").alias("rejected")).first()
                 commit = lake.replace_partition(partials, tables.partials, partition_by=PARTIALS_PARTITIONS,
-                                                partition={"event_date": date, "source": "batch"},
+                                                partition={"event_date": date, "source": BATCH},
                                                 metadata=metadata)
             except PipelineError:
                 raise

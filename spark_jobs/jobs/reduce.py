@@ -6,40 +6,27 @@ now with those that counted at that version; only the keys in files added or rem
 are re-merged (from all their current partials) and rewritten, in one commit. A rerun after
 a crash either finds its commit (a no-op) or recomputes the same keys.
 
-Hybrid rule: once a day has batch partials, its streaming partials no longer count.
+Which partial files count is the hybrid rule of :mod:`spark_jobs.lake.rules`.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from spark_jobs.aggregates.compile import CompiledAggregates, final_aggregate
+from spark_jobs.plan.phases import CompiledAggregates, final_aggregate
 from spark_jobs.errors import LakeError
 from spark_jobs.jobs.runs import RunRecord, recorded_run
-from spark_jobs.lake import AppTxn, Cluster, DataFile, Lake, PipelineTables, open_lake
+from spark_jobs.lake import AppTxn, Lake, PipelineTables, open_lake
+from spark_jobs.lake.rules import counted_files, day_bounds, in_days, reduce_app_id, sort_keys, window_cluster
 from spark_jobs.spec import PipelineSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["app_id", "counted_files", "reduce", "run"]
+__all__ = ["reduce", "run"]
 
 log = logging.getLogger("spark_jobs")
-
-
-def app_id(spec: PipelineSpec) -> str:
-    return f"{spec.name}.reduce"
-
-
-def counted_files(files: Iterable[DataFile]) -> dict[str, DataFile]:
-    """The partial files that count: all batch files, and stream files of days without batch."""
-    files = list(files)
-    batch_days = {f.partition_values.get("event_date") for f in files if f.partition_values.get("source") == "batch"}
-    return {f.path: f for f in files
-            if f.partition_values.get("source") == "batch" or f.partition_values.get("event_date") not in batch_days}
 
 
 def reduce(partials: DataFrame, compiled: CompiledAggregates, *, run_id: str) -> DataFrame:
@@ -48,27 +35,6 @@ def reduce(partials: DataFrame, compiled: CompiledAggregates, *, run_id: str) ->
 
     out = final_aggregate(partials, compiled)
     return out.select(*out.columns, F.current_timestamp().alias("updated_at"), F.lit(run_id).alias("run_id"))
-
-
-def _sort_keys(spec: PipelineSpec) -> list[str]:
-    """Cluster files by window first, so a backfilled day rewrites few files."""
-    return (["window_start", *spec.group_by]) if spec.window else list(spec.group_by)
-
-
-def _cluster(spec: PipelineSpec, files: list[DataFile]) -> Cluster | None:
-    """About one output file per event day, by window: a backfilled day then rewrites one or two."""
-    if spec.window is None:
-        return None
-    return Cluster("window_start", len({f.partition_values.get("event_date") for f in files}) or 1)
-
-
-def _in_day_range(files: dict[str, DataFile], first: dt.date, last: dt.date) -> list[str]:
-    out = []
-    for path, f in files.items():
-        day = f.partition_values.get("event_date")
-        if day is None or first <= dt.date.fromisoformat(day) <= last:
-            out.append(path)
-    return out
 
 
 def run(spark: SparkSession, spec: PipelineSpec, *, lake: Lake | None = None, run_id: str | None = None,
@@ -85,7 +51,7 @@ def run(spark: SparkSession, spec: PipelineSpec, *, lake: Lake | None = None, ru
         version = lake.version(tables.partials)
         if version is None:
             raise LakeError(f"no partials table at {tables.partials}; run combine for at least one day first")
-        consumed = lake.txn_version(tables.aggregates, app_id(spec))
+        consumed = lake.txn_version(tables.aggregates, reduce_app_id(spec))
         record.inputs = [tables.partials]
         record.versions_read = {"partials": version, "aggregates": lake.version(tables.aggregates),
                                 "partials_consumed": consumed}
@@ -118,16 +84,16 @@ def run(spark: SparkSession, spec: PipelineSpec, *, lake: Lake | None = None, ru
                 bounds = touched.agg(F.min("window_start").alias("lo"), F.max("window_end").alias("hi")).first()
                 if bounds is not None and bounds["lo"] is not None:
                     prune = ("window_start", bounds["lo"], bounds["hi"])
-                    # a day of margin each side: collected timestamps are in the driver's local time zone
-                    day = dt.timedelta(days=1)
-                    paths = _in_day_range(now, bounds["lo"].date() - day, bounds["hi"].date() + day)
+                    days = day_bounds(bounds["lo"], bounds["hi"])
+                    paths = [p for p, f in now.items() if in_days(f.partition_values.get("event_date"), days)]
             inputs = lake.read_files(tables.partials, paths).join(touched, keys, "left_semi")
         if compiled.udafs:
             inputs = inputs.persist(StorageLevel.MEMORY_AND_DISK)
         rows = reduce(inputs, compiled, run_id=record.run_id)
         commit = lake.replace_keys(rows, tables.aggregates, keys=keys, touched=touched,
-                                   app_txn=AppTxn(app_id(spec), version), sort_by=_sort_keys(spec),
-                                   cluster=_cluster(spec, [now[p] for p in paths]), prune=prune,
+                                   app_txn=AppTxn(reduce_app_id(spec), version), sort_by=sort_keys(spec),
+                                   cluster=window_cluster(spec, len({now[p].partition_values.get("event_date")
+                                                                     for p in paths})), prune=prune,
                                    metadata={"run_id": record.run_id, "job": "reduce",
                                              "partials_version": version, "partials_consumed": consumed})
         # partial rows in the files read (from Delta stats: no extra Spark job)

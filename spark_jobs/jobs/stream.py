@@ -43,8 +43,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs.aggregates.compile import CompiledAggregates, assign_windows, final_aggregate, partial_aggregate
-from spark_jobs.aggregates.local import LocalAggregates
+from spark_jobs.plan.phases import CompiledAggregates, assign_windows, final_aggregate, partial_aggregate
+from spark_jobs.plan.local import LocalAggregates
 from spark_jobs.errors import InputError, LakeError, PipelineError
 from spark_jobs.jobs.combine import PARTIALS_PARTITIONS, batch_columns, write_dead_letters
 from spark_jobs.jobs.landing import CORRUPT, classify, spark_read_error, with_raw

@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_jobs.aggregates.local import LocalAggregates
+from spark_jobs.plan.local import LocalAggregates
 from spark_jobs.lake.arrow import key_mask
 
 __all__ = ["DriverMerge", "merge_on_driver", "partial_rows"]

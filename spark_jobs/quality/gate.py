@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from spark_jobs.errors import InputError, LakeError, QualityError, SchemaMismatchError
 from spark_jobs.quality.rules import QualityRules, load_rules
+from spark_jobs.lake import rules
 from spark_jobs.spec import PipelineSpec
 
 if TYPE_CHECKING:
@@ -227,7 +228,7 @@ def _outputs(spark: SparkSession, spec: PipelineSpec, rules: QualityRules, date:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    from spark_jobs.aggregates.compile import CompiledAggregates
+    from spark_jobs.plan.phases import CompiledAggregates
     from spark_jobs.jobs import reduce
     from spark_jobs.lake import PipelineTables
     from spark_jobs.quality.suites import output_expectations
@@ -251,8 +252,8 @@ def _outputs(spark: SparkSession, spec: PipelineSpec, rules: QualityRules, date:
     else:  # post-reduce: the serving table against the partials it consumed
         if lake.version(tables.aggregates) is None:
             raise LakeError(f"no aggregates table at {tables.aggregates}; run reduce first")
-        consumed = lake.txn_version(tables.aggregates, reduce.app_id(spec))
-        counted = reduce.counted_files(lake.files(tables.partials, consumed))
+        consumed = lake.txn_version(tables.aggregates, rules.reduce_app_id(spec))
+        counted = rules.counted_files(lake.files(tables.partials, consumed))
         if counted:
             total = lake.read_files(tables.partials, list(counted), version=consumed).agg(F.sum("n_rows")).first()
             reconcile[f"n_rows of the partials merged (version {consumed})"] = int(total[0] or 0) if total else 0
@@ -279,7 +280,7 @@ def _rollback_day(spec: PipelineSpec, lake: Lake, date: str, run_id: str) -> tup
     from pyspark.sql import functions as F
 
     from spark_jobs.jobs import reduce
-    from spark_jobs.jobs.combine import PARTIALS_PARTITIONS
+    from spark_jobs.lake.rules import PARTIALS_PARTITIONS
     from spark_jobs.lake import PipelineTables
 
     tables = PipelineTables(spec.lake, spec.name)
@@ -287,7 +288,7 @@ def _rollback_day(spec: PipelineSpec, lake: Lake, date: str, run_id: str) -> tup
     def in_day(f: Any) -> bool:
         return bool(f.partition_values.get("event_date") == date and f.partition_values.get("source") == "batch")
 
-    consumed = lake.txn_version(tables.aggregates, reduce.app_id(spec)) \
+    consumed = lake.txn_version(tables.aggregates, rules.reduce_app_id(spec)) \
         if lake.version(tables.aggregates) is not None else None
     old = [f.path for f in lake.files(tables.partials, consumed) if in_day(f)] if consumed is not None else []
     if old and lake.missing_files(tables.partials, old):

@@ -14,10 +14,11 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from spark_jobs.aggregates.compile import CompiledAggregates
+from spark_jobs.plan.phases import CompiledAggregates
 from spark_jobs.jobs import combine, reduce
 from spark_jobs.jobs.landing import classify, read_partition
 from spark_jobs.lake import PipelineTables, open_lake
+from spark_jobs.lake.rules import PARTIALS_PARTITIONS, reduce_app_id
 from spark_jobs.spec import PipelineSpec
 from tests.builders import FAST_AGGREGATES, day_events, make_spec, write_day
 from tests.oracle import actual, assert_matches, expected, read_landing
@@ -147,7 +148,7 @@ def test_incremental_reduces_equal_one_reduce_a_noop_rerun_and_a_full_reduce(spa
     again = reduce.run(spark, spec)
     assert again.status == "noop" and "already merged" in again.message and again.versions_written == {}
     assert DeltaTable(tables.aggregates).version() == version
-    assert DeltaTable(tables.aggregates).transaction_version(reduce.app_id(spec)) == DeltaTable(tables.partials).version()
+    assert DeltaTable(tables.aggregates).transaction_version(reduce_app_id(spec)) == DeltaTable(tables.partials).version()
     pd.testing.assert_frame_equal(DeltaTable(tables.aggregates).to_pandas(), incremental)
 
     # the same partials, reduced once
@@ -175,7 +176,7 @@ def test_batch_partials_supersede_stream_partials_of_their_day(spark, tmp_path):
 
     # d2 has only stream partials: they count
     combine.run(spark, spec, D1)
-    lake.append(stream_partials(spark, spec, D2), tables.partials, partition_by=combine.PARTIALS_PARTITIONS)
+    lake.append(stream_partials(spark, spec, D2), tables.partials, partition_by=PARTIALS_PARTITIONS)
     assert day_files(tables.partials, D2, "stream") and not day_files(tables.partials, D2, "batch")
     reduce.run(spark, spec)
     oracle_check(tmp_path, spec)
@@ -200,7 +201,7 @@ def _batch_then_stream(spark, tmp_path, make_stream, days=(D1, D2)):
     reduce.run(spark, spec)
     before = DeltaTable(tables.aggregates).to_pandas()
 
-    lake.append(make_stream(spec, lake, tables), tables.partials, partition_by=combine.PARTIALS_PARTITIONS)
+    lake.append(make_stream(spec, lake, tables), tables.partials, partition_by=PARTIALS_PARTITIONS)
     assert day_files(tables.partials, D2, "stream") and day_files(tables.partials, D2, "batch")
     record = reduce.run(spark, spec)
 

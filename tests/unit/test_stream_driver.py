@@ -7,8 +7,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from spark_jobs.aggregates.compile import CompiledAggregates
-from spark_jobs.aggregates.local import LocalAggregates
+from spark_jobs.plan.phases import CompiledAggregates
+from spark_jobs.plan.local import LocalAggregates
 from spark_jobs.jobs.stream_driver import merge_on_driver, partial_rows
 from spark_jobs.spec import PipelineSpec, parse_spec
 

@@ -22,7 +22,7 @@ from spark_jobs.aggregates.builtins import (
     _ByEventTime,
     _ExtremeMapView,
 )
-from spark_jobs.aggregates.compile import CompiledAggregates
+from spark_jobs.plan.phases import CompiledAggregates
 
 __all__ = ["LocalAggregates"]
 

@@ -1,0 +1,78 @@
+"""The pipeline's table rules, in one place: which partial files count, app ids, file layout.
+
+Hybrid rule: once an event day has batch partials (a combine of that day), its streaming
+partials no longer count. The batch combine saw every row of the day, late ones included, so
+it supersedes what the stream accumulated; reduce, the stream and the gates all apply it here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from spark_jobs.lake._types import Cluster, DataFile
+
+if TYPE_CHECKING:
+    from spark_jobs.spec import PipelineSpec
+
+__all__ = [
+    "BATCH", "DAY", "DAY_MARGIN", "DEAD_LETTER_PARTITIONS", "PARTIALS_PARTITIONS", "STREAM", "batch_days",
+    "counted_files", "day_bounds", "in_days", "is_batch", "reduce_app_id", "sort_keys", "stream_app_id",
+    "window_cluster",
+]
+
+DAY = "event_date"
+BATCH, STREAM = "batch", "stream"  # the ``source`` partition of ``partials``
+PARTIALS_PARTITIONS = (DAY, "source")
+DEAD_LETTER_PARTITIONS = ("job", "batch")
+# Windows reach at most a day past their events' day, and timestamps Spark hands back are in
+# the driver's local time zone: a day of margin each side keeps every day-range filter safe.
+DAY_MARGIN = dt.timedelta(days=1)
+
+
+def reduce_app_id(spec: PipelineSpec) -> str:
+    """The app transaction on ``aggregates``: the ``partials`` version reduce merged."""
+    return f"{spec.name}.reduce"
+
+
+def stream_app_id(spec: PipelineSpec) -> str:
+    """The app transaction on every table the stream writes: its last committed mini-batch."""
+    return f"{spec.name}.stream"
+
+
+def is_batch(f: DataFile) -> bool:
+    return f.partition_values.get("source") == BATCH
+
+
+def batch_days(files: Iterable[DataFile]) -> set[str]:
+    """Event days (ISO dates) that have batch partials."""
+    return {d for f in files if is_batch(f) and (d := f.partition_values.get(DAY)) is not None}
+
+
+def counted_files(files: Iterable[DataFile]) -> dict[str, DataFile]:
+    """The partial files that count (the hybrid rule), by path."""
+    files = list(files)
+    days = batch_days(files)
+    return {f.path: f for f in files if is_batch(f) or f.partition_values.get(DAY) not in days}
+
+
+def day_bounds(lo: dt.datetime, hi: dt.datetime) -> tuple[dt.date, dt.date]:
+    """The event days rows with times in [lo, hi] (windows included) can belong to."""
+    return lo.date() - DAY_MARGIN, hi.date() + DAY_MARGIN
+
+
+def in_days(day: str | None, bounds: tuple[dt.date, dt.date]) -> bool:
+    return day is None or bounds[0] <= dt.date.fromisoformat(day) <= bounds[1]
+
+
+def sort_keys(spec: PipelineSpec) -> list[str]:
+    """How ``aggregates`` rows are sorted in their files: by window first, so a day rewrites few files."""
+    return ["window_start", *spec.group_by] if spec.window else list(spec.group_by)
+
+
+def window_cluster(spec: PipelineSpec, files: int, *, by: str = "range") -> Cluster | None:
+    """About ``files`` files of ``aggregates`` by window start; None without a window."""
+    if spec.window is None:
+        return None
+    return Cluster("window_start", max(files, 1), by="hash" if by == "hash" else "range")
