@@ -10,12 +10,12 @@ from __future__ import annotations
 import datetime as dt
 from typing import TYPE_CHECKING
 
-from spark_jobs.plan.phases import CompiledAggregates, assign_windows, partial_aggregate
 from spark_jobs.errors import InputError, PipelineError
 from spark_jobs.jobs.landing import classify, read_partition, spark_read_error
 from spark_jobs.jobs.runs import RunRecord, recorded_run
 from spark_jobs.lake import Commit, Lake, PipelineTables, open_lake
 from spark_jobs.lake.rules import BATCH, DEAD_LETTER_PARTITIONS, PARTIALS_PARTITIONS
+from spark_jobs.plan.phases import CompiledAggregates, assign_windows, partial_aggregate
 from spark_jobs.spec import PipelineSpec
 
 if TYPE_CHECKING:

@@ -14,11 +14,11 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from spark_jobs.plan.phases import CompiledAggregates, final_aggregate
 from spark_jobs.errors import LakeError
 from spark_jobs.jobs.runs import RunRecord, recorded_run
 from spark_jobs.lake import AppTxn, Lake, PipelineTables, open_lake
 from spark_jobs.lake.rules import counted_files, day_bounds, in_days, reduce_app_id, sort_keys, window_cluster
+from spark_jobs.plan.phases import CompiledAggregates, final_aggregate
 from spark_jobs.spec import PipelineSpec
 
 if TYPE_CHECKING:

@@ -43,8 +43,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs.plan.phases import CompiledAggregates, assign_windows, final_aggregate, partial_aggregate
-from spark_jobs.plan.local import LocalAggregates
 from spark_jobs.errors import InputError, LakeError, PipelineError
 from spark_jobs.jobs.combine import PARTIALS_PARTITIONS, batch_columns, write_dead_letters
 from spark_jobs.jobs.landing import CORRUPT, classify, spark_read_error, with_raw
@@ -52,6 +50,8 @@ from spark_jobs.jobs.reduce import reduce
 from spark_jobs.jobs.runs import new_run_id, recorded_run
 from spark_jobs.jobs.stream_driver import merge_on_driver, partial_rows
 from spark_jobs.lake import AppTxn, Cluster, DataFile, Lake, PipelineTables, open_lake
+from spark_jobs.plan.local import LocalAggregates
+from spark_jobs.plan.phases import CompiledAggregates, assign_windows, final_aggregate, partial_aggregate
 from spark_jobs.spec import PipelineSpec
 
 if TYPE_CHECKING:

@@ -18,8 +18,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_jobs.plan.local import LocalAggregates
 from spark_jobs.lake.arrow import key_mask
+from spark_jobs.plan.local import LocalAggregates
 
 __all__ = ["DriverMerge", "merge_on_driver", "partial_rows"]
 

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from spark_jobs.errors import InputError, LakeError, QualityError, SchemaMismatchError
-from spark_jobs.quality.rules import QualityRules, load_rules
 from spark_jobs.lake import rules
+from spark_jobs.quality.rules import QualityRules, load_rules
 from spark_jobs.spec import PipelineSpec
 
 if TYPE_CHECKING:
@@ -228,9 +228,9 @@ def _outputs(spark: SparkSession, spec: PipelineSpec, rules: QualityRules, date:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    from spark_jobs.plan.phases import CompiledAggregates
     from spark_jobs.jobs import reduce
     from spark_jobs.lake import PipelineTables
+    from spark_jobs.plan.phases import CompiledAggregates
     from spark_jobs.quality.suites import output_expectations
 
     tables = PipelineTables(spec.lake, spec.name)
@@ -279,9 +279,8 @@ def _rollback_day(spec: PipelineSpec, lake: Lake, date: str, run_id: str) -> tup
     """Put back the day's batch partials that ``aggregates`` was built from; (rows restored, commit version)."""
     from pyspark.sql import functions as F
 
-    from spark_jobs.jobs import reduce
-    from spark_jobs.lake.rules import PARTIALS_PARTITIONS
     from spark_jobs.lake import PipelineTables
+    from spark_jobs.lake.rules import PARTIALS_PARTITIONS
 
     tables = PipelineTables(spec.lake, spec.name)
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from spark_jobs.plan.phases import CompiledAggregates
-from spark_jobs.plan.local import LocalAggregates
 from spark_jobs.jobs.stream_driver import merge_on_driver, partial_rows
+from spark_jobs.plan.local import LocalAggregates
+from spark_jobs.plan.phases import CompiledAggregates
 from spark_jobs.spec import PipelineSpec, parse_spec
 
 T0 = dt.datetime(2024, 3, 1, tzinfo=dt.UTC)
