@@ -229,134 +229,24 @@ class _Checker:
 
 
 def parse_spec(raw: Any, *, origin: str = "<memory>", base_dir: Path | None = None) -> PipelineSpec:
-    """Validate a spec mapping (as loaded from YAML) into a :class:`PipelineSpec`."""
-    from spark_jobs.aggregates.registry import validate_aggregate
+    """Validate a spec mapping (as loaded from YAML) into a :class:`PipelineSpec`.
 
+    Each section has its own ``_check_*`` helper; all of them add to one :class:`_Checker`, in
+    the order below, so every problem of the spec is reported at once.
+    """
     c = _Checker()
     top = c.mapping(raw, "", ("name", "source", "group_by", "window", "aggregates", "stream", "lake"),
                     ("name", "source", "group_by", "aggregates", "lake"))
-
     name = top.get("name")
-    if name is not None and (not isinstance(name, str) or not _NAME.match(name)):
-        c.add("name", f"bad name {name!r}; use lower-case letters, digits and '_', starting with a letter, e.g. page_views")
-
-    src = c.mapping(top.get("source", {}), "source", ("path", "format", "event_time", "schema", "op_column"),
-                    ("path", "event_time", "schema"))
-    fmt = src.get("format", "parquet")
-    if fmt not in FORMATS:
-        c.add("source.format", f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
-    schema: dict[str, str] = {}
-    raw_schema = src.get("schema")
-    if raw_schema is not None and not isinstance(raw_schema, Mapping):
-        c.add("source.schema", "expected a mapping of column: type, e.g. {event_time: timestamp, page: string}")
-    elif raw_schema:
-        for col, typ in raw_schema.items():
-            if not isinstance(col, str) or not _NAME.match(col):
-                c.add(f"source.schema.{col}", "bad column name; use lower-case letters, digits and '_'")
-            elif str(typ).lower() not in TYPES:
-                c.add(f"source.schema.{col}", f"unknown type {typ!r}; use one of {', '.join(TYPES)}")
-            else:
-                schema[col] = TYPES[str(typ).lower()]
-    event_time = src.get("event_time")
-    if event_time is not None and schema:
-        if event_time not in schema:
-            c.add("source.event_time", f"column {event_time!r} is not in source.schema; add it as {event_time}: timestamp")
-        elif schema[event_time] != "timestamp":
-            c.add("source.event_time", f"column {event_time!r} has type {schema[event_time]}; declare it as timestamp")
+    _check_name(c, name)
+    src, schema = _check_source(c, top.get("source", {}))
     op_column = src.get("op_column")
-    if op_column is not None and schema:
-        if op_column not in schema:
-            c.add("source.op_column", f"column {op_column!r} is not in source.schema; add it as {op_column}: string")
-        elif schema[op_column] != "string":
-            c.add("source.op_column", f"column {op_column!r} has type {schema[op_column]}; declare it as string "
-                  f"holding {', '.join(OPS)}")
-    for col in schema:
-        if col in RESERVED_COLUMNS and col != op_column:  # the op column is consumed, never stored
-            c.add(f"source.schema.{col}", f"{col!r} is reserved by the pipeline tables; rename the column")
-
-    group_by = top.get("group_by")
-    keys: tuple[str, ...] = ()
-    if group_by is not None:
-        if not isinstance(group_by, list) or not all(isinstance(k, str) for k in group_by):
-            c.add("group_by", f"expected a list of column names, got {group_by!r}")
-        else:
-            keys = tuple(group_by)
-            for k in keys:
-                if schema and k not in schema:
-                    c.add("group_by", f"column {k!r} is not in source.schema; add it or remove it from group_by")
-            if len(set(keys)) != len(keys):
-                c.add("group_by", f"duplicate columns in {list(keys)}; list each column once")
-
-    window = None
-    if top.get("window") is not None:
-        w = c.mapping(top["window"], "window", ("size", "slide"), ("size",))
-        try:
-            size = parse_duration(w.get("size"))
-            slide = parse_duration(w["slide"]) if w.get("slide") is not None else None
-            if slide is not None and slide.seconds > size.seconds:
-                c.add("window.slide", f"slide {slide} is longer than size {size}; use a slide <= size")
-            window = WindowSpec(size, slide)
-        except ValueError as exc:
-            c.add("window", str(exc))
-
-    aggregates: list[AggregateSpec] = []
-    raw_aggs = top.get("aggregates")
-    if raw_aggs is not None and (not isinstance(raw_aggs, list) or not raw_aggs):
-        c.add("aggregates", "expected a non-empty list, e.g. [{name: views, fn: count}]")
-    seen: set[str] = set()
-    for i, item in enumerate(raw_aggs if isinstance(raw_aggs, list) else []):
-        field = f"aggregates[{i}]"
-        a = c.mapping(item, field, ("name", "fn", "column", "columns", "args"), ("name", "fn"))
-        agg_name = a.get("name")
-        if agg_name is not None:
-            if not isinstance(agg_name, str) or not _NAME.match(agg_name) or "__" in agg_name:
-                c.add(f"{field}.name", f"bad name {agg_name!r}; use lower-case letters, digits and single '_'")
-            elif agg_name in RESERVED_COLUMNS or agg_name in schema or agg_name in seen:
-                c.add(f"{field}.name", f"name {agg_name!r} clashes with a column or another aggregate; choose a unique name")
-            seen.add(str(agg_name))
-        if "column" in a and "columns" in a:
-            c.add(field, "'column' and 'columns' are mutually exclusive; define only one")
-        cols_raw = a.get("columns", [a["column"]] if a.get("column") is not None else [])
-        if not isinstance(cols_raw, list) or not all(isinstance(x, str) for x in cols_raw):
-            c.add(f"{field}.columns", f"expected a list of column names, got {cols_raw!r}")
-            cols_raw = []
-        for col in cols_raw:
-            if schema and col not in schema:
-                c.add(f"{field}.column", f"column {col!r} is not in source.schema; add it or use another column")
-        args = a.get("args") or {}
-        if not isinstance(args, Mapping):
-            c.add(f"{field}.args", f"expected a mapping, got {args!r}")
-            args = {}
-        if not isinstance(a.get("fn"), str):
-            if a.get("fn") is not None:
-                c.add(f"{field}.fn", f"expected a function name, got {a.get('fn')!r}")
-            continue
-        agg = AggregateSpec(str(agg_name), a["fn"], tuple(cols_raw), tuple(sorted(args.items())))
-        for problem in validate_aggregate(agg, schema, retracting=op_column is not None):
-            c.add(f"{field}.{problem[0]}", problem[1])
-        aggregates.append(agg)
-
-    stream = StreamSpec()
-    if top.get("stream") is not None:
-        s = c.mapping(top["stream"], "stream", ("max_files_per_batch", "trigger", "watermark"))
-        kwargs: dict[str, Any] = {}
-        mfpb = s.get("max_files_per_batch", 100)
-        if not isinstance(mfpb, int) or isinstance(mfpb, bool) or mfpb < 1:
-            c.add("stream.max_files_per_batch", f"bad value {mfpb!r}; use a whole number >= 1")
-        else:
-            kwargs["max_files_per_batch"] = mfpb
-        for key in ("trigger", "watermark"):
-            if key in s:
-                try:
-                    kwargs[key] = parse_duration(s[key])
-                except ValueError as exc:
-                    c.add(f"stream.{key}", str(exc))
-        stream = StreamSpec(**kwargs)
-
+    keys = _check_group_by(c, top.get("group_by"), schema)
+    window = _check_window(c, top.get("window"))
+    aggregates = _check_aggregates(c, top.get("aggregates"), schema, op_column)
+    stream = _check_stream(c, top.get("stream"))
     lake = top.get("lake")
-    for field, value in (("lake", lake), ("source.path", src.get("path"))):
-        if value is not None and (not isinstance(value, str) or not value.strip()):
-            c.add(field, f"expected a path, got {value!r}")
+    _check_paths(c, lake=lake, source_path=src.get("path"))
 
     if c.problems:
         raise SpecError(origin, c.problems)
@@ -364,8 +254,8 @@ def parse_spec(raw: Any, *, origin: str = "<memory>", base_dir: Path | None = No
         name=cast(str, name),
         source=SourceSpec(
             path=_abs(src["path"], base_dir),
-            format=cast(SourceFormat, fmt),
-            event_time=cast(str, event_time),
+            format=cast(SourceFormat, src.get("format", "parquet")),
+            event_time=cast(str, src.get("event_time")),
             schema=tuple(schema.items()),
             op_column=cast(str | None, op_column),
         ),
@@ -376,3 +266,160 @@ def parse_spec(raw: Any, *, origin: str = "<memory>", base_dir: Path | None = No
         stream=stream,
         origin=origin,
     )
+
+
+def _check_name(c: _Checker, name: Any) -> None:
+    if name is not None and (not isinstance(name, str) or not _NAME.match(name)):
+        c.add("name", f"bad name {name!r}; use lower-case letters, digits and '_', starting with a letter, e.g. page_views")
+
+
+def _check_source(c: _Checker, raw: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """The ``source`` mapping as given, and its schema as column -> Spark SQL type (valid columns only)."""
+    src = c.mapping(raw, "source", ("path", "format", "event_time", "schema", "op_column"),
+                    ("path", "event_time", "schema"))
+    fmt = src.get("format", "parquet")
+    if fmt not in FORMATS:
+        c.add("source.format", f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    schema = _check_schema(c, src.get("schema"))
+    _check_typed_column(c, "source.event_time", src.get("event_time"), schema, "timestamp")
+    op_column = src.get("op_column")
+    _check_typed_column(c, "source.op_column", op_column, schema, "string", f" holding {', '.join(OPS)}")
+    for col in schema:
+        if col in RESERVED_COLUMNS and col != op_column:  # the op column is consumed, never stored
+            c.add(f"source.schema.{col}", f"{col!r} is reserved by the pipeline tables; rename the column")
+    return src, schema
+
+
+def _check_schema(c: _Checker, raw_schema: Any) -> dict[str, str]:
+    schema: dict[str, str] = {}
+    if raw_schema is not None and not isinstance(raw_schema, Mapping):
+        c.add("source.schema", "expected a mapping of column: type, e.g. {event_time: timestamp, page: string}")
+    elif raw_schema:
+        for col, typ in raw_schema.items():
+            if not isinstance(col, str) or not _NAME.match(col):
+                c.add(f"source.schema.{col}", "bad column name; use lower-case letters, digits and '_'")
+            elif str(typ).lower() not in TYPES:
+                c.add(f"source.schema.{col}", f"unknown type {typ!r}; use one of {', '.join(TYPES)}")
+            else:
+                schema[col] = TYPES[str(typ).lower()]
+    return schema
+
+
+def _check_typed_column(c: _Checker, field: str, column: Any, schema: dict[str, str], type_: str,
+                        hint: str = "") -> None:
+    """A column the source names (event time, op column) must be in the schema with type ``type_``."""
+    if column is None or not schema:
+        return
+    if column not in schema:
+        c.add(field, f"column {column!r} is not in source.schema; add it as {column}: {type_}")
+    elif schema[column] != type_:
+        c.add(field, f"column {column!r} has type {schema[column]}; declare it as {type_}{hint}")
+
+
+def _check_group_by(c: _Checker, group_by: Any, schema: dict[str, str]) -> tuple[str, ...]:
+    if group_by is None:
+        return ()
+    if not isinstance(group_by, list) or not all(isinstance(k, str) for k in group_by):
+        c.add("group_by", f"expected a list of column names, got {group_by!r}")
+        return ()
+    keys = tuple(group_by)
+    for k in keys:
+        if schema and k not in schema:
+            c.add("group_by", f"column {k!r} is not in source.schema; add it or remove it from group_by")
+    if len(set(keys)) != len(keys):
+        c.add("group_by", f"duplicate columns in {list(keys)}; list each column once")
+    return keys
+
+
+def _check_window(c: _Checker, raw: Any) -> WindowSpec | None:
+    if raw is None:
+        return None
+    w = c.mapping(raw, "window", ("size", "slide"), ("size",))
+    try:
+        size = parse_duration(w.get("size"))
+        slide = parse_duration(w["slide"]) if w.get("slide") is not None else None
+    except ValueError as exc:
+        c.add("window", str(exc))
+        return None
+    if slide is not None and slide.seconds > size.seconds:
+        c.add("window.slide", f"slide {slide} is longer than size {size}; use a slide <= size")
+    return WindowSpec(size, slide)
+
+
+def _check_aggregates(c: _Checker, raw_aggs: Any, schema: dict[str, str], op_column: str | None) -> list[AggregateSpec]:
+    """The aggregates list; each entry is checked by shape, then by its function (built-in or user-defined)."""
+    from spark_jobs.aggregates.registry import validate_aggregate
+
+    aggregates: list[AggregateSpec] = []
+    if raw_aggs is not None and (not isinstance(raw_aggs, list) or not raw_aggs):
+        c.add("aggregates", "expected a non-empty list, e.g. [{name: views, fn: count}]")
+    seen: set[str] = set()
+    for i, item in enumerate(raw_aggs if isinstance(raw_aggs, list) else []):
+        field = f"aggregates[{i}]"
+        agg = _check_aggregate_entry(c, field, item, schema, seen)
+        if agg is None:
+            continue
+        for problem in validate_aggregate(agg, schema, retracting=op_column is not None):
+            c.add(f"{field}.{problem[0]}", problem[1])
+        aggregates.append(agg)
+    return aggregates
+
+
+def _check_aggregate_entry(c: _Checker, field: str, item: Any, schema: dict[str, str],
+                           seen: set[str]) -> AggregateSpec | None:
+    """One ``aggregates[i]`` mapping as an :class:`AggregateSpec`; None when it has no usable ``fn``.
+
+    Adds the entry's name to ``seen``, so a later entry with the same name is reported.
+    """
+    a = c.mapping(item, field, ("name", "fn", "column", "columns", "args"), ("name", "fn"))
+    agg_name = a.get("name")
+    if agg_name is not None:
+        if not isinstance(agg_name, str) or not _NAME.match(agg_name) or "__" in agg_name:
+            c.add(f"{field}.name", f"bad name {agg_name!r}; use lower-case letters, digits and single '_'")
+        elif agg_name in RESERVED_COLUMNS or agg_name in schema or agg_name in seen:
+            c.add(f"{field}.name", f"name {agg_name!r} clashes with a column or another aggregate; choose a unique name")
+        seen.add(str(agg_name))
+    if "column" in a and "columns" in a:
+        c.add(field, "'column' and 'columns' are mutually exclusive; define only one")
+    cols_raw = a.get("columns", [a["column"]] if a.get("column") is not None else [])
+    if not isinstance(cols_raw, list) or not all(isinstance(x, str) for x in cols_raw):
+        c.add(f"{field}.columns", f"expected a list of column names, got {cols_raw!r}")
+        cols_raw = []
+    for col in cols_raw:
+        if schema and col not in schema:
+            c.add(f"{field}.column", f"column {col!r} is not in source.schema; add it or use another column")
+    args = a.get("args") or {}
+    if not isinstance(args, Mapping):
+        c.add(f"{field}.args", f"expected a mapping, got {args!r}")
+        args = {}
+    fn = a.get("fn")
+    if not isinstance(fn, str):
+        if fn is not None:
+            c.add(f"{field}.fn", f"expected a function name, got {fn!r}")
+        return None
+    return AggregateSpec(str(agg_name), fn, tuple(cols_raw), tuple(sorted(args.items())))
+
+
+def _check_stream(c: _Checker, raw: Any) -> StreamSpec:
+    if raw is None:
+        return StreamSpec()
+    s = c.mapping(raw, "stream", ("max_files_per_batch", "trigger", "watermark"))
+    kwargs: dict[str, Any] = {}
+    mfpb = s.get("max_files_per_batch", 100)
+    if not isinstance(mfpb, int) or isinstance(mfpb, bool) or mfpb < 1:
+        c.add("stream.max_files_per_batch", f"bad value {mfpb!r}; use a whole number >= 1")
+    else:
+        kwargs["max_files_per_batch"] = mfpb
+    for key in ("trigger", "watermark"):
+        if key in s:
+            try:
+                kwargs[key] = parse_duration(s[key])
+            except ValueError as exc:
+                c.add(f"stream.{key}", str(exc))
+    return StreamSpec(**kwargs)
+
+
+def _check_paths(c: _Checker, *, lake: Any, source_path: Any) -> None:
+    for field, value in (("lake", lake), ("source.path", source_path)):
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            c.add(field, f"expected a path, got {value!r}")
