@@ -140,7 +140,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from spark_jobs.inspect.cli import run_inspect
+    from spark_jobs.inspection.cli import run_inspect
 
     return run_inspect(args)
 
@@ -233,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "SIGTERM/SIGINT, which stops at a mini-batch boundary)")
     st.set_defaults(func=cmd_stream)
 
-    from spark_jobs.inspect.cli import add_inspect_parser
+    from spark_jobs.inspection.cli import add_inspect_parser
 
     add_inspect_parser(sub).set_defaults(func=cmd_inspect)
 

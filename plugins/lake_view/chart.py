@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from html import escape
 
-from spark_jobs.inspect import Series
+from spark_jobs.inspection import Series
 
 __all__ = ["COLORS", "svg_chart"]
 

@@ -10,7 +10,7 @@ import pytest
 from deltalake import write_deltalake
 
 from spark_jobs.errors import LakeError
-from spark_jobs.inspect import InspectError, parse_where, resolve_table
+from spark_jobs.inspection import InspectError, parse_where, resolve_table
 
 UTC = dt.UTC
 SCHEMA = pa.schema([("page", pa.string()), ("window_start", pa.timestamp("us", tz="UTC")), ("views", pa.int64()),
@@ -121,7 +121,7 @@ def test_the_web_view_accepts_no_paths(lake, name):
 def test_a_symlink_out_of_the_lake_is_refused(lake):
     with pytest.raises(InspectError, match="resolves outside the lake root"):
         resolve_table("escape.aggregates", str(lake), confined=True)
-    from spark_jobs.inspect import list_tables
+    from spark_jobs.inspection import list_tables
 
     assert list_tables(str(lake))["table"].to_pylist() == ["p1.aggregates"]
 

@@ -1,6 +1,6 @@
 """``python -m spark_jobs inspect <view> ...``: argument parsing and printing only.
 
-The views live in :mod:`spark_jobs.inspect.views`; errors surface through the CLI's error
+The views live in :mod:`spark_jobs.inspection.views`; errors surface through the CLI's error
 mapping (``error: ...`` and a non-zero exit code), and nothing is ever written.
 """
 
@@ -77,7 +77,7 @@ def _spec(args: argparse.Namespace) -> PipelineSpec | None:
 
 
 def _lake(args: argparse.Namespace, spec: PipelineSpec | None) -> str | None:
-    from spark_jobs.inspect.views import default_lake
+    from spark_jobs.inspection.views import default_lake
 
     if args.lake:
         return str(args.lake)
@@ -120,8 +120,8 @@ def _limit(n: int) -> int:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    from spark_jobs.inspect import views
-    from spark_jobs.inspect.render import to_json, to_text
+    from spark_jobs.inspection import views
+    from spark_jobs.inspection.render import to_json, to_text
 
     spec = _spec(args)
     lake = _lake(args, spec)

@@ -3,7 +3,7 @@
 Everything here reads through delta-rs and pyarrow (no Spark, no JVM) and never writes. A table
 is named ``<pipeline>.<table>`` (resolved under the lake root, and confined to it) or, on the
 command line only, by its path. Version arguments are checked against the table's history;
-filters go through :func:`spark_jobs.inspect.where.parse_where`, never through SQL.
+filters go through :func:`spark_jobs.inspection.where.parse_where`, never through SQL.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from spark_jobs.errors import InspectError, LakeError
-from spark_jobs.inspect.where import parse_where
+from spark_jobs.inspection.where import parse_where
 from spark_jobs.lake.tables import TABLES
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """Read-only views of the lake (delta-rs only, no Spark), shared by the CLI and the web view."""
 
 from spark_jobs.errors import InspectError
-from spark_jobs.inspect.views import (
+from spark_jobs.inspection.views import (
     LAKE_ENV,
     Series,
     TableDiff,
@@ -20,7 +20,7 @@ from spark_jobs.inspect.views import (
     table_keys,
     versions,
 )
-from spark_jobs.inspect.where import parse_where
+from spark_jobs.inspection.where import parse_where
 
 __all__ = [
     "LAKE_ENV",

@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from spark_jobs.inspect.views import TableDiff
+from spark_jobs.inspection.views import TableDiff
 
 __all__ = ["cell", "diff_to_dict", "human_bytes", "jsonable", "to_json", "to_text"]
 
