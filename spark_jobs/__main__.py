@@ -9,9 +9,20 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+if __name__ == "__main__" and __spec__ is None and sys.path:
+    # Run as a file (``spark-submit .../spark_jobs/__main__.py``), Python put this package's own folder
+    # first on sys.path, where its modules (errors, session, jobs, lake, ...) would be importable as
+    # top-level names and could shadow another distribution's. Put the folder holding the package there
+    # instead: ``spark_jobs`` then imports as with ``python -m spark_jobs``, installed or not. The imports
+    # above are the standard library's, which has none of those names.
+    _HERE = os.path.dirname(os.path.abspath(__file__))
+    if os.path.abspath(sys.path[0] or os.curdir) == _HERE:
+        sys.path[0] = os.path.dirname(_HERE)
 
 from spark_jobs.errors import InputError, PipelineError
 

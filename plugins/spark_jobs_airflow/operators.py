@@ -30,6 +30,8 @@ from typing import Any, Literal
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
+import spark_jobs
+
 __all__ = ["DATE", "NO_RETRY_EXIT_CODES", "SparkJobError", "SparkJobOperator", "SparkTarget", "resolve_master",
            "resolve_target"]
 
@@ -37,7 +39,8 @@ __all__ = ["DATE", "NO_RETRY_EXIT_CODES", "SparkJobError", "SparkJobOperator", "
 # day it was triggered (a manual run has no logical date unless given one).
 DATE = "{{ params.date or (dag_run.logical_date or dag_run.run_after).strftime('%Y-%m-%d') }}"
 NO_RETRY_EXIT_CODES = {2: "bad spec or arguments", 5: "quality gate failed"}
-SUBMIT_FILE = Path(__file__).resolve().parents[2] / "spark_jobs" / "_submit" / "spark_jobs_submit.py"
+# what spark-submit runs: the CLI's own file (it keeps its folder off sys.path; see spark_jobs/__main__.py)
+SUBMIT_FILE = Path(spark_jobs.__file__).resolve().with_name("__main__.py")
 
 
 class SparkJobError(AirflowException):

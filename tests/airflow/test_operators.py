@@ -64,9 +64,23 @@ def test_the_job_log_is_streamed_into_the_task_log_and_its_last_line_returned(sp
                           args=["inspect", "tables", "--pipeline", spec.origin])
     last = op.execute({})
     out = "".join(capfd.readouterr())
-    assert "spark_jobs_submit.py inspect tables" in out
+    assert f"{ROOT / 'spark_jobs' / '__main__.py'} inspect tables" in out
     assert "views.partials" in out  # the job's own output, line by line in the task log
     assert last is not None and "views." in last
+
+
+def test_run_as_a_file_the_cli_keeps_its_own_folder_off_sys_path(monkeypatch, capsys):
+    # spark-submit runs spark_jobs/__main__.py as a script: Python puts spark_jobs/ first on sys.path,
+    # where errors.py, session.py, jobs/, lake/, ... would be top-level modules shadowing others
+    import runpy
+
+    package = ROOT / "spark_jobs"
+    monkeypatch.setattr(sys, "path", [str(package), *sys.path])
+    monkeypatch.setattr(sys, "argv", [str(package / "__main__.py"), "--help"])
+    with pytest.raises(SystemExit) as info:
+        runpy.run_path(str(package / "__main__.py"), run_name="__main__")
+    assert info.value.code == 0 and "python -m spark_jobs" in capsys.readouterr().out
+    assert sys.path[0] == str(ROOT) and str(package) not in sys.path
 
 
 def test_the_master_comes_from_the_argument_the_connection_the_environment_or_local(monkeypatch):
@@ -82,7 +96,7 @@ def test_the_master_comes_from_the_argument_the_connection_the_environment_or_lo
     op = SparkJobOperator(task_id="t", args=["reduce"], master="local[2]", driver_memory="512m")
     cmd = op.command("local[2]")
     assert cmd[1:5] == ["--master", "local[2]", "--driver-memory", "512m"]
-    assert cmd[-2:] == [str(ROOT / "spark_jobs" / "_submit" / "spark_jobs_submit.py"), "reduce"]
+    assert cmd[-2:] == [str(ROOT / "spark_jobs" / "__main__.py"), "reduce"]
 
 
 def test_a_connect_server_comes_from_the_argument_the_connection_or_the_environment(monkeypatch):
