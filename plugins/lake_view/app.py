@@ -1,7 +1,7 @@
 """The lake view: a read-only FastAPI app over the lake's Delta tables, served by Airflow's API server.
 
 HTML pages (server-side Jinja templates, inline SVG chart, no JavaScript, no CDN assets) and a
-JSON API with the same views, all from :mod:`spark_jobs.inspect`. Every route:
+JSON API with the same views, all from :mod:`spark_jobs.inspection`. Every route:
 
 - requires an Airflow user (:func:`lake_view.auth.airflow_user`); pages redirect to Airflow's
   login, the JSON API answers 401;
@@ -17,6 +17,7 @@ JSON API with the same views, all from :mod:`spark_jobs.inspect`. Every route:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlencode
@@ -32,8 +33,8 @@ from markupsafe import Markup
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from spark_jobs.errors import LakeError, PipelineError
-from spark_jobs.inspect import InspectError, views
-from spark_jobs.inspect.render import cell, diff_to_dict, human_bytes, jsonable
+from spark_jobs.inspection import InspectError, views
+from spark_jobs.inspection.render import cell, diff_to_dict, human_bytes, jsonable
 
 from .auth import NotAuthenticated, airflow_user, login_url
 from .chart import svg_chart
@@ -58,27 +59,23 @@ AsOfQ = Annotated[str | None, Query(max_length=40, description="time travel: 'YY
 FromQ = Annotated[int | None, Query(alias="from", ge=0, le=2**31, description="older version of a diff")]
 
 
+# ----------------------------------------------------------------------------- query parameters
 def _blank(value: str | None) -> str | None:
+    """An empty form field means the parameter is not given."""
     return value if value else None
 
 
-# ----------------------------------------------------------------------------- helpers
-def _grid(table: pa.Table, *, width: int = 80) -> dict[str, Any]:
-    """Header, formatted cells and numeric flags of an Arrow table, for the templates."""
-    rows = [[cell(v, width=width) for v in row.values()] for row in table.to_pylist()]
-    numeric = [pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_decimal(f.type)
-               for f in table.schema]
-    return {"header": table.column_names, "rows": rows, "numeric": numeric}
+def _columns(text: str | None) -> list[str] | None:
+    """``a,b,c`` (already checked against :data:`ColumnsQ`) as a list; None for all columns."""
+    return text.split(",") if text else None
 
 
-def _rel_path(request: Request) -> str:
-    root = request.scope.get("root_path", "")
-    path = request.url.path
-    return path[len(root):] if root and path.startswith(root) else path
-
-
-def _is_api(request: Request) -> bool:
-    return _rel_path(request).startswith("/api/")
+def _order(order_by: str | None) -> list[tuple[str, str]] | None:
+    """``column[:asc|:desc]`` (already checked against :data:`OrderQ`) as Arrow sort keys."""
+    if not order_by:
+        return None
+    col, _, direction = order_by.partition(":")
+    return [(col, "descending" if direction == "desc" else "ascending")]
 
 
 def _strict_query(request: Request) -> None:
@@ -95,11 +92,103 @@ def _strict_query(request: Request) -> None:
         raise InspectError(f"query parameter {repeated[0]!r} is given more than once; give it once")
 
 
+# ----------------------------------------------------------------------------- requests
+def _rel_path(request: Request) -> str:
+    root = request.scope.get("root_path", "")
+    path = request.url.path
+    return path[len(root):] if root and path.startswith(root) else path
+
+
+def _is_api(request: Request) -> bool:
+    return _rel_path(request).startswith("/api/")
+
+
+def _url_for(request: Request) -> Callable[..., str]:
+    """The templates' ``url(path, **params)``: a link under the app's mount point; empty params are left out."""
+    base = request.scope.get("root_path", "")
+
+    def url(path: str, **params: Any) -> str:
+        query = urlencode({k: v for k, v in params.items() if v is not None and v != ""})
+        return f"{base}{path}" + (f"?{query}" if query else "")
+
+    return url
+
+
+# ----------------------------------------------------------------------------- data for the pages
+def _grid(table: pa.Table, *, width: int = 80) -> dict[str, Any]:
+    """Header, formatted cells and numeric flags of an Arrow table, for the templates."""
+    rows = [[cell(v, width=width) for v in row.values()] for row in table.to_pylist()]
+    numeric = [pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_decimal(f.type)
+               for f in table.schema]
+    return {"header": table.column_names, "rows": rows, "numeric": numeric}
+
+
+def _versions(r: views.TableRef) -> list[dict[str, Any]]:
+    """The table's versions, newest first, with the commit time as text."""
+    return [{**v, "committed_at": v["committed_at"].strftime("%Y-%m-%d %H:%M:%S")}
+            for v in views.versions(r).to_pylist()]
+
+
+def _numeric_metrics(r: views.TableRef, version: int | None) -> list[str]:
+    """The value columns a chart can plot."""
+    s = views.schema(r, version=version)
+    return [c for c, t, role in zip(s["column"].to_pylist(), s["type"].to_pylist(), s["role"].to_pylist(),
+                                    strict=True)
+            if role == "value" and (t.startswith(("int", "uint", "double", "float", "decimal")))]
+
+
+def _table_view(r: views.TableRef, *, version: int | None, where: str | None, columns: str | None,
+                order_by: str | None, limit: int) -> dict[str, Any]:
+    """What ``table.html`` shows of one version of a table.
+
+    A bad filter, column list or order is not raised but returned as ``rows_error``, so the rest of
+    the page still shows; a bad version is raised.
+    """
+    vers = _versions(r)
+    v = views.open_version(r, version=version).version()
+    parts = views.partitions(r, version=v)
+    rows_error = None
+    try:
+        rows = _grid(views.show(r, version=v, where=where, columns=_columns(columns), limit=limit,
+                                order_by=_order(order_by)))
+    except InspectError as exc:
+        rows, rows_error = None, str(exc)
+    hist = views.history(r, limit=100)
+    committed = next((x["committed_at"] for x in vers if x["version"] == v), "")
+    summary = {"rows": sum(parts["rows"].to_pylist()), "files": sum(parts["files"].to_pylist()),
+               "size": human_bytes(sum(parts["bytes"].to_pylist())), "committed_at": committed}
+    schema_t = views.schema(r, version=v)
+    history = _grid(hist)
+    history["versions"] = hist["version"].to_pylist()
+    return {"pipeline": r.pipeline, "version": v, "latest": vers[0]["version"], "versions": vers,
+            "summary": summary, "diff_from": max(v - 1, 0),
+            "windowed": "window_start" in schema_t["column"].to_pylist(), "rows": rows, "rows_error": rows_error,
+            "history": history, "schema": _grid(schema_t), "partitions": _grid(parts)}
+
+
+def _changed_grid(d: Any) -> dict[str, Any]:
+    """The changed rows of a diff: the keys, then (old, new) for each column that changed in some row."""
+    shown = [c for c in d.compared if any(c in cols for cols in d.changed["changed_columns"].to_pylist())]
+    rows = [{"keys": [cell(row[k]) for k in d.keys],
+             "cells": [(cell(row[f"{c}.old"], width=40), cell(row[f"{c}.new"], width=40))
+                       if c in row["changed_columns"] else None for c in shown]}
+            for row in d.changed.to_pylist()]
+    return {"header": [*d.keys, *shown], "rows": rows}
+
+
+def _series_json(s: Any) -> Any:
+    return jsonable({"table": s.table, "version": s.version, "metric": s.metric, "keys": s.keys,
+                     "n_keys": s.n_keys, "lines": [{"label": lb, "points": pts} for lb, pts in s.lines]})
+
+
+# ----------------------------------------------------------------------------- what the routes share
 class _Context:
-    """Per-app configuration: the lake root and how to authenticate."""
+    """The lake root (looked up per request, so a lake created after start-up is found) and the templates."""
 
     def __init__(self, lake_root: str | None) -> None:
         self.configured = lake_root
+        self.templates = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"]),
+                                     undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
 
     def lake_root(self) -> str:
         root = self.configured or os.environ.get(views.LAKE_ENV)
@@ -118,250 +207,210 @@ class _Context:
             raise LakeError(f"lake root {root} does not exist; run a pipeline first or fix ${views.LAKE_ENV}")
         return root
 
+    def ref(self, name: str) -> views.TableRef:
+        """A ``<pipeline>.<table>`` name as a table confined to the lake root."""
+        return views.resolve_table(name, self.lake_root(), confined=True)
 
-def create_app(*, lake_root: str | None = None, authenticate: bool = True) -> FastAPI:
-    """The lake view app. ``authenticate=False`` is for tests that run without an Airflow API server."""
-    ctx = _Context(lake_root)
-    env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"]),
-                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    app = FastAPI(title="Lake view", description=__doc__, docs_url=None, redoc_url=None, openapi_url=None)
-    deps: list[Any] = [Depends(airflow_user)] if authenticate else []
-    router = APIRouter(dependencies=[*deps, Depends(_strict_query)])
-
-    def url_for(request: Request) -> Any:
-        base = request.scope.get("root_path", "")
-
-        def url(path: str, **params: Any) -> str:
-            query = urlencode({k: v for k, v in params.items() if v is not None and v != ""})
-            return f"{base}{path}" + (f"?{query}" if query else "")
-
-        return url
-
-    def page(request: Request, template: str, status: int = 200, **ctx_: Any) -> HTMLResponse:
-        try:
-            root = ctx.lake_root()
-        except LakeError:
-            root = ""
-        html = env.get_template(template).render(url=url_for(request), lake_root=root, **ctx_)
-        return HTMLResponse(html, status_code=status)
-
-    def ref(name: str) -> views.TableRef:
-        return views.resolve_table(name, ctx.lake_root(), confined=True)
-
-    # ------------------------------------------------------------------ errors
-    def error(request: Request, status: int, title: str, message: str) -> Response:
-        if _is_api(request):
-            return JSONResponse({"error": message}, status_code=status)
-        return page(request, "error.html", status, code=status, title=title, message=message)
-
-    @app.exception_handler(NotAuthenticated)
-    async def not_authenticated(request: Request, exc: NotAuthenticated) -> Response:
-        if _is_api(request):
-            return JSONResponse({"error": exc.detail}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
-        try:
-            target = login_url(str(request.url))
-        except Exception:  # no auth manager (outside the API server)
-            target = "/auth/login?" + urlencode({"next": str(request.url)})
-        return RedirectResponse(target, status_code=302)
-
-    @app.exception_handler(InspectError)
-    async def bad_request(request: Request, exc: InspectError) -> Response:
-        return error(request, 400, "Bad request", str(exc))
-
-    @app.exception_handler(LakeError)
-    async def not_found(request: Request, exc: LakeError) -> Response:
-        return error(request, 404, "Not found", str(exc))
-
-    @app.exception_handler(PipelineError)
-    async def pipeline_error(request: Request, exc: PipelineError) -> Response:
-        return error(request, 400, "Bad request", str(exc))
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError) -> Response:
-        problems = []
-        for e in exc.errors():
-            where = ".".join(str(p) for p in e.get("loc", ())[1:]) or "request"
-            problems.append(f"{where}: {e.get('msg', 'invalid')}")
-        return error(request, 400, "Bad request", "bad parameter " + "; ".join(problems))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        return error(request, exc.status_code, "Error", str(exc.detail))
-
-    @app.middleware("http")
-    async def security_headers(request: Request, call_next: Any) -> Response:
-        response: Response = await call_next(request)
-        response.headers["Content-Security-Policy"] = (
-            "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; form-action 'self'; "
-            "frame-ancestors 'self'; base-uri 'none'")
-        response.headers["X-Content-Type-Options"] = "nosniff"
-        response.headers["Referrer-Policy"] = "same-origin"
-        response.headers["Cache-Control"] = "no-store"
-        return response
-
-    # ------------------------------------------------------------------ data
-    def tables_data() -> list[dict[str, Any]]:
+    def tables(self) -> list[dict[str, Any]]:
         out = []
-        for row in views.list_tables(ctx.lake_root()).to_pylist():
+        for row in views.list_tables(self.lake_root()).to_pylist():
             row.pop("path")  # where the server keeps its files is not the page's business
             pipeline, kind = row["table"].split(".", 1)
             out.append({**row, "pipeline": pipeline, "kind": kind, "size": human_bytes(row["bytes"])})
         return out
 
-    def versions_data(r: views.TableRef) -> list[dict[str, Any]]:
-        return [{**v, "committed_at": v["committed_at"].strftime("%Y-%m-%d %H:%M:%S")}
-                for v in views.versions(r).to_pylist()]
+    def page(self, request: Request, template: str, status: int = 200, **values: Any) -> HTMLResponse:
+        try:
+            root = self.lake_root()
+        except LakeError:
+            root = ""
+        html = self.templates.get_template(template).render(url=_url_for(request), lake_root=root, **values)
+        return HTMLResponse(html, status_code=status)
 
-    def metrics(r: views.TableRef, version: int | None) -> list[str]:
-        s = views.schema(r, version=version)
-        return [c for c, t, role in zip(s["column"].to_pylist(), s["type"].to_pylist(), s["role"].to_pylist(),
-                                        strict=True)
-                if role == "value" and (t.startswith(("int", "uint", "double", "float", "decimal")))]
+    def error(self, request: Request, status: int, title: str, message: str) -> Response:
+        """``{"error": message}`` for the JSON API, the error page otherwise."""
+        if _is_api(request):
+            return JSONResponse({"error": message}, status_code=status)
+        return self.page(request, "error.html", status, code=status, title=title, message=message)
 
-    def order(order_by: str | None) -> list[tuple[str, str]] | None:
-        if not order_by:
-            return None
-        col, _, direction = order_by.partition(":")
-        return [(col, "descending" if direction == "desc" else "ascending")]
 
-    def split_columns(text: str | None) -> list[str] | None:
-        return text.split(",") if text else None
+# ----------------------------------------------------------------------------- errors and headers
+async def _not_authenticated(request: Request, exc: NotAuthenticated) -> Response:
+    if _is_api(request):
+        return JSONResponse({"error": exc.detail}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+    try:
+        target = login_url(str(request.url))
+    except Exception:  # no auth manager (outside the API server)
+        target = "/auth/login?" + urlencode({"next": str(request.url)})
+    return RedirectResponse(target, status_code=302)
 
-    # ------------------------------------------------------------------ pages
+
+def _validation_message(exc: RequestValidationError) -> str:
+    problems = []
+    for e in exc.errors():
+        where = ".".join(str(p) for p in e.get("loc", ())[1:]) or "request"
+        problems.append(f"{where}: {e.get('msg', 'invalid')}")
+    return "bad parameter " + "; ".join(problems)
+
+
+def _add_error_handlers(app: FastAPI, ctx: _Context) -> None:
+    """Expected errors answer 400 (bad request) or 404 (no lake, no table): JSON for the API, else the error page."""
+    app.exception_handler(NotAuthenticated)(_not_authenticated)
+
+    @app.exception_handler(InspectError)
+    async def bad_request(request: Request, exc: InspectError) -> Response:
+        return ctx.error(request, 400, "Bad request", str(exc))
+
+    @app.exception_handler(LakeError)
+    async def not_found(request: Request, exc: LakeError) -> Response:
+        return ctx.error(request, 404, "Not found", str(exc))
+
+    @app.exception_handler(PipelineError)
+    async def pipeline_error(request: Request, exc: PipelineError) -> Response:
+        return ctx.error(request, 400, "Bad request", str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> Response:
+        return ctx.error(request, 400, "Bad request", _validation_message(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        return ctx.error(request, exc.status_code, "Error", str(exc.detail))
+
+
+async def _security_headers(request: Request, call_next: Any) -> Response:
+    response: Response = await call_next(request)
+    response.headers["Content-Security-Policy"] = (
+        "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; form-action 'self'; "
+        "frame-ancestors 'self'; base-uri 'none'")
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Referrer-Policy"] = "same-origin"
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+# ----------------------------------------------------------------------------- HTML pages
+def _add_pages(router: APIRouter, ctx: _Context) -> None:
     @router.get("/", response_class=HTMLResponse)
     def index(request: Request) -> HTMLResponse:
-        return page(request, "index.html", tables=tables_data())
+        return ctx.page(request, "index.html", tables=ctx.tables())
 
     @router.get("/table/{name}", response_class=HTMLResponse)
     def table_page(request: Request, name: NameParam, version: VersionQ = None, where: WhereQ = None,
                    columns: ColumnsQ = None, order_by: OrderQ = None,
                    limit: LimitQ = 50) -> HTMLResponse:
-        r = ref(name)
         where, columns, order_by = _blank(where), _blank(columns), _blank(order_by)
-        vers = versions_data(r)
-        snapshot = views.open_version(r, version=version)
-        v = snapshot.version()
-        parts = views.partitions(r, version=v)
-        rows_error = None
-        try:
-            rows = _grid(views.show(r, version=v, where=where, columns=split_columns(columns), limit=limit,
-                                    order_by=order(order_by)))
-        except InspectError as exc:
-            rows, rows_error = None, str(exc)
-        hist = views.history(r, limit=100)
-        committed = next((x["committed_at"] for x in vers if x["version"] == v), "")
-        summary = {"rows": sum(parts["rows"].to_pylist()), "files": sum(parts["files"].to_pylist()),
-                   "size": human_bytes(sum(parts["bytes"].to_pylist())), "committed_at": committed}
-        schema_t = views.schema(r, version=v)
-        history = _grid(hist)
-        history["versions"] = hist["version"].to_pylist()
-        return page(request, "table.html", 400 if rows_error else 200, name=name, pipeline=r.pipeline, version=v,
-                    latest=vers[0]["version"], versions=vers, summary=summary, diff_from=max(v - 1, 0),
-                    windowed="window_start" in schema_t["column"].to_pylist(), where=where, columns=columns,
-                    order_by=order_by, limit=limit, max_limit=MAX_LIMIT, rows=rows, rows_error=rows_error,
-                    history=history, schema=_grid(schema_t), partitions=_grid(parts))
+        view = _table_view(ctx.ref(name), version=version, where=where, columns=columns, order_by=order_by,
+                           limit=limit)
+        return ctx.page(request, "table.html", 400 if view["rows_error"] else 200, name=name, where=where,
+                        columns=columns, order_by=order_by, limit=limit, max_limit=MAX_LIMIT, **view)
 
     @router.get("/table/{name}/diff", response_class=HTMLResponse)
     def diff_page(request: Request, name: NameParam, from_: FromQ = None,
                   to: VersionQ = None, limit: LimitQ = 50) -> HTMLResponse:
-        r = ref(name)
-        vers = versions_data(r)
-        latest = vers[0]["version"]
-        to_v = latest if to is None else to
+        r = ctx.ref(name)
+        vers = _versions(r)
+        to_v = vers[0]["version"] if to is None else to
         from_v = max(to_v - 1, 0) if from_ is None else from_
         try:
             d = views.diff(r, from_version=from_v, to_version=to_v, limit=limit)
         except InspectError as exc:
-            return page(request, "diff.html", 400, name=name, versions=vers, from_version=from_v, to_version=to_v,
-                        limit=limit, error=str(exc))
-        shown = [c for c in d.compared if any(c in cols for cols in d.changed["changed_columns"].to_pylist())]
-        changed_rows = []
-        for row in d.changed.to_pylist():
-            changed_rows.append({
-                "keys": [cell(row[k]) for k in d.keys],
-                "cells": [(cell(row[f"{c}.old"], width=40), cell(row[f"{c}.new"], width=40))
-                          if c in row["changed_columns"] else None for c in shown],
-            })
-        return page(request, "diff.html", name=name, versions=vers, from_version=d.from_version,
-                    to_version=d.to_version, limit=limit, error=None, d=d,
-                    changed={"header": [*d.keys, *shown], "rows": changed_rows},
-                    added=_grid(d.added), removed=_grid(d.removed))
+            return ctx.page(request, "diff.html", 400, name=name, versions=vers, from_version=from_v,
+                            to_version=to_v, limit=limit, error=str(exc))
+        return ctx.page(request, "diff.html", name=name, versions=vers, from_version=d.from_version,
+                        to_version=d.to_version, limit=limit, error=None, d=d, changed=_changed_grid(d),
+                        added=_grid(d.added), removed=_grid(d.removed))
 
     @router.get("/table/{name}/chart", response_class=HTMLResponse)
     def chart_page(request: Request, name: NameParam, metric: MetricQ = None, version: VersionQ = None,
                    where: WhereQ = None) -> HTMLResponse:
-        r = ref(name)
+        r = ctx.ref(name)
         metric, where = _blank(metric), _blank(where)
-        vers = versions_data(r)
+        vers = _versions(r)
         v = views.open_version(r, version=version).version()
-        choices = metrics(r, v)
+        choices = _numeric_metrics(r, v)
         chosen = metric or (choices[0] if choices else None)
-        common: dict[str, Any] = {"name": name, "versions": vers, "version": v, "metrics": choices, "metric": chosen, "where": where}
+        common: dict[str, Any] = {"name": name, "versions": vers, "version": v, "metrics": choices,
+                                  "metric": chosen, "where": where}
         if chosen is None:
-            return page(request, "chart.html", 400, error=f"{name} has no numeric value columns to chart", **common)
+            return ctx.page(request, "chart.html", 400, error=f"{name} has no numeric value columns to chart",
+                            **common)
         try:
             s = views.series(r, metric=chosen, version=v, where=where)
         except InspectError as exc:
-            return page(request, "chart.html", 400, error=str(exc), **common)
-        return page(request, "chart.html", error=None, s=s, svg=Markup(svg_chart(s)), **common)
+            return ctx.page(request, "chart.html", 400, error=str(exc), **common)
+        return ctx.page(request, "chart.html", error=None, s=s, svg=Markup(svg_chart(s)), **common)
 
     @router.get("/runs", response_class=HTMLResponse)
     def runs_page(request: Request, pipeline: PipelineQ = None, limit: LimitQ = 200) -> HTMLResponse:
         pipeline = _blank(pipeline)
-        pipelines = sorted({t["pipeline"] for t in tables_data() if t["kind"] == "runs"})
+        pipelines = sorted({t["pipeline"] for t in ctx.tables() if t["kind"] == "runs"})
         try:
             runs = _grid(views.runs(ctx.lake_root(), pipeline=pipeline, limit=limit), width=120)
         except LakeError as exc:
-            return page(request, "runs.html", 404, pipeline=pipeline, pipelines=pipelines, error=str(exc))
-        return page(request, "runs.html", pipeline=pipeline, pipelines=pipelines, runs=runs, error=None)
+            return ctx.page(request, "runs.html", 404, pipeline=pipeline, pipelines=pipelines, error=str(exc))
+        return ctx.page(request, "runs.html", pipeline=pipeline, pipelines=pipelines, runs=runs, error=None)
 
-    # ------------------------------------------------------------------ JSON API
+
+# ----------------------------------------------------------------------------- JSON API
+def _add_api(router: APIRouter, ctx: _Context) -> None:
     @router.get("/api/tables")
     def api_tables() -> JSONResponse:
-        return JSONResponse(jsonable(tables_data()))
+        return JSONResponse(jsonable(ctx.tables()))
 
     @router.get("/api/table/{name}/versions")
     def api_versions(name: NameParam) -> JSONResponse:
-        return JSONResponse(jsonable(views.versions(ref(name)).to_pylist()))
+        return JSONResponse(jsonable(views.versions(ctx.ref(name)).to_pylist()))
 
     @router.get("/api/table/{name}/history")
     def api_history(name: NameParam, limit: LimitQ = 100) -> JSONResponse:
-        return JSONResponse(jsonable(views.history(ref(name), limit=limit).to_pylist()))
+        return JSONResponse(jsonable(views.history(ctx.ref(name), limit=limit).to_pylist()))
 
     @router.get("/api/table/{name}/rows")
     def api_rows(name: NameParam, version: VersionQ = None, as_of: AsOfQ = None, where: WhereQ = None,
                  columns: ColumnsQ = None, order_by: OrderQ = None,
                  limit: LimitQ = 50) -> JSONResponse:
-        rows = views.show(ref(name), version=version, as_of=_blank(as_of), where=_blank(where),
-                          columns=split_columns(_blank(columns)), order_by=order(_blank(order_by)), limit=limit)
+        rows = views.show(ctx.ref(name), version=version, as_of=_blank(as_of), where=_blank(where),
+                          columns=_columns(_blank(columns)), order_by=_order(_blank(order_by)), limit=limit)
         return JSONResponse(jsonable(rows.to_pylist()))
 
     @router.get("/api/table/{name}/diff")
     def api_diff(name: NameParam, from_: Annotated[int, Query(alias="from", ge=0, le=2**31)], to: VersionQ = None,
                  keys: ColumnsQ = None, limit: LimitQ = 50) -> JSONResponse:
-        d = views.diff(ref(name), from_version=from_, to_version=to, keys=split_columns(_blank(keys)), limit=limit)
+        d = views.diff(ctx.ref(name), from_version=from_, to_version=to, keys=_columns(_blank(keys)), limit=limit)
         return JSONResponse(diff_to_dict(d))
 
     @router.get("/api/table/{name}/schema")
     def api_schema(name: NameParam, version: VersionQ = None) -> JSONResponse:
-        return JSONResponse(jsonable(views.schema(ref(name), version=version).to_pylist()))
+        return JSONResponse(jsonable(views.schema(ctx.ref(name), version=version).to_pylist()))
 
     @router.get("/api/table/{name}/partitions")
     def api_partitions(name: NameParam, version: VersionQ = None) -> JSONResponse:
-        return JSONResponse(jsonable(views.partitions(ref(name), version=version).to_pylist()))
+        return JSONResponse(jsonable(views.partitions(ctx.ref(name), version=version).to_pylist()))
 
     @router.get("/api/table/{name}/series")
     def api_series(name: NameParam, metric: Annotated[str, Query(max_length=128, pattern=rf"^{_IDENT}$")],
                    version: VersionQ = None, where: WhereQ = None) -> JSONResponse:
-        s = views.series(ref(name), metric=metric, version=version, where=_blank(where))
-        return JSONResponse(jsonable({"table": s.table, "version": s.version, "metric": s.metric, "keys": s.keys,
-                                      "n_keys": s.n_keys,
-                                      "lines": [{"label": lb, "points": pts} for lb, pts in s.lines]}))
+        s = views.series(ctx.ref(name), metric=metric, version=version, where=_blank(where))
+        return JSONResponse(_series_json(s))
 
     @router.get("/api/runs")
     def api_runs(pipeline: PipelineQ = None, limit: LimitQ = 200) -> JSONResponse:
         return JSONResponse(jsonable(views.runs(ctx.lake_root(), pipeline=_blank(pipeline), limit=limit).to_pylist()))
 
+
+# ----------------------------------------------------------------------------- the app
+def create_app(*, lake_root: str | None = None, authenticate: bool = True) -> FastAPI:
+    """The lake view app. ``authenticate=False`` is for tests that run without an Airflow API server."""
+    ctx = _Context(lake_root)
+    app = FastAPI(title="Lake view", description=__doc__, docs_url=None, redoc_url=None, openapi_url=None)
+    _add_error_handlers(app, ctx)
+    app.middleware("http")(_security_headers)
+    auth: list[Any] = [Depends(airflow_user)] if authenticate else []
+    # authentication runs first: an anonymous request learns nothing about the parameters or the tables
+    router = APIRouter(dependencies=[*auth, Depends(_strict_query)])
+    _add_pages(router, ctx)
+    _add_api(router, ctx)
     app.include_router(router)
     return app
 
