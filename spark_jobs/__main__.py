@@ -162,18 +162,6 @@ def cmd_server(args: argparse.Namespace) -> int:
     return run_server(args)
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    if args.suite == "airflow":
-        from spark_jobs.bench_airflow import airflow_bench
-
-        args.days = 10 if args.days is None else args.days
-        return airflow_bench(args)
-    from spark_jobs.bench import run_bench
-
-    args.days = 30 if args.days is None else args.days
-    return run_bench(args)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m spark_jobs", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log each step")
@@ -252,33 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_server_parser(sub).set_defaults(func=cmd_server)
 
-    b = sub.add_parser("bench", help="benchmarks (not tests): ratios against baselines run in the same process")
-    b.add_argument("suite", choices=["batch", "stream", "airflow"],
-                   help="batch: combine+reduce vs Spark's one-shot aggregation; stream: mini-batches vs Spark's "
-                        "windowed streaming aggregation; airflow: a scheduler backfill vs the warm CLI")
-    b.add_argument("--events", type=int, default=10_000_000, help="batch, stream: events generated (default 10M)")
-    b.add_argument("--days", type=int, help="days of events (default 30; airflow: 10)")
-    b.add_argument("--work-dir", default="/tmp/spark_jobs_bench", help="where data, lakes and logs go "
-                                                                      "(default /tmp/spark_jobs_bench)")
-    b.add_argument("--files", type=int, help="stream: landing files the events are split into (default 100)")
-    b.add_argument("--batch-files", help="stream: mini-batch sizes in files, comma-separated (default 5,20,50; 0 for the latency run only)")
-    b.add_argument("--trigger", type=int, default=2, help="stream latency run: trigger interval in seconds")
-    b.add_argument("--latency-files", type=int, default=30, help="stream latency run: files landed")
-    b.add_argument("--latency-rows", type=int, default=5000, help="stream latency run: events per file")
-    b.add_argument("--latency-interval", type=float, default=1.0, help="stream latency run: seconds between files")
-    b.add_argument("--rows-per-day", type=int, default=100_000, help="airflow: events a day (default 100k)")
-    b.add_argument("--max-active-runs", type=int, default=3, help="airflow: backfill runs at once (default 3)")
-    b.add_argument("--parallelism", type=int, default=6, help="airflow: AIRFLOW__CORE__PARALLELISM (default 6)")
-    b.add_argument("--timeout", type=float, default=3600, help="airflow: seconds the backfill may take (default 3600)")
-    b.add_argument("--driver-memory", default="2g", help="airflow: the Connect server's driver memory (default 2g)")
-    spark_opts(b)
-    b.set_defaults(func=cmd_bench)
     return parser
 
 
 def main(argv: Sequence[str] | None = None, *, keep_session: bool = False) -> int:
     """Run one command. A Spark Connect session is released at the end unless ``keep_session`` (a caller
-    that runs many commands in one process, as ``bench airflow``'s warm CLI, keeps it warm)."""
+    that runs many commands in one process, as ``python -m benchmarks airflow``'s warm CLI, keeps it warm)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)

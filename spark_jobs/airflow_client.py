@@ -1,4 +1,4 @@
-"""A small client of Airflow 3's REST API, for scripts that drive a local Airflow (``bin/demo``, ``bench airflow``).
+"""A small client of Airflow 3's REST API, for scripts that drive a local Airflow (``bin/demo``, ``benchmarks airflow``).
 
 Why not the ``airflow`` CLI: each CLI call imports Airflow (2-3 s of CPU on these machines) and
 writes straight into SQLite, which a running scheduler locks now and then; polling a backfill

@@ -1,4 +1,4 @@
-"""``python -m spark_jobs bench airflow``: a real scheduler backfill of N days against the warm CLI.
+"""``python -m benchmarks airflow``: a real scheduler backfill of N days against the warm CLI.
 
 What a user waits for is the wall time of a backfill, cold starts and orchestration included.
 Both ways run in one process, on one machine, over the same landing days and one Spark Connect
@@ -43,7 +43,7 @@ def airflow_bench(args: argparse.Namespace) -> int:
     for flag, value in (("--days", args.days), ("--rows-per-day", args.rows_per_day),
                         ("--max-active-runs", args.max_active_runs), ("--parallelism", args.parallelism)):
         if value < 1:
-            raise InputError(f"bench airflow: {flag} must be at least 1, got {value}")
+            raise InputError(f"benchmarks airflow: {flag} must be at least 1, got {value}")
     work = Path(args.work_dir) / "airflow"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)

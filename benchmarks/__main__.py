@@ -1,0 +1,107 @@
+"""``python -m benchmarks <suite>``: benchmarks (not tests), ratios against baselines run in the same process.
+
+Run from the repository root. Exit codes as ``python -m spark_jobs``: 0 ok, 2 bad arguments, 3 bad input,
+6 Spark or Airflow cannot be reached or run, 1 anything unexpected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from spark_jobs.errors import PipelineError
+
+WORK_DIR = "/tmp/spark_jobs_bench"
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    from benchmarks.batch import batch
+
+    return batch(args)
+
+
+def cmd_stream(args: argparse.Namespace) -> int:
+    from benchmarks.stream import stream
+
+    return stream(args)
+
+
+def cmd_airflow(args: argparse.Namespace) -> int:
+    from benchmarks.orchestration import airflow_bench
+
+    return airflow_bench(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description="Benchmarks of the spark_jobs pipelines "
+                                     "(not tests): ratios against baselines run in the same process.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log each step")
+    sub = parser.add_subparsers(dest="suite", required=True, metavar="SUITE")
+
+    def common(p: argparse.ArgumentParser, days: int) -> None:
+        p.add_argument("--days", type=int, default=days, help=f"days of events (default {days})")
+        p.add_argument("--work-dir", default=WORK_DIR, help=f"where data, lakes and logs go (default {WORK_DIR})")
+
+    def spark(p: argparse.ArgumentParser, shuffle_partitions: int) -> None:
+        p.add_argument("--events", type=int, default=10_000_000, help="events generated (default 10M)")
+        p.add_argument("--master", help="Spark master URL (default local[*])")
+        p.add_argument("--shuffle-partitions", type=int,
+                       help=f"spark.sql.shuffle.partitions (default {shuffle_partitions})")
+
+    b = sub.add_parser("batch", help="combine+reduce vs Spark's one-shot aggregation",
+                       description="The batch path (combine, reduce, backfill, full re-merge, a user-defined "
+                                   "aggregate, driver memory) against Spark's one-shot groupBy().agg() to Delta.")
+    common(b, 30)
+    spark(b, 8)
+    b.set_defaults(func=cmd_batch)
+
+    s = sub.add_parser("stream", help="mini-batches vs Spark's windowed streaming aggregation",
+                       description="Stream throughput for a few mini-batch sizes against Spark's own windowed "
+                                   "streaming aggregation, then end-to-end latency with files landing live.")
+    common(s, 30)
+    spark(s, 4)
+    s.add_argument("--files", type=int, help="landing files the events are split into (default 100)")
+    s.add_argument("--batch-files", help="mini-batch sizes in files, comma-separated (default 5,20,50; 0 for the "
+                                         "latency run only)")
+    s.add_argument("--trigger", type=int, default=2, help="latency run: trigger interval in seconds (default 2)")
+    s.add_argument("--latency-files", type=int, default=30, help="latency run: files landed (default 30)")
+    s.add_argument("--latency-rows", type=int, default=5000, help="latency run: events per file (default 5000)")
+    s.add_argument("--latency-interval", type=float, default=1.0,
+                   help="latency run: seconds between files (default 1.0)")
+    s.set_defaults(func=cmd_stream)
+
+    a = sub.add_parser("airflow", help="a scheduler backfill vs the warm CLI",
+                       description="A real Airflow scheduler's backfill of N days against the same days through "
+                                   "the warm CLI, both on one Spark Connect server.")
+    common(a, 10)
+    a.add_argument("--rows-per-day", type=int, default=100_000, help="events a day (default 100k)")
+    a.add_argument("--max-active-runs", type=int, default=3, help="backfill runs at once (default 3)")
+    a.add_argument("--parallelism", type=int, default=6, help="AIRFLOW__CORE__PARALLELISM (default 6)")
+    a.add_argument("--timeout", type=float, default=3600, help="seconds the backfill may take (default 3600)")
+    a.add_argument("--driver-memory", default="2g", help="the Connect server's driver memory (default 2g)")
+    a.set_defaults(func=cmd_airflow)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        return int(args.func(args) or 0)
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        from spark_jobs.session import close_remote
+
+        close_remote()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
