@@ -24,7 +24,7 @@ if __name__ == "__main__" and __spec__ is None and sys.path:
     if os.path.abspath(sys.path[0] or os.curdir) == _HERE:
         sys.path[0] = os.path.dirname(_HERE)
 
-from spark_jobs.errors import InputError, PipelineError
+from spark_jobs.errors import InputError, PipelineError, UsageError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -52,12 +52,9 @@ def _session(args: argparse.Namespace, app: str, *, connect: bool = True) -> Spa
         kwargs["remote"] = args.remote
     if args.master:
         kwargs["master"] = args.master
-    if args.shuffle_partitions:
+    if args.shuffle_partitions is not None:
         kwargs["shuffle_partitions"] = args.shuffle_partitions
-    try:
-        return build_session(SessionConfig(**kwargs))
-    except ValueError as exc:
-        raise PipelineError(str(exc)) from exc
+    return build_session(SessionConfig(**kwargs))  # a bad --master/--remote is a UsageError: exit code 2
 
 
 def _dates(first: str, last: str | None) -> list[str]:
@@ -77,8 +74,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     try:
         config = GenerateConfig(out=args.out, days=args.days, rows_per_day=args.rows_per_day, seed=args.seed,
                                 format=args.format, start=args.start, files_per_day=args.files_per_day)
-    except ValueError as exc:
-        raise InputError(str(exc)) from exc
+    except ValueError as exc:  # bad --days, --format, ...: the message names the option
+        raise UsageError(str(exc)) from exc
     result = generate(config, progress=not args.quiet)
     print(f"wrote {result.rows:,} events ({result.bad_rows:,} bad on purpose) in {result.files} {args.format} "
           f"files, {result.dates[0]}..{result.dates[-1]}, under {args.out}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "PipelineError",
     "SpecError",
+    "UsageError",
     "InputError",
     "SchemaMismatchError",
     "LakeError",
@@ -36,6 +37,17 @@ class SpecError(PipelineError):
         self.problems = list(problems)
         lines = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"invalid pipeline spec {origin}:\n{lines}")
+
+
+class UsageError(PipelineError):
+    """A bad command-line option, or the environment variable that stands in for it: a malformed Spark master or
+    Spark Connect address, a port out of range, an argument out of its range.
+
+    Exit code 2 (bad arguments), like a bad spec: nothing was read or written, and a retry cannot succeed
+    until the option is fixed.
+    """
+
+    exit_code = 2
 
 
 class InputError(PipelineError):
@@ -76,9 +88,10 @@ class QualityError(PipelineError):
 
 
 class ComputeError(PipelineError):
-    """Spark cannot be reached or started: no Java, a bad master, a Spark Connect server that is down.
+    """Spark cannot be reached or started: no Java, a Spark Connect server that is down, a port in use.
 
-    Exit code 6: nothing was read or written, and a retry may succeed once the server is back.
+    Exit code 6: nothing was read or written, and a retry may succeed once the server is back. A master or
+    Connect address that is malformed, rather than down, is a :class:`UsageError` (exit code 2).
     """
 
     exit_code = 6

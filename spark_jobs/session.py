@@ -14,13 +14,14 @@ started with the same fixed settings (:func:`server_conf`; ``spark_jobs.server.c
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from spark_jobs.errors import ComputeError
+from spark_jobs.errors import ComputeError, UsageError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -44,6 +45,9 @@ _FIXED_CONF = {
     # every row past 128 groups per task; ~16k groups of a few KB each stay well inside memory.
     "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "16384",
 }
+# The master URLs Spark's SparkContext accepts (its local[N], local[N, F] and local-cluster[...] forms).
+_MASTER = re.compile(r"^(local(\[(\*|\d+)(\s*,\s*\d+)?\])?|local-cluster\[\s*\d+\s*,\s*\d+\s*,\s*\d+\s*\]"
+                     r"|yarn|(spark|k8s|mesos)://\S+)$")
 # Only a Spark application's own start sets these; a Connect client leaves them to the server.
 _STATIC_PREFIXES = ("spark.driver.", "spark.executor.", "spark.hadoop.", "spark.ui.", "spark.master")
 
@@ -63,14 +67,16 @@ class SessionConfig:
     extra: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
-        if not self.master or not (self.master.startswith(("local", "spark://", "yarn", "k8s://", "mesos://"))):
-            raise ValueError(
-                f"bad Spark master {self.master!r}; use local[*], local[N], spark://host:7077, yarn or k8s://..."
-            )
-        if self.remote is not None and not self.remote.startswith("sc://"):
-            raise ValueError(f"bad Spark Connect address {self.remote!r}; use sc://host:port, e.g. sc://127.0.0.1:15002")
+        if not _MASTER.match(self.master or ""):
+            raise UsageError(f"bad Spark master {self.master!r} (--master or $SPARK_MASTER); use local[*], local[N], "
+                             "spark://host:7077, yarn or k8s://https://host:port")
+        if self.remote is not None:
+            if not self.remote.startswith("sc://"):
+                raise UsageError(f"bad Spark Connect address {self.remote!r} (--remote or $SPARK_REMOTE); use "
+                                 "sc://host:port, e.g. sc://127.0.0.1:15002")
+            address(self.remote)
         if self.shuffle_partitions < 1:
-            raise ValueError(f"shuffle_partitions must be >= 1, got {self.shuffle_partitions}")
+            raise UsageError(f"bad shuffle partitions {self.shuffle_partitions} (--shuffle-partitions); use 1 or more")
 
 
 def ensure_java_home() -> None:
@@ -168,7 +174,8 @@ def address(remote: str) -> tuple[str, int]:
     try:
         return host or "127.0.0.1", int(port or 15002)
     except ValueError as exc:
-        raise ComputeError(f"bad Spark Connect address {remote!r}: port {port!r} is not a number") from exc
+        raise UsageError(f"bad Spark Connect address {remote!r} (--remote or $SPARK_REMOTE): port {port!r} is not "
+                         "a number; use sc://host:port, e.g. sc://127.0.0.1:15002") from exc
 
 
 def is_remote(spark: SparkSession) -> bool:

@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from spark_jobs.errors import ComputeError, UsageError
 from spark_jobs.server.process import Background
 from spark_jobs.session import SessionConfig, ensure_java_home, server_conf
 
@@ -56,7 +57,7 @@ class ConnectServer:
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
-            raise ValueError(f"bad Spark Connect port {self.port}; use 1-65535 (Spark's default is 15002)")
+            raise UsageError(f"bad Spark Connect port {self.port} (--port); use 1-65535 (Spark's default is 15002)")
         SessionConfig(master=self.master, shuffle_partitions=self.shuffle_partitions, remote=None)  # validates
 
     @property
@@ -107,8 +108,6 @@ class ConnectServer:
             return pid
         probe = "127.0.0.1" if self.host == "0.0.0.0" else self.host
         if port_open(probe, self.port):
-            from spark_jobs.errors import ComputeError
-
             raise ComputeError(f"port {self.port} is in use by another process; stop it or start the server "
                                f"with --port (and point SPARK_REMOTE at the new port)")
         return self.process.start(self.command(), env=self.environment(), timeout=timeout,

@@ -254,6 +254,34 @@ def test_cli_bad_spec_exits_2_naming_the_field(tmp_path):
     assert "group_by: column 'nope' is not in source.schema" in proc.stderr
 
 
+BAD_OPTIONS = [
+    (["--remote", "localhost:15002"], "bad Spark Connect address 'localhost:15002' (--remote or $SPARK_REMOTE); "
+                                      "use sc://host:port"),
+    (["--remote", "sc://localhost:port"], "bad Spark Connect address 'sc://localhost:port' (--remote or "
+                                          "$SPARK_REMOTE): port 'port' is not a number"),
+    (["--master", "bogus"], "bad Spark master 'bogus' (--master or $SPARK_MASTER); use local[*], local[N]"),
+    (["--master", "localhost"], "bad Spark master 'localhost'"),
+    (["--master", "local[two]"], "bad Spark master 'local[two]'"),
+    (["--shuffle-partitions", "0"], "bad shuffle partitions 0 (--shuffle-partitions); use 1 or more"),
+]
+
+
+@pytest.mark.parametrize(("options", "message"), BAD_OPTIONS, ids=[" ".join(o) for o, _ in BAD_OPTIONS])
+def test_cli_bad_spark_options_exit_2_before_spark_starts(tmp_path, options, message):
+    spec = make_spec(tmp_path, aggregates=FAST_AGGREGATES)
+    proc = _cli("reduce", "--pipeline", spec.origin, *options)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"error: {message}" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "lake").exists()
+
+
+def test_cli_bad_generate_arguments_exit_2(tmp_path):
+    proc = _cli("generate", "--out", str(tmp_path / "landing"), "--days", "0", "--format", "xml")
+    assert proc.returncode == 2, proc.stderr
+    assert "error: --days must be >= 1, got 0; --format must be parquet, json or csv, got 'xml'" in proc.stderr
+    assert not (tmp_path / "landing").exists()
+
+
 @pytest.mark.slow
 def test_cli_missing_partition_exits_3(tmp_path):
     spec = make_spec(tmp_path, aggregates=FAST_AGGREGATES)

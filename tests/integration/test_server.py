@@ -102,7 +102,7 @@ def test_a_server_that_is_down_fails_the_job_at_once_naming_the_fix(tmp_path):
     assert "python -m spark_jobs server start" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_server_status_says_down_and_a_bad_conf_is_refused(tmp_path):
+def test_server_status_says_down_and_bad_options_are_refused(tmp_path):
     state = tmp_path / "state"
     cmd = [sys.executable, "-m", "spark_jobs", "server"]
     proc = subprocess.run([*cmd, "status", "--state-dir", str(state), "--port", str(free_port())],
@@ -110,5 +110,10 @@ def test_server_status_says_down_and_a_bad_conf_is_refused(tmp_path):
     assert proc.returncode == 1 and "Connect server: down" in proc.stdout
     proc = subprocess.run([*cmd, "start", "--state-dir", str(state), "--conf", "driver.memory"],
                           capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 6 and "bad --conf 'driver.memory'; use --conf spark.some.key=value" in proc.stderr
+    assert proc.returncode == 2 and "bad --conf 'driver.memory'; use --conf spark.some.key=value" in proc.stderr
+    for options, message in ((["--port", "0"], "bad Spark Connect port 0 (--port); use 1-65535"),
+                             (["--master", "bogus"], "bad Spark master 'bogus' (--master or $SPARK_MASTER)")):
+        proc = subprocess.run([*cmd, "start", "--state-dir", str(state), *options],
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert proc.returncode == 2 and f"error: {message}" in proc.stderr, proc.stderr
     assert not (state / "connect-server.pid").exists()
