@@ -15,6 +15,7 @@ from typing import Any, Literal, cast
 
 import yaml
 
+from spark_jobs.aggregates.registry import is_user_defined, validate_aggregate
 from spark_jobs.errors import SpecError
 
 __all__ = [
@@ -145,7 +146,7 @@ class AggregateSpec:
 
     @property
     def user_defined(self) -> bool:
-        return ":" in self.fn
+        return is_user_defined(self.fn)
 
 
 @dataclass(frozen=True)
@@ -348,8 +349,6 @@ def _check_window(c: _Checker, raw: Any) -> WindowSpec | None:
 
 def _check_aggregates(c: _Checker, raw_aggs: Any, schema: dict[str, str], op_column: str | None) -> list[AggregateSpec]:
     """The aggregates list; each entry is checked by shape, then by its function (built-in or user-defined)."""
-    from spark_jobs.aggregates.registry import validate_aggregate
-
     aggregates: list[AggregateSpec] = []
     if raw_aggs is not None and (not isinstance(raw_aggs, list) or not raw_aggs):
         c.add("aggregates", "expected a non-empty list, e.g. [{name: views, fn: count}]")
@@ -359,7 +358,8 @@ def _check_aggregates(c: _Checker, raw_aggs: Any, schema: dict[str, str], op_col
         agg = _check_aggregate_entry(c, field, item, schema, seen)
         if agg is None:
             continue
-        for problem in validate_aggregate(agg, schema, retracting=op_column is not None):
+        for problem in validate_aggregate(agg.fn, agg.columns, dict(agg.args), schema,
+                                          retracting=op_column is not None):
             c.add(f"{field}.{problem[0]}", problem[1])
         aggregates.append(agg)
     return aggregates

@@ -1,7 +1,10 @@
-"""The accumulator algebra: the contract, the built-ins and user-defined aggregates."""
+"""The accumulator algebra: the contract, the built-ins and user-defined aggregates.
+
+Nothing here knows the pipeline spec: :mod:`spark_jobs.plan` binds a spec's entries to these.
+"""
 
 from spark_jobs.aggregates.base import AggregateFunction
 from spark_jobs.aggregates.builtins import BUILTINS, Builtin
-from spark_jobs.aggregates.registry import load_user_aggregate, resolve, validate_aggregate
+from spark_jobs.aggregates.registry import create, load_user_aggregate, validate_aggregate
 
-__all__ = ["BUILTINS", "AggregateFunction", "Builtin", "load_user_aggregate", "resolve", "validate_aggregate"]
+__all__ = ["BUILTINS", "AggregateFunction", "Builtin", "create", "load_user_aggregate", "validate_aggregate"]

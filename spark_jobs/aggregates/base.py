@@ -8,18 +8,23 @@ partial accumulators, and re-merge only what a backfill touched.
 
 Every method returns the new accumulator (it may mutate and return the argument), so
 immutable accumulators such as plain numbers work as well as mutable ones.
+
+An aggregate also owns how its accumulator is stored in the tables (``acc_fields``,
+``encode``/``decode``, to and from the Python values of Arrow columns): the driver's merge and
+Spark's phases read and write the same columns, so either can continue from the other.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
 import pyarrow as pa
 
 from spark_jobs.errors import MergeNotSupportedError, RetractNotSupportedError
 
-__all__ = ["AggregateFunction", "ACC", "OUT"]
+__all__ = ["ACC", "OUT", "AggregateFunction", "BoundAggregate"]
 
 ACC = TypeVar("ACC")
 OUT = TypeVar("OUT")
@@ -43,6 +48,7 @@ class AggregateFunction(ABC, Generic[ACC, OUT]):
     accumulator_type: ClassVar[pa.DataType | None] = None
     result_type: ClassVar[pa.DataType | None] = None
     num_inputs: ClassVar[int | None] = None
+    acc_fields: ClassVar[tuple[str, ...]] = ("acc",)  # stored as columns ``<name>__<field>``
 
     @abstractmethod
     def create_accumulator(self) -> ACC:
@@ -87,6 +93,35 @@ class AggregateFunction(ABC, Generic[ACC, OUT]):
             acc = self.merge(acc, other)
         return acc
 
+    def merge_all(self, accs: list[ACC]) -> ACC:
+        """Merge one group's accumulators (at least one), as both engines do: a single one is kept
+        as it is (the identity law), several are folded by ``merge_batch``."""
+        if len(accs) == 1:
+            return accs[0]
+        return self.merge_batch(accs[0], accs[1:])
+
+    # storage encoding ---------------------------------------------------------
+    def encode(self, acc: ACC) -> list[Any]:
+        """The accumulator as the values of its ``acc_fields`` columns (Python values of Arrow types)."""
+        return [acc]
+
+    def decode(self, cells: list[Any]) -> ACC:
+        """A fresh accumulator from stored column values (merges may mutate it); NULL is empty."""
+        return cells[0] if cells[0] is not None else self.create_accumulator()
+
     @property
     def supports_retract(self) -> bool:
         return type(self).retract is not AggregateFunction.retract
+
+
+@dataclass(frozen=True)
+class BoundAggregate:
+    """An aggregate bound to a spec entry: its output name, input columns and stored columns."""
+
+    name: str
+    columns: tuple[str, ...]
+    function: AggregateFunction[Any, Any]
+
+    @property
+    def acc_columns(self) -> list[str]:
+        return [f"{self.name}__{f}" for f in self.function.acc_fields]

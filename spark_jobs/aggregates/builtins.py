@@ -1,7 +1,9 @@
 """Built-in aggregates: each one is its algebra in Python and its two phases in Spark.
 
-The Python side (``create_accumulator`` ... ``get_value``) is the reference, testable
-without Spark. The Spark side compiles the same algebra to native expressions:
+Adding a built-in is one class here, registered with ``@builtin``: its algebra, its stored
+columns (``acc_fields``, ``encode``/``decode``) and its Spark phases. The Python side
+(``create_accumulator`` ... ``get_value``) is the reference, testable without Spark, and what
+the stream's driver engine merges with. The Spark side compiles the same algebra to native expressions:
 ``spark_partial`` (combine: raw rows -> accumulator columns), ``spark_merge`` (reduce:
 accumulator columns -> merged accumulator columns) and ``spark_value`` (accumulators ->
 result). Accumulators are stored as plain columns: numbers as numbers, sets as arrays,
@@ -14,8 +16,9 @@ except the counts, which are 0.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import datasketches as ds
 import numpy as np
@@ -25,9 +28,7 @@ import pyarrow.compute as pc
 from spark_jobs.aggregates.base import AggregateFunction
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column
-
-    from spark_jobs.spec import AggregateSpec
+    from pyspark.sql import Column, DataFrame
 
 __all__ = [
     "BUILTINS",
@@ -45,25 +46,31 @@ __all__ = [
     "MinMapView",
     "RETRACTING",
     "Sum",
+    "builtin",
 ]
 
 NUMERIC = ("int", "bigint", "float", "double")
 
 
 class Builtin(AggregateFunction[Any, Any]):
-    """A built-in aggregate bound to one spec entry and its input column type."""
+    """A built-in aggregate bound to its output name, input columns, args and input column type."""
 
     fn: ClassVar[str]
-    acc_fields: ClassVar[tuple[str, ...]]
     column_required: ClassVar[bool] = True
     numeric_only: ClassVar[bool] = False
     args_allowed: ClassVar[tuple[str, ...]] = ()
     uses_event_time: ClassVar[bool] = False
-    map_view: ClassVar[bool] = False  # two phases are keyed aggregations (see compile), not one expression
+    map_view: ClassVar[bool] = False  # its phases are keyed aggregations (spark_*_frame), not expressions
 
-    def __init__(self, spec: AggregateSpec, input_type: str | None = None) -> None:
-        self.spec = spec
+    def __init__(self, name: str, columns: Sequence[str] = (), args: Mapping[str, Any] | None = None,
+                 input_type: str | None = None) -> None:
+        self.name = name
+        self.columns = tuple(columns)
+        self.args = dict(args or {})
         self.input_type = input_type
+
+    def arg(self, key: str, default: Any = None) -> Any:
+        return self.args.get(key, default)
 
     @classmethod
     def check_args(cls, args: dict[str, Any]) -> list[tuple[str, str]]:
@@ -73,9 +80,6 @@ class Builtin(AggregateFunction[Any, Any]):
             for k in args
             if k not in cls.args_allowed
         ]
-
-    def acc_columns(self) -> list[str]:
-        return [f"{self.spec.name}__{f}" for f in self.acc_fields]
 
     # Spark phases ------------------------------------------------------------
     def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
@@ -89,6 +93,29 @@ class Builtin(AggregateFunction[Any, Any]):
         return accs[0]
 
 
+B = TypeVar("B", bound=type[Builtin])
+BUILTINS: dict[str, type[Builtin]] = {}
+# what ``fn`` resolves to when the source is a changelog (source.op_column): the retracting forms
+RETRACTING: dict[str, type[Builtin]] = {}
+
+
+def builtin(*, changelog_form: bool = False) -> Callable[[B], B]:
+    """Register a built-in under its ``fn``. ``changelog_form``: it replaces the plain one for a
+    changelog source; a plain one that can retract serves both."""
+
+    def register(cls: B) -> B:
+        if changelog_form:
+            RETRACTING[cls.fn] = cls
+            return cls
+        BUILTINS[cls.fn] = cls
+        if cls.retract is not AggregateFunction.retract:
+            RETRACTING.setdefault(cls.fn, cls)
+        return cls
+
+    return register
+
+
+@builtin()
 class Count(Builtin):
     """``count`` of rows, or of non-NULL values when a column is given."""
 
@@ -114,7 +141,7 @@ class Count(Builtin):
     def accumulate_batch(self, acc: int, *arrays: pa.Array) -> int:
         if not arrays:
             raise ValueError("count(*) over arrays needs the row count; pass any column of the batch")
-        return acc + (len(arrays[0]) if not self.spec.columns else len(arrays[0]) - arrays[0].null_count)
+        return acc + (len(arrays[0]) if not self.columns else len(arrays[0]) - arrays[0].null_count)
 
     def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
         from pyspark.sql import functions as F
@@ -129,12 +156,19 @@ class Count(Builtin):
         return [F.sum(accs[0])]
 
 
+@builtin()
 class Sum(Builtin):
     """``sum``: accumulator (sum, non-NULL count); the count makes retraction exact."""
 
     fn = "sum"
     acc_fields = ("sum", "count")
     numeric_only = True
+
+    def encode(self, acc: list[Any]) -> list[Any]:
+        return list(acc)
+
+    def decode(self, cells: list[Any]) -> list[Any]:
+        return [cells[0], cells[1] or 0]  # (sum or NULL, non-NULL count)
 
     def create_accumulator(self) -> list[Any]:
         return [0, 0]
@@ -183,6 +217,7 @@ class Sum(Builtin):
         return F.when(accs[1] > 0, accs[0])
 
 
+@builtin()
 class Avg(Sum):
     """``avg``: the same (sum, count) accumulator as ``sum``, summed as double."""
 
@@ -226,6 +261,7 @@ class _Extreme(Builtin):
         return self.accumulate(acc, pc.min_max(arrays[0])[self.fn].as_py())
 
 
+@builtin()
 class Min(_Extreme):
     fn = "min"
     _pick = min
@@ -242,6 +278,7 @@ class Min(_Extreme):
         return [F.min(accs[0])]
 
 
+@builtin()
 class Max(_Extreme):
     fn = "max"
     _pick = max
@@ -258,11 +295,18 @@ class Max(_Extreme):
         return [F.max(accs[0])]
 
 
+@builtin()
 class CountDistinct(Builtin):
     """Exact ``count_distinct``: the accumulator is the set of values (an array column)."""
 
     fn = "count_distinct"
     acc_fields = ("set",)
+
+    def encode(self, acc: set[Any]) -> list[Any]:
+        return [sorted(acc, key=lambda v: (type(v).__name__, v))]
+
+    def decode(self, cells: list[Any]) -> set[Any]:
+        return set(cells[0] or ())
 
     def create_accumulator(self) -> set[Any]:
         return set()
@@ -299,12 +343,22 @@ class CountDistinct(Builtin):
         return F.size(accs[0]).cast("bigint")
 
 
+@builtin()
 class ApproxCountDistinct(Builtin):
-    """HyperLogLog (DataSketches HLL_8, ``args: {lg_k: 4..21}``, default 12: ~1.6% RSE)."""
+    """HyperLogLog (DataSketches HLL_8, ``args: {lg_k: 4..21}``, default 12: ~1.6% RSE).
+
+    Stored as the sketch's compact serialisation, the bytes Spark's ``hll_sketch_agg`` writes.
+    """
 
     fn = "approx_count_distinct"
     acc_fields = ("hll",)
     args_allowed = ("lg_k",)
+
+    def encode(self, acc: ds.hll_sketch) -> list[Any]:
+        return [acc.serialize_compact()]
+
+    def decode(self, cells: list[Any]) -> ds.hll_sketch:
+        return ds.hll_sketch.deserialize(cells[0]) if cells[0] is not None else self.create_accumulator()
 
     @classmethod
     def check_args(cls, args: dict[str, Any]) -> list[tuple[str, str]]:
@@ -316,7 +370,7 @@ class ApproxCountDistinct(Builtin):
 
     @property
     def lg_k(self) -> int:
-        return int(self.spec.arg("lg_k", 12))
+        return int(self.arg("lg_k", 12))
 
     def create_accumulator(self) -> ds.hll_sketch:
         return ds.hll_sketch(self.lg_k, ds.tgt_hll_type.HLL_8)
@@ -354,6 +408,7 @@ class ApproxCountDistinct(Builtin):
         return F.hll_sketch_estimate(accs[0])
 
 
+@builtin()
 class ApproxPercentile(Builtin):
     """KLL quantile sketch (DataSketches KLL doubles); ``args: {q: 0..1, k: 8..65535}``.
 
@@ -365,6 +420,12 @@ class ApproxPercentile(Builtin):
     acc_fields = ("kll",)
     numeric_only = True
     args_allowed = ("q", "k")
+
+    def encode(self, acc: ds.kll_doubles_sketch) -> list[Any]:
+        return [acc.serialize()]
+
+    def decode(self, cells: list[Any]) -> ds.kll_doubles_sketch:
+        return ds.kll_doubles_sketch.deserialize(cells[0]) if cells[0] is not None else self.create_accumulator()
 
     @classmethod
     def check_args(cls, args: dict[str, Any]) -> list[tuple[str, str]]:
@@ -379,11 +440,11 @@ class ApproxPercentile(Builtin):
 
     @property
     def q(self) -> float:
-        return float(self.spec.arg("q"))
+        return float(self.arg("q"))
 
     @property
     def k(self) -> int:
-        return int(self.spec.arg("k", 200))
+        return int(self.arg("k", 200))
 
     def create_accumulator(self) -> ds.kll_doubles_sketch:
         return ds.kll_doubles_sketch(self.k)
@@ -439,6 +500,12 @@ class _ByEventTime(Builtin):
     uses_event_time = True
     _pick: ClassVar[Any]
 
+    def encode(self, acc: tuple[Any, Any] | None) -> list[Any]:
+        return [None if acc is None else {"at": acc[0], "value": acc[1]}]
+
+    def decode(self, cells: list[Any]) -> tuple[Any, Any] | None:
+        return None if cells[0] is None else (cells[0]["at"], cells[0]["value"])
+
     def create_accumulator(self) -> tuple[Any, Any] | None:
         return None
 
@@ -466,6 +533,7 @@ class _ByEventTime(Builtin):
         return accs[0].getField("value")
 
 
+@builtin()
 class First(_ByEventTime):
     fn = "first"
     _pick = min
@@ -482,6 +550,7 @@ class First(_ByEventTime):
         return [F.min(accs[0])]
 
 
+@builtin()
 class Last(_ByEventTime):
     fn = "last"
     _pick = max
@@ -506,6 +575,12 @@ class _ExtremeMapView(Builtin):
     acc_fields = ("counts",)
     map_view = True
     _pick: ClassVar[Any]
+
+    def encode(self, acc: dict[Any, int]) -> list[Any]:  # no counts left: NULL, as the Spark merge leaves it
+        return [sorted(acc.items(), key=lambda kv: (type(kv[0]).__name__, kv[0]))] if acc else [None]
+
+    def decode(self, cells: list[Any]) -> dict[Any, int]:
+        return dict(cells[0] or ())
 
     def create_accumulator(self) -> dict[Any, int]:
         return {}
@@ -542,21 +617,30 @@ class _ExtremeMapView(Builtin):
         present = F.map_keys(F.map_filter(accs[0], lambda _, n: n > 0))
         return F.array_min(present) if self._pick is min else F.array_max(present)
 
+    def spark_partial_frame(self, rows: DataFrame, keys: list[str], sign: str, acc: str) -> DataFrame:
+        """Per key, a map of value -> signed count (``sign`` is -1 on -U/-D rows)."""
+        from pyspark.sql import functions as F
 
+        column = self.columns[0]
+        counts = (rows.where(F.col(column).isNotNull()).groupBy(*keys, F.col(column).alias("_v"))
+                  .agg(F.sum(sign).cast("bigint").alias("_n")).where(F.col("_n") != 0))
+        return counts.groupBy(*keys).agg(F.map_from_entries(F.collect_list(F.struct("_v", "_n"))).alias(acc))
+
+    def spark_merge_frame(self, partials: DataFrame, keys: list[str], acc: str) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        entries = partials.select(*keys, F.explode(acc).alias("_v", "_n"))
+        counts = entries.groupBy(*keys, "_v").agg(F.sum("_n").alias("_n")).where(F.col("_n") != 0)
+        return counts.groupBy(*keys).agg(F.map_from_entries(F.collect_list(F.struct("_v", "_n"))).alias(acc))
+
+
+@builtin(changelog_form=True)
 class MinMapView(_ExtremeMapView):
     fn = "min"
     _pick = min
 
 
+@builtin(changelog_form=True)
 class MaxMapView(_ExtremeMapView):
     fn = "max"
     _pick = max
-
-
-# what ``fn`` resolves to when the source is a changelog (source.op_column): the retracting forms
-RETRACTING: dict[str, type[Builtin]] = {"count": Count, "sum": Sum, "avg": Avg, "min": MinMapView, "max": MaxMapView}
-
-BUILTINS: dict[str, type[Builtin]] = {
-    cls.fn: cls
-    for cls in (Count, Sum, Avg, Min, Max, CountDistinct, ApproxCountDistinct, ApproxPercentile, First, Last)
-}

@@ -10,32 +10,20 @@ No group is ever shipped whole to one worker: only its partial accumulators are.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_jobs.aggregates.base import AggregateFunction
+from spark_jobs.aggregates.base import BoundAggregate
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["UserAggregate", "udaf_merge", "udaf_partials"]
+__all__ = ["udaf_merge", "udaf_partials"]
 
 FLUSH_ROWS = 262_144
-
-
-@dataclass(frozen=True)
-class UserAggregate:
-    name: str
-    function: AggregateFunction[Any, Any]
-    columns: tuple[str, ...]
-
-    @property
-    def acc_column(self) -> str:
-        return f"{self.name}__acc"
 
 
 def _grouped(table: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, list[tuple[Any, ...]], np.ndarray]:
@@ -83,28 +71,28 @@ def _buffered(batches: Iterator[pa.RecordBatch], flush_rows: int) -> Iterator[pa
         yield pa.Table.from_batches(buf)
 
 
-def _emit(state: dict[tuple[Any, ...], list[Any]], key_fields: list[pa.Field], aggs: Sequence[UserAggregate],
+def _emit(state: dict[tuple[Any, ...], list[Any]], key_fields: list[pa.Field], aggs: Sequence[BoundAggregate],
           with_value: bool) -> pa.RecordBatch:
     keys = list(state)
     arrays = [_key_array([k[i] for k in keys], f.type) for i, f in enumerate(key_fields)]
     names = [f.name for f in key_fields]
     for j, agg in enumerate(aggs):
         accs = [state[k][j] for k in keys]
-        arrays.append(pa.array(accs, type=agg.function.accumulator_type))
-        names.append(agg.acc_column)
+        arrays.append(pa.array([agg.function.encode(a)[0] for a in accs], type=agg.function.accumulator_type))
+        names.append(agg.acc_columns[0])
         if with_value:
             arrays.append(pa.array([agg.function.get_value(a) for a in accs], type=agg.function.result_type))
             names.append(agg.name)
     return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
-def _schema(df: DataFrame, keys: Sequence[str], aggs: Sequence[UserAggregate], with_value: bool) -> Any:
+def _schema(df: DataFrame, keys: Sequence[str], aggs: Sequence[BoundAggregate], with_value: bool) -> Any:
     from pyspark.sql.pandas.types import from_arrow_type
     from pyspark.sql.types import StructField, StructType
 
     fields = [df.schema[k] for k in keys]
     for agg in aggs:
-        fields.append(StructField(agg.acc_column, from_arrow_type(agg.function.accumulator_type)))
+        fields.append(StructField(agg.acc_columns[0], from_arrow_type(agg.function.accumulator_type)))
         if with_value:
             fields.append(StructField(agg.name, from_arrow_type(agg.function.result_type)))
     return StructType(fields)
@@ -116,7 +104,7 @@ def _key_fields(df: DataFrame, keys: Sequence[str]) -> list[pa.Field]:
     return [pa.field(k, to_arrow_type(df.schema[k].dataType, timezone="UTC")) for k in keys]
 
 
-def udaf_partials(df: DataFrame, keys: Sequence[str], aggs: Sequence[UserAggregate],
+def udaf_partials(df: DataFrame, keys: Sequence[str], aggs: Sequence[BoundAggregate],
                   flush_rows: int = FLUSH_ROWS, sign: str | None = None) -> DataFrame:
     """Combine phase: one accumulator per key (and aggregate) for the rows of ``df``.
 
@@ -154,7 +142,7 @@ def udaf_partials(df: DataFrame, keys: Sequence[str], aggs: Sequence[UserAggrega
     return udaf_merge(local_partials, keys, aggs, with_value=False, flush_rows=flush_rows)
 
 
-def udaf_merge(partials: DataFrame, keys: Sequence[str], aggs: Sequence[UserAggregate], *,
+def udaf_merge(partials: DataFrame, keys: Sequence[str], aggs: Sequence[BoundAggregate], *,
                with_value: bool = True, flush_rows: int = FLUSH_ROWS) -> DataFrame:
     """Reduce phase: merge partial accumulators per key; add the result when ``with_value``."""
     keys, aggs = list(keys), list(aggs)
@@ -164,20 +152,17 @@ def udaf_merge(partials: DataFrame, keys: Sequence[str], aggs: Sequence[UserAggr
         state: dict[tuple[Any, ...], list[Any]] = {}
         for table in _buffered(batches, flush_rows):
             table, group_keys, offsets = _grouped(table, keys)
-            columns = [table.column(a.acc_column).to_pylist() for a in aggs]
+            columns = [table.column(a.acc_columns[0]).to_pylist() for a in aggs]
             for g, key in enumerate(group_keys):
                 start, stop = int(offsets[g]), int(offsets[g + 1])
                 accs = state.get(key)
-                if accs is None and stop - start == 1:  # identity law: merge(create(), x) == x
-                    state[key] = [col[start] for col in columns]
-                    continue
-                if accs is None:
-                    accs = state[key] = [a.function.create_accumulator() for a in aggs]
-                for j, agg in enumerate(aggs):
-                    accs[j] = agg.function.merge_batch(accs[j], columns[j][start:stop])
+                previous = [[acc] for acc in accs] if accs is not None else [[] for _ in aggs]
+                state[key] = [agg.function.merge_all([*previous[j], *(agg.function.decode([v])
+                                                                      for v in columns[j][start:stop])])
+                              for j, agg in enumerate(aggs)]
         if state:
             yield _emit(state, key_fields, aggs, with_value=with_value)
 
-    shuffled = partials.select(*keys, *(a.acc_column for a in aggs))
+    shuffled = partials.select(*keys, *(a.acc_columns[0] for a in aggs))
     shuffled = shuffled.repartition(*keys) if keys else shuffled.repartition(1)
     return shuffled.mapInArrow(merge, _schema(partials, keys, aggs, with_value=with_value))

@@ -1,4 +1,7 @@
-"""One row in the ``runs`` table per job run, written whether the run succeeds or fails."""
+"""One row in the ``runs`` table per job run, written whether the run succeeds or fails.
+
+The table's columns and the queries of it live in :mod:`spark_jobs.lake.runs`.
+"""
 
 from __future__ import annotations
 
@@ -15,29 +18,11 @@ from typing import Any
 import pyarrow as pa
 
 from spark_jobs.lake import Lake, PipelineTables
+from spark_jobs.lake.runs import RUNS_SCHEMA
 
 __all__ = ["RUNS_SCHEMA", "RunRecord", "new_run_id", "recorded_run"]
 
 log = logging.getLogger("spark_jobs")
-
-RUNS_SCHEMA = pa.schema([
-    ("run_id", pa.string()),
-    ("pipeline", pa.string()),
-    ("job", pa.string()),
-    ("batch", pa.string()),
-    ("status", pa.string()),
-    ("started_at", pa.timestamp("us", tz="UTC")),
-    ("finished_at", pa.timestamp("us", tz="UTC")),
-    ("duration_s", pa.float64()),
-    ("rows_in", pa.int64()),
-    ("rows_aggregated", pa.int64()),
-    ("rows_rejected", pa.int64()),
-    ("inputs", pa.string()),
-    ("versions_read", pa.string()),
-    ("versions_written", pa.string()),
-    ("backend", pa.string()),
-    ("message", pa.string()),
-])
 
 
 def new_run_id(job: str) -> str:

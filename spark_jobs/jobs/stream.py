@@ -19,12 +19,12 @@ State goes last: a batch with a state commit is complete. A replay skips every t
 already has its commit, so after a kill -9 anywhere, a restart gives the tables of an
 uninterrupted run.
 
-Where the state merge runs: a batch that touches few keys (``DRIVER_MAX_KEYS`` after its
-pre-aggregation) merges them on the driver with the aggregates' Python algebra and commits
-its outputs from Arrow (:mod:`spark_jobs.jobs.stream_driver`), keeping the state of open
-windows in memory between batches: planning and scheduling the Spark jobs of a merge costs
-seconds, merging a few thousand keys milliseconds. Larger batches, a state too large to
-hold, and days that already have a batch combine (the hybrid rule) merge in Spark.
+Where the state merge runs: one mini-batch step (:mod:`spark_jobs.jobs.stream_step`) with two
+interchangeable engines. A batch that touches few keys (``DRIVER_MAX_KEYS`` after its
+pre-aggregation) merges on the driver with the aggregates' Python algebra
+(:mod:`spark_jobs.jobs.stream_driver`); larger batches, a state too large to hold, and the
+first batch merge in Spark (:mod:`spark_jobs.jobs.stream_spark`). Both give the same outputs,
+committed by one routine, with the hybrid rule applied the same way.
 
 Watermark: the largest event time in state minus ``stream.watermark``, as of the batch's
 start. Rows older than it go to ``dead_letter`` as ``late``. Windows ending at or before
@@ -37,39 +37,30 @@ import datetime as dt
 import logging
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs.errors import InputError, LakeError, PipelineError
-from spark_jobs.jobs.combine import PARTIALS_PARTITIONS, batch_columns, write_dead_letters
 from spark_jobs.jobs.landing import CORRUPT, classify, spark_read_error, with_raw
-from spark_jobs.jobs.reduce import reduce
 from spark_jobs.jobs.runs import new_run_id, recorded_run
-from spark_jobs.jobs.stream_driver import merge_on_driver, partial_rows
-from spark_jobs.lake import AppTxn, Cluster, DataFile, Lake, PipelineTables, open_lake
-from spark_jobs.plan.local import LocalAggregates
-from spark_jobs.plan.phases import CompiledAggregates, assign_windows, final_aggregate, partial_aggregate
+from spark_jobs.jobs.stream_driver import DRIVER_MAX_KEYS, DriverEngine
+from spark_jobs.jobs.stream_spark import SparkEngine
+from spark_jobs.jobs.stream_step import MergeEngine, MiniBatch, commit_outputs
+from spark_jobs.lake import AppTxn, Lake, PipelineTables, open_lake
+from spark_jobs.lake.rules import DAY, batch_days, batch_files_in, day_bounds, stream_app_id
+from spark_jobs.plan import CompiledAggregates, assign_windows, partial_aggregate
 from spark_jobs.spec import PipelineSpec
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["BatchOutcome", "StreamSummary", "app_id", "changelog_rows", "landed_rows", "run", "source_stream"]
+__all__ = ["BatchOutcome", "StreamSummary", "landed_rows", "run", "source_stream"]
 
 log = logging.getLogger("spark_jobs")
 
-DAY = "event_date"
-DRIVER_MAX_KEYS = 50_000  # (day, key, window) rows of a pre-aggregated batch merged on the driver
-DRIVER_MAX_STATE = 2_000_000  # state rows held in driver memory for it
 _FILE_SCHEMA = "path string, modificationTime timestamp, length bigint, content binary"
-
-
-def app_id(spec: PipelineSpec) -> str:
-    return f"{spec.name}.stream"
 
 
 @dataclass
@@ -143,43 +134,6 @@ def landed_rows(reader: Any, spec: PipelineSpec, paths: list[str] | None) -> Dat
     return with_raw(df, spec, DAY)
 
 
-def changelog_rows(before: DataFrame, after: DataFrame, first_seen: DataFrame, compiled: CompiledAggregates,
-                   batch_id: int) -> DataFrame:
-    """Pure transform: each key's values before and after a batch -> its +I/-U/+U/-D rows.
-
-    A new key gives ``+I``; a changed key ``-U`` (old values) then ``+U`` (new values); a key
-    whose row count falls to zero ``-D``; an unchanged key nothing. A key that is missing or
-    has a row count of zero does not exist. ``seq`` orders the rows within the batch: keys by
-    their first event in the batch, then by key.
-    """
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    keys = list(compiled.spec.key_columns)
-    names = compiled.value_names
-    old = before.select(*keys, F.struct(*names, "n_rows").alias("_old"))
-    new = after.select(*keys, F.struct(*names, "n_rows").alias("_new"))
-    both = old.join(new, keys, "full_outer").join(first_seen, keys, "left")
-    same = F.lit(True)
-    for name in names:
-        same = same & F.col(f"_old.{name}").eqNullSafe(F.col(f"_new.{name}"))
-
-    def entry(op: str, order: int, values: str) -> Any:
-        return F.struct(F.lit(op).alias("op"), F.lit(order).alias("_order"),
-                        *(F.col(f"{values}.{n}").alias(n) for n in names))
-
-    was = F.col("_old").isNotNull() & (F.col("_old.n_rows") != 0)
-    gone = F.col("_new").isNull() | (F.col("_new.n_rows") == 0)
-    ops = (F.when(~was & ~gone, F.array(entry("+I", 0, "_new")))
-           .when(was & gone, F.array(entry("-D", 0, "_old")))
-           .when(was & ~same, F.array(entry("-U", 0, "_old"), entry("+U", 1, "_new")))
-           .otherwise(F.array()))
-    rows = both.select(*keys, "_first_seen", F.explode(ops).alias("_c")).select(*keys, "_first_seen", "_c.*")
-    order = Window.orderBy(F.col("_first_seen").asc_nulls_last(), *keys, "_order")
-    return rows.select("op", *keys, *names, F.lit(batch_id).cast("bigint").alias("batch_id"),
-                       (F.row_number().over(order) - 1).cast("bigint").alias("seq"))
-
-
 class MiniBatchAggregator:
     """The ``foreachBatch`` function: one mini-batch in, five atomic commits out (see module doc)."""
 
@@ -188,13 +142,10 @@ class MiniBatchAggregator:
         self.spark, self.spec, self.lake, self.run_id = spark, spec, lake, run_id
         self.tables = PipelineTables(spec.lake, spec.name)
         self.compiled = CompiledAggregates(spec)
-        self.local = LocalAggregates(self.compiled)
-        self.driver_max_keys = driver_max_keys
-        self._held: tuple[int | None, pa.Table] | None = None  # (state version, its rows) for driver merges
-        self.app = app_id(spec)
-        self.keys = list(spec.key_columns)
-        self.state_keys = [DAY, *self.keys]
-        self.state_columns = [*self.state_keys, "n_rows", *self.compiled.acc_columns, "max_event_time"]
+        # the first engine that accepts a batch merges it
+        self.engines: list[MergeEngine] = [DriverEngine(self.compiled, lake, driver_max_keys),
+                                           SparkEngine(spark, self.compiled, lake)]
+        self.app = stream_app_id(spec)
         self.lock = threading.Lock()
         self.stopping = False
         self.error: BaseException | None = None
@@ -213,21 +164,18 @@ class MiniBatchAggregator:
                 raise
 
     # ------------------------------------------------------------------ state
-    def _state(self) -> DataFrame | None:
-        if self.lake.version(self.tables.stream_state) is None:
-            return None
-        return self.lake.read(self.tables.stream_state)
-
     def _watermark(self, high: dt.datetime | None) -> dt.datetime | None:
         if self.spec.window is None or high is None:
             return None
         return high - dt.timedelta(seconds=self.spec.stream.watermark.seconds)
 
-    def _load_high(self, state: DataFrame | None) -> dt.datetime | None:
+    def _load_high(self) -> dt.datetime | None:
         from pyspark.sql import functions as F
 
         if not self._high_loaded:
-            row = state.agg(F.max("max_event_time").alias("m")).first() if state is not None else None
+            t = self.tables
+            row = (self.lake.read(t.stream_state).agg(F.max("max_event_time").alias("m")).first()
+                   if self.lake.version(t.stream_state) is not None else None)
             self._high = _utc(row["m"]) if row is not None and row["m"] is not None else None
             self._high_loaded = True
         return self._high
@@ -246,14 +194,13 @@ class MiniBatchAggregator:
         if not files:
             return BatchOutcome(batch_id)
         txn = AppTxn(self.app, batch_id)
-        batch = f"stream-{batch_id}"
         outcome = BatchOutcome(batch_id)
-        with recorded_run(lake, t, job="stream", batch=batch, run_id=f"{self.run_id}-{batch_id}") as record:
+        with recorded_run(lake, t, job="stream", batch=f"stream-{batch_id}",
+                          run_id=f"{self.run_id}-{batch_id}") as record:
             record.inputs = files
             df = landed_rows(self.spark.read, spec, files)
-            state = self._state()
             record.versions_read = {"stream_state": lake.version(t.stream_state)}
-            outcome.watermark = watermark = self._watermark(self._load_high(state))
+            outcome.watermark = watermark = self._watermark(self._load_high())
             et = F.col(spec.source.event_time)
             rows = classify(df, spec, F.col(DAY), DAY)
             late = F.col("_reason").isNull() & (et < F.lit(watermark)) if watermark is not None else F.lit(False)
@@ -272,12 +219,6 @@ class MiniBatchAggregator:
                                  f"{spark_read_error(exc)}") from exc
             assert counts is not None
             outcome.rows_rejected, outcome.rows_late = int(counts["rejected"]), int(counts["late"])
-            written: dict[str, int | None] = {}
-            dead = write_dead_letters(lake, t, bad, job="stream", batch=batch, run_id=record.run_id,
-                                      rejected=outcome.rows_rejected)
-            if dead is not None:
-                written["dead_letter"] = dead.version
-            bad.unpersist()
             valid = rows.where(F.col("_reason").isNull()).withColumn(DAY, F.col(DAY).cast("date"))
             # local pre-aggregation: one row per (day, key, window) of the batch
             delta = partial_aggregate(assign_windows(valid, spec), self.compiled, extra_keys=[DAY], extra_aggs=[
@@ -290,196 +231,44 @@ class MiniBatchAggregator:
             outcome.rows_in = outcome.rows_aggregated + outcome.rows_rejected
             record.rows_in, record.rows_rejected = outcome.rows_in, outcome.rows_rejected
             record.rows_aggregated = outcome.rows_aggregated
+            batch, out, engine, high = None, None, None, self._high
             if outcome.rows_aggregated:
                 high = max(h for h in (self._high, _utc(span["high"])) if h is not None)
                 bounds = (_utc(span["low"]), _utc(span["high"]))
-                schemas = self._driver_schemas(int(span["keys"]), bounds)
-                if schemas is not None:
-                    self._aggregate_on_driver(delta, schemas, batch_id, txn, record.run_id, bounds,
-                                              self._watermark(high), outcome, written)
-                else:
-                    self._aggregate(delta.drop("_rows"), state, batch_id, txn, record.run_id, bounds,
-                                    self._watermark(high), outcome, written)
-                self._high = high
+                assert bounds[0] is not None and bounds[1] is not None
+                batch = MiniBatch(batch_id, record.run_id, delta.drop("_rows"), bounds, self._watermark(high),
+                                  *self._counted_batch_partials(bounds))
+                engine = next(e for e in self.engines if e.accepts(int(span["keys"])))
+                outcome.on_driver = engine.name == "driver"
+                out = engine.merge(batch)
+            committed = commit_outputs(lake, spec, txn, run_id=record.run_id, rejects=bad,
+                                       rejected=outcome.rows_rejected, batch=batch, out=out)
+            if engine is not None and out is not None:
+                engine.committed(committed.written["stream_state"], out)
+            bad.unpersist()
+            outcome.state_writes, outcome.changes = committed.state_writes, committed.changes
+            outcome.visible_at, self._high = committed.visible_at, high
             delta.unpersist()
-            record.versions_written = written
+            record.versions_written = committed.written
             record.message = (f"mini-batch {batch_id}: {outcome.state_writes} state writes, {outcome.changes} "
                               f"changelog rows, {outcome.rows_late} late"
                               + (f", watermark {watermark:%Y-%m-%d %H:%M:%S}" if watermark else ""))
         return outcome
 
-    def _aggregate(self, delta: DataFrame, state: DataFrame | None, batch_id: int, txn: AppTxn, run_id: str,
-                   span: tuple[Any, Any], closes: dt.datetime | None, outcome: BatchOutcome,
-                   written: dict[str, int | None]) -> None:
-        """Merge the batch's pre-aggregated ``delta`` into state and commit the outputs."""
-        from pyspark import StorageLevel
-        from pyspark.sql import functions as F
-
-        lake, t, compiled, keys = self.lake, self.tables, self.compiled, self.keys
-        touched_days = delta.select(*self.state_keys)
-        touched = delta.select(*keys).distinct()
-        first_seen = delta.groupBy(*keys).agg(F.min("_first_seen").alias("_first_seen"))
-        delta_state = delta.select(*self.state_columns)
-        if state is None:
-            state = self.spark.createDataFrame([], delta_state.schema)
-        # one state read per touched key ...
-        key_rows = state.join(touched, keys, "left_semi").persist(StorageLevel.MEMORY_AND_DISK)
-        merged = final_aggregate(key_rows.join(touched_days, self.state_keys, "left_semi").unionByName(delta_state),
-                                 compiled, extra_keys=[DAY], extra_aggs=[F.max("max_event_time").alias("max_event_time")])
-        merged = merged.select(*self.state_columns).persist(StorageLevel.MEMORY_AND_DISK)
-        new_key_rows = key_rows.join(touched_days, self.state_keys, "left_anti").unionByName(merged)
-
-        # the touched keys' values before and after, in one aggregation
-        sides = key_rows.withColumn("_after", F.lit(False)).unionByName(new_key_rows.withColumn("_after", F.lit(True)))
-        values = final_aggregate(sides, compiled, extra_keys=["_after"])
-        changes = changelog_rows(values.where(~F.col("_after")).drop("_after"),
-                                 values.where(F.col("_after")).drop("_after"), first_seen, compiled, batch_id)
-        meta = {"run_id": run_id, "job": "stream", "batch_id": batch_id}
-        prune, cluster = self._layout(span)
-        if _pending(lake, t.aggregates, txn):
-            rows = reduce(self._hybrid_inputs(new_key_rows, touched, prune), compiled, run_id=run_id)
-            written["aggregates"] = lake.replace_keys(
-                rows, t.aggregates, keys=keys, touched=touched, app_txn=txn, metadata=meta,
-                sort_by=self._sort_by, cluster=cluster, prune=prune).version
-            outcome.visible_at = time.time()
-        if _pending(lake, t.changelog, txn):
-            commit = lake.append(changes, t.changelog, app_txn=txn, metadata=meta)
-            written["changelog"] = commit.version
-            outcome.changes = commit.rows_added
-        if _pending(lake, t.partials, txn):
-            partial_rows = batch_columns(delta.drop("max_event_time", "_first_seen"), batch=f"stream-{batch_id}",
-                                         source="stream", event_date=F.col(DAY), run_id=run_id)
-            commit = lake.append(partial_rows, t.partials, partition_by=PARTIALS_PARTITIONS, app_txn=txn,
-                                 metadata=meta)
-            written["partials"] = commit.version
-            outcome.state_writes = commit.rows_added  # one partial row per state row written
-        else:
-            outcome.state_writes = merged.count()
-        # ... and one state write per touched key; closed windows leave
-        new_state = state.join(touched_days, self.state_keys, "left_anti").unionByName(merged)
-        if closes is not None:
-            new_state = new_state.where(F.col("window_end") > F.lit(closes))
-        if compiled.retracting:  # every row of that day and key was retracted
-            new_state = new_state.where(F.col("n_rows") != 0)
-        commit = lake.replace_keys(new_state, t.stream_state, keys=self.state_keys, touched=None, app_txn=txn,
-                                   metadata=meta, sort_by=self.state_keys)
-        written["stream_state"] = commit.version
-        for df in (key_rows, merged):
-            df.unpersist()
-
-    @property
-    def _sort_by(self) -> list[str]:
-        return ["window_start", *self.spec.group_by] if self.spec.window else list(self.spec.group_by)
-
-    def _layout(self, span: tuple[Any, Any]) -> tuple[tuple[str, Any, Any] | None, Cluster | None]:
-        """How the batch rewrites ``aggregates``: the window range it touches, and a file per window."""
+    def _counted_batch_partials(self, span: tuple[dt.datetime, dt.datetime]
+                                ) -> tuple[frozenset[dt.date], tuple[str, ...]]:
+        """The hybrid rule for the batch's keys: the days they can hold rows of that have a batch
+        combine, and those days' batch partial files (whose rows count instead of the stream's)."""
         window = self.spec.window
-        if window is None:
-            return None, None
-        prune = ("window_start", span[0] - dt.timedelta(seconds=window.size.seconds), span[1])  # starts in (t - size, t]
-        # about a file per window: the next batch rewrites only the files of its own windows
-        windows = (prune[2] - prune[1]).total_seconds() // (window.slide or window.size).seconds
-        return prune, Cluster("window_start", int(windows) + 1, by="hash")
-
-    @staticmethod
-    def _batch_days(files: list[DataFile]) -> list[str]:
-        """Event days that have a batch combine: their streaming partials no longer count."""
-        return sorted({d for f in files if f.partition_values.get("source") == "batch"
-                       and (d := f.partition_values.get(DAY)) is not None})
-
-    # ------------------------------------------------------------ driver merge
-    def _driver_schemas(self, keys: int, span: tuple[Any, Any]) -> dict[str, pa.Schema] | None:
-        """The output tables' schemas when this batch merges on the driver, else None (merge in Spark)."""
-        if keys > self.driver_max_keys:
-            return None
-        t = self.tables
-        schemas = {name: self.lake.schema(path) for name, path in (
-            ("aggregates", t.aggregates), ("changelog", t.changelog), ("partials", t.partials),
-            ("state", t.stream_state))}
-        if any(s is None for s in schemas.values()):  # the first batch creates them with Spark's types
-            return None
-        if sum(f.num_records or 0 for f in self.lake.files(t.stream_state)) > DRIVER_MAX_STATE:
-            return None
-        days = self._batch_days(self.lake.files(t.partials))
-        if days and self.spec.window is not None:  # windows reach at most a day beyond their events
-            lo, hi = span[0].date() - dt.timedelta(days=1), span[1].date() + dt.timedelta(days=1)
-            days = [d for d in days if lo <= dt.date.fromisoformat(d) <= hi]
-        return None if days else {k: s for k, s in schemas.items() if s is not None}
-
-    def _held_state(self, schema: pa.Schema) -> pa.Table:
-        """State rows, kept in memory from the last driver merge while the table has not moved on."""
-        version = self.lake.version(self.tables.stream_state)
-        if self._held is None or self._held[0] != version:
-            self._held = (version, self.lake.read(self.tables.stream_state).toArrow().select(schema.names).cast(schema))
-        return self._held[1]
-
-    def _aggregate_on_driver(self, delta: DataFrame, schemas: dict[str, pa.Schema], batch_id: int, txn: AppTxn,
-                             run_id: str, span: tuple[Any, Any], closes: dt.datetime | None, outcome: BatchOutcome,
-                             written: dict[str, int | None]) -> None:
-        """``_aggregate`` for few keys: the batch's rows come to the driver, the outputs leave as Arrow."""
-        import pyarrow as pa
-
-        lake, t = self.lake, self.tables
-        outcome.on_driver = True
-        now = dt.datetime.now(dt.UTC)
-        rows = delta.toArrow()
-        state_schema = schemas["state"]
-        first_seen = pa.field("_first_seen", state_schema.field("max_event_time").type)
-        batch = rows.select([*state_schema.names, "_first_seen"]).cast(pa.schema([*state_schema, first_seen]))
-        result = merge_on_driver(batch, self._held_state(state_schema), self.local, self.keys, schemas=schemas,
-                                 batch_id=batch_id, closes=closes, retracting=self.compiled.retracting,
-                                 run_id=run_id, now=now)
-        meta = {"run_id": run_id, "job": "stream", "batch_id": batch_id}
-        prune, cluster = self._layout(span)
-        if _pending(lake, t.aggregates, txn):
-            written["aggregates"] = lake.replace_keys(
-                result.aggregates, t.aggregates, keys=self.keys, touched=result.touched, app_txn=txn, metadata=meta,
-                sort_by=self._sort_by, cluster=cluster, prune=prune).version
-            outcome.visible_at = time.time()
-        if _pending(lake, t.changelog, txn):
-            commit = lake.append(result.changelog, t.changelog, app_txn=txn, metadata=meta)
-            written["changelog"] = commit.version
-            outcome.changes = commit.rows_added
-        if _pending(lake, t.partials, txn):
-            partials = partial_rows(rows, schemas["partials"], batch=f"stream-{batch_id}", run_id=run_id, now=now)
-            written["partials"] = lake.append(partials, t.partials, partition_by=PARTIALS_PARTITIONS, app_txn=txn,
-                                              metadata=meta).version
-        outcome.state_writes = result.state_writes
-        commit = lake.replace_keys(result.state, t.stream_state, keys=self.state_keys, touched=None, app_txn=txn,
-                                   metadata=meta, sort_by=self.state_keys)
-        written["stream_state"] = commit.version
-        self._held = (commit.version, result.state)
-
-    def _hybrid_inputs(self, key_rows: DataFrame, touched: DataFrame, prune: tuple[str, Any, Any] | None) -> DataFrame:
-        """The partial rows that count for the touched keys: stream state of days without a batch
-        combine, and the batch partials of days with one (the hybrid rule, as in reduce)."""
-        from pyspark.sql import functions as F
-
-        columns = [*self.keys, "n_rows", *self.compiled.acc_columns]
-        files = self.lake.files(self.tables.partials)
-        batch_days = self._batch_days(files)
-        live = key_rows.where(~F.col(DAY).cast("string").isin(batch_days)) if batch_days else key_rows
-        out = live.select(*columns)
-        if batch_days:
-            if prune is not None:
-                lo, hi = prune[1].date() - dt.timedelta(days=1), prune[2].date() + dt.timedelta(days=1)
-                batch_days = [d for d in batch_days if lo <= dt.date.fromisoformat(d) <= hi]
-            paths = [f.path for f in files if f.partition_values.get("source") == "batch"
-                     and f.partition_values.get(DAY) in batch_days]
-            if paths:
-                batch_rows = self.lake.read_files(self.tables.partials, paths).join(touched, self.keys, "left_semi")
-                out = out.unionByName(batch_rows.select(*columns))
-        return out
+        reach = dt.timedelta(seconds=window.size.seconds) if window else None
+        bounds = day_bounds(span[0] - reach, span[1] + reach) if reach is not None else None
+        files = batch_files_in(self.lake.files(self.tables.partials), bounds)
+        days = frozenset(dt.date.fromisoformat(d) for d in batch_days(files))
+        return days, tuple(f.path for f in files)
 
 
 class _Stopped(Exception):
     """Raised into Spark when a stop was requested before a mini-batch started."""
-
-
-def _pending(lake: Lake, path: str, txn: AppTxn) -> bool:
-    """Whether ``path`` still lacks this batch's commit (a replay skips the ones it has)."""
-    done = lake.txn_version(path, txn.app_id)
-    return done is None or done < txn.version
 
 
 def _utc(value: dt.datetime | None) -> dt.datetime | None:
@@ -571,7 +360,7 @@ def _check_checkpoint(lake: Lake, tables: PipelineTables, spec: PipelineSpec) ->
     """State without a checkpoint would make batch ids restart at 0 and skip as 'done': refuse."""
     import os
 
-    done = lake.txn_version(tables.stream_state, app_id(spec))
+    done = lake.txn_version(tables.stream_state, stream_app_id(spec))
     if done is not None and "://" not in tables.stream_checkpoint and not os.path.isdir(
             os.path.join(tables.stream_checkpoint, "commits")):
         raise LakeError(

@@ -18,8 +18,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BATCH", "DAY", "DAY_MARGIN", "DEAD_LETTER_PARTITIONS", "PARTIALS_PARTITIONS", "STREAM", "batch_days",
-    "counted_files", "day_bounds", "in_days", "is_batch", "reduce_app_id", "sort_keys", "stream_app_id",
-    "window_cluster",
+    "batch_files_in", "counted_files", "day_bounds", "in_days", "is_batch", "reduce_app_id", "sort_keys",
+    "stream_app_id", "stream_layout", "window_cluster",
 ]
 
 DAY = "event_date"
@@ -76,3 +76,20 @@ def window_cluster(spec: PipelineSpec, files: int, *, by: str = "range") -> Clus
     if spec.window is None:
         return None
     return Cluster("window_start", max(files, 1), by="hash" if by == "hash" else "range")
+
+
+def batch_files_in(files: Iterable[DataFile], bounds: tuple[dt.date, dt.date] | None) -> list[DataFile]:
+    """The batch partial files of the days in ``bounds`` (all days when None)."""
+    return [f for f in files if is_batch(f) and (bounds is None or in_days(f.partition_values.get(DAY), bounds))]
+
+
+def stream_layout(spec: PipelineSpec, span: tuple[dt.datetime, dt.datetime]
+                  ) -> tuple[tuple[str, dt.datetime, dt.datetime] | None, Cluster | None]:
+    """How a mini-batch rewrites ``aggregates``: the window starts it can touch, and about a file
+    per window, so the next batch rewrites only the files of its own windows."""
+    window = spec.window
+    if window is None:
+        return None, None
+    prune = ("window_start", span[0] - dt.timedelta(seconds=window.size.seconds), span[1])  # starts in (t - size, t]
+    windows = (prune[2] - prune[1]).total_seconds() // (window.slide or window.size).seconds
+    return prune, window_cluster(spec, int(windows) + 1, by="hash")

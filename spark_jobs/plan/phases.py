@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from spark_jobs.aggregates import create
+from spark_jobs.aggregates.base import BoundAggregate
 from spark_jobs.aggregates.builtins import Builtin
-from spark_jobs.aggregates.registry import resolve
-from spark_jobs.aggregates.vectorized import UserAggregate, udaf_merge, udaf_partials
-from spark_jobs.spec import AggregateSpec, PipelineSpec
+from spark_jobs.aggregates.vectorized import udaf_merge, udaf_partials
+from spark_jobs.spec import PipelineSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -30,42 +31,39 @@ class CompiledAggregates:
         self.spec = spec
         self.retracting = spec.source.op_column is not None
         schema = spec.source.columns
-        self.entries: list[tuple[AggregateSpec, Builtin | UserAggregate]] = []
-        for agg in spec.aggregates:
-            impl = resolve(agg, schema, retracting=self.retracting)
-            if isinstance(impl, Builtin):
-                self.entries.append((agg, impl))
-            else:
-                self.entries.append((agg, UserAggregate(agg.name, impl, agg.columns)))
+        self.entries: list[BoundAggregate] = [
+            BoundAggregate(agg.name, agg.columns, create(
+                agg.fn, name=agg.name, columns=agg.columns, args=dict(agg.args),
+                input_type=schema.get(agg.columns[0]) if agg.columns else None, retracting=self.retracting))
+            for agg in spec.aggregates]
 
     @cached_property
-    def builtins(self) -> list[tuple[AggregateSpec, Builtin]]:
-        return [(a, i) for a, i in self.entries if isinstance(i, Builtin)]
+    def native(self) -> list[tuple[BoundAggregate, Builtin]]:
+        """Entries Spark runs as its own aggregate expressions (or keyed aggregations)."""
+        return [(b, b.function) for b in self.entries if isinstance(b.function, Builtin)]
 
     @cached_property
-    def udafs(self) -> list[UserAggregate]:
-        return [i for _, i in self.entries if isinstance(i, UserAggregate)]
+    def udafs(self) -> list[BoundAggregate]:
+        """Entries Spark runs through Arrow batches (user-defined aggregates)."""
+        return [b for b in self.entries if not isinstance(b.function, Builtin)]
 
     @cached_property
     def acc_columns(self) -> list[str]:
-        out: list[str] = []
-        for _, impl in self.entries:
-            out.extend(impl.acc_columns() if isinstance(impl, Builtin) else [impl.acc_column])
-        return out
+        return [c for b in self.entries for c in b.acc_columns]
 
     @cached_property
     def value_names(self) -> list[str]:
-        return [agg.name for agg, _ in self.entries]
+        return [b.name for b in self.entries]
 
     def value_columns(self) -> list[Column]:
         from pyspark.sql import functions as F
 
         out = []
-        for agg, impl in self.entries:
-            if isinstance(impl, Builtin):
-                out.append(impl.spark_value([F.col(c) for c in impl.acc_columns()]).alias(agg.name))
+        for b in self.entries:
+            if isinstance(b.function, Builtin):
+                out.append(b.function.spark_value([F.col(c) for c in b.acc_columns]).alias(b.name))
             else:
-                out.append(F.col(agg.name))
+                out.append(F.col(b.name))
         return out
 
 
@@ -102,23 +100,6 @@ def with_sign(rows: DataFrame, spec: PipelineSpec) -> DataFrame:
     return rows.withColumn(SIGN, sign)
 
 
-def _map_view_partial(rows: DataFrame, keys: list[str], column: str, acc: str) -> DataFrame:
-    """Per key, a map of value -> signed count: the accumulator of min/max over a changelog."""
-    from pyspark.sql import functions as F
-
-    counts = (rows.where(F.col(column).isNotNull()).groupBy(*keys, F.col(column).alias("_v"))
-              .agg(F.sum(SIGN).cast("bigint").alias("_n")).where(F.col("_n") != 0))
-    return counts.groupBy(*keys).agg(F.map_from_entries(F.collect_list(F.struct("_v", "_n"))).alias(acc))
-
-
-def _map_view_merge(partials: DataFrame, keys: list[str], acc: str) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    entries = partials.select(*keys, F.explode(acc).alias("_v", "_n"))
-    counts = entries.groupBy(*keys, "_v").agg(F.sum("_n").alias("_n")).where(F.col("_n") != 0)
-    return counts.groupBy(*keys).agg(F.map_from_entries(F.collect_list(F.struct("_v", "_n"))).alias(acc))
-
-
 def partial_aggregate(rows: DataFrame, compiled: CompiledAggregates, *, extra_keys: Sequence[str] = (),
                       extra_aggs: Sequence[Column] = ()) -> DataFrame:
     """Combine phase over typed, windowed rows: keys, ``n_rows`` and accumulator columns.
@@ -135,16 +116,16 @@ def partial_aggregate(rows: DataFrame, compiled: CompiledAggregates, *, extra_ke
     if compiled.retracting:
         rows = with_sign(rows, spec)
     exprs = [F.sum(sign).cast("bigint").alias("n_rows") if sign is not None else F.count(F.lit(1)).alias("n_rows")]
-    for agg, impl in compiled.builtins:
+    for b, impl in compiled.native:
         if impl.map_view:
             continue
-        value = F.col(agg.columns[0]) if agg.columns else None
-        exprs.extend(c.alias(n) for c, n in zip(impl.spark_partial(value, event_time, sign), impl.acc_columns(),
+        value = F.col(b.columns[0]) if b.columns else None
+        exprs.extend(c.alias(n) for c, n in zip(impl.spark_partial(value, event_time, sign), b.acc_columns,
                                                 strict=True))
     out = rows.groupBy(*keys).agg(*exprs, *extra_aggs)
-    for agg, impl in compiled.builtins:
+    for b, impl in compiled.native:
         if impl.map_view:
-            out = _join(out, _map_view_partial(rows, keys, agg.columns[0], impl.acc_columns()[0]), keys, "left")
+            out = _join(out, impl.spark_partial_frame(rows, keys, SIGN, b.acc_columns[0]), keys, "left")
     if compiled.udafs:
         out = _join(out, udaf_partials(rows, keys, compiled.udafs, sign=SIGN if sign is not None else None), keys)
     known = {*keys, "n_rows", *compiled.acc_columns}
@@ -158,16 +139,16 @@ def final_aggregate(partials: DataFrame, compiled: CompiledAggregates, *, extra_
 
     keys = [*extra_keys, *compiled.spec.key_columns]
     exprs = [F.sum("n_rows").alias("n_rows")]
-    for _, impl in compiled.builtins:
+    for b, impl in compiled.native:
         if not impl.map_view:
-            accs = [F.col(c) for c in impl.acc_columns()]
-            exprs.extend(c.alias(n) for c, n in zip(impl.spark_merge(accs), impl.acc_columns(), strict=True))
+            accs = [F.col(c) for c in b.acc_columns]
+            exprs.extend(c.alias(n) for c, n in zip(impl.spark_merge(accs), b.acc_columns, strict=True))
     merged = partials.groupBy(*keys).agg(*exprs, *extra_aggs)
     if compiled.retracting and not extra_keys:  # every row of the key was retracted: the key is gone
         merged = merged.where(F.col("n_rows") != 0)
-    for _, impl in compiled.builtins:
+    for b, impl in compiled.native:
         if impl.map_view:
-            merged = _join(merged, _map_view_merge(partials, keys, impl.acc_columns()[0]), keys, "left")
+            merged = _join(merged, impl.spark_merge_frame(partials, keys, b.acc_columns[0]), keys, "left")
     if compiled.udafs:
         merged = _join(merged, udaf_merge(partials, keys, compiled.udafs, with_value=True), keys)
     known = {*keys, "n_rows", *compiled.acc_columns, *compiled.value_names}

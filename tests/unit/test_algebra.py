@@ -34,9 +34,8 @@ from spark_jobs.aggregates.builtins import (
     Min,
 )
 from spark_jobs.aggregates.examples import WeightedAvg
-from spark_jobs.aggregates.registry import resolve
+from spark_jobs.aggregates.registry import create
 from spark_jobs.errors import RetractNotSupportedError
-from spark_jobs.spec import AggregateSpec
 
 SCHEMA = {"v": "bigint", "x": "double", "s": "string", "t": "timestamp"}
 ARROW = {"bigint": pa.int64(), "double": pa.float64(), "string": pa.string(), "timestamp": pa.timestamp("us")}
@@ -49,7 +48,7 @@ Row = tuple[Any, ...]
 
 def make(fn: str, *columns: str, **args: Any) -> AggregateFunction[Any, Any]:
     """The aggregate object for one spec entry, as the jobs resolve it."""
-    return resolve(AggregateSpec(fn, fn, tuple(columns), tuple(sorted(args.items()))), SCHEMA)
+    return create(fn, name=fn, columns=tuple(columns), args=args, input_type=SCHEMA.get(columns[0]) if columns else None)
 
 
 # --- the harness -------------------------------------------------------------------------------
@@ -565,7 +564,7 @@ def assert_close(actual: float | None, expected: float | None) -> None:
 
 
 def test_weighted_avg_is_resolvable_from_a_spec() -> None:
-    f = resolve(AggregateSpec("w", "spark_jobs.aggregates.examples:WeightedAvg", ("v", "x")), SCHEMA)
+    f = create("spark_jobs.aggregates.examples:WeightedAvg", name="w", columns=("v", "x"))
     assert isinstance(f, WeightedAvg)
     assert f.supports_retract
     assert f.num_inputs == 2

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spark_jobs.aggregates.builtins import Max, MaxMapView, Min, MinMapView
-from spark_jobs.aggregates.registry import resolve
+from spark_jobs.aggregates.registry import create
 from spark_jobs.errors import SpecError
-from spark_jobs.spec import AggregateSpec, parse_spec
+from spark_jobs.spec import parse_spec
 
 CDC: dict[str, Any] = {
     "name": "accounts",
@@ -79,11 +79,10 @@ def test_a_bad_op_column_names_the_fix(tmp_path, op_column, schema_type, message
 
 
 def test_min_max_resolve_to_their_map_view_for_a_changelog_source():
-    spec = AggregateSpec("m", "min", ("v",))
-    assert type(resolve(spec, {"v": "bigint"})) is Min
-    assert type(resolve(spec, {"v": "bigint"}, retracting=True)) is MinMapView
-    assert type(resolve(AggregateSpec("m", "max", ("v",)), {"v": "bigint"}, retracting=True)) is MaxMapView
-    assert not Max(spec).supports_retract and MaxMapView(spec).supports_retract
+    assert type(create("min", name="m", columns=("v",), input_type="bigint")) is Min
+    assert type(create("min", name="m", columns=("v",), input_type="bigint", retracting=True)) is MinMapView
+    assert type(create("max", name="m", columns=("v",), input_type="bigint", retracting=True)) is MaxMapView
+    assert not Max("m", ("v",)).supports_retract and MaxMapView("m", ("v",)).supports_retract
 
 
 @st.composite
@@ -109,7 +108,7 @@ def changelogs(draw: Any) -> list[tuple[int, int | None]]:
 @settings(max_examples=200, deadline=None)
 @given(rows=changelogs(), cut=st.integers(0, 40))
 def test_map_view_split_into_two_batches_equals_the_net_rows(cls, pick, rows, cut):
-    f = cls(AggregateSpec("m", cls.fn, ("v",)), "bigint")
+    f = cls("m", ("v",), input_type="bigint")
 
     def fold(part: list[tuple[int, int | None]]) -> Any:
         acc = f.create_accumulator()

@@ -1,0 +1,136 @@
+"""The stream's Spark merge engine: for batches too large for the driver (and the first one).
+
+Each touched key's state is read once, merged once with the batch's pre-aggregated rows and
+written once; the touched keys' values before and after come from one aggregation.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from spark_jobs.jobs.combine import batch_columns
+from spark_jobs.jobs.reduce import reduce
+from spark_jobs.jobs.stream_step import BatchOutputs, MiniBatch
+from spark_jobs.lake import Lake, PipelineTables
+from spark_jobs.lake.rules import DAY, STREAM
+from spark_jobs.plan import CompiledAggregates, final_aggregate
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["SparkEngine", "changelog_rows"]
+
+
+def changelog_rows(before: DataFrame, after: DataFrame, first_seen: DataFrame, compiled: CompiledAggregates,
+                   batch_id: int) -> DataFrame:
+    """Pure transform: each key's values before and after a batch -> its +I/-U/+U/-D rows.
+
+    A new key gives ``+I``; a changed key ``-U`` (old values) then ``+U`` (new values); a key
+    whose row count falls to zero ``-D``; an unchanged key nothing. A key that is missing or
+    has a row count of zero does not exist. ``seq`` orders the rows within the batch: keys by
+    their first event in the batch, then by key.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    keys = list(compiled.spec.key_columns)
+    names = compiled.value_names
+    old = before.select(*keys, F.struct(*names, "n_rows").alias("_old"))
+    new = after.select(*keys, F.struct(*names, "n_rows").alias("_new"))
+    both = old.join(new, keys, "full_outer").join(first_seen, keys, "left")
+    same = F.lit(True)
+    for name in names:
+        same = same & F.col(f"_old.{name}").eqNullSafe(F.col(f"_new.{name}"))
+
+    def entry(op: str, order: int, values: str) -> Any:
+        return F.struct(F.lit(op).alias("op"), F.lit(order).alias("_order"),
+                        *(F.col(f"{values}.{n}").alias(n) for n in names))
+
+    was = F.col("_old").isNotNull() & (F.col("_old.n_rows") != 0)
+    gone = F.col("_new").isNull() | (F.col("_new.n_rows") == 0)
+    ops = (F.when(~was & ~gone, F.array(entry("+I", 0, "_new")))
+           .when(was & gone, F.array(entry("-D", 0, "_old")))
+           .when(was & ~same, F.array(entry("-U", 0, "_old"), entry("+U", 1, "_new")))
+           .otherwise(F.array()))
+    rows = both.select(*keys, "_first_seen", F.explode(ops).alias("_c")).select(*keys, "_first_seen", "_c.*")
+    order = Window.orderBy(F.col("_first_seen").asc_nulls_last(), *keys, "_order")
+    return rows.select("op", *keys, *names, F.lit(batch_id).cast("bigint").alias("batch_id"),
+                       (F.row_number().over(order) - 1).cast("bigint").alias("seq"))
+
+
+class SparkEngine:
+    """Merges in Spark; its outputs are DataFrames (persisted ones are released by ``committed``)."""
+
+    name = "spark"
+
+    def __init__(self, spark: SparkSession, compiled: CompiledAggregates, lake: Lake) -> None:
+        self.spark, self.compiled, self.lake = spark, compiled, lake
+        spec = compiled.spec
+        self.tables = PipelineTables(spec.lake, spec.name)
+        self.keys = list(spec.key_columns)
+        self.state_keys = [DAY, *self.keys]
+        self.state_columns = [*self.state_keys, "n_rows", *compiled.acc_columns, "max_event_time"]
+        self._cached: list[DataFrame] = []
+
+    def accepts(self, keys: int) -> bool:
+        return True
+
+    def merge(self, batch: MiniBatch) -> BatchOutputs:
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        compiled, keys = self.compiled, self.keys
+        delta = batch.delta
+        touched_days = delta.select(*self.state_keys)
+        touched = delta.select(*keys).distinct()
+        first_seen = delta.groupBy(*keys).agg(F.min("_first_seen").alias("_first_seen"))
+        delta_state = delta.select(*self.state_columns)
+        state = (self.lake.read(self.tables.stream_state) if self.lake.version(self.tables.stream_state) is not None
+                 else self.spark.createDataFrame([], delta_state.schema))
+        # one state read per touched key ...
+        key_rows = state.join(touched, keys, "left_semi").persist(StorageLevel.MEMORY_AND_DISK)
+        merged = final_aggregate(key_rows.join(touched_days, self.state_keys, "left_semi").unionByName(delta_state),
+                                 compiled, extra_keys=[DAY], extra_aggs=[F.max("max_event_time").alias("max_event_time")])
+        merged = merged.select(*self.state_columns).persist(StorageLevel.MEMORY_AND_DISK)
+        self._cached += [key_rows, merged]
+        new_key_rows = key_rows.join(touched_days, self.state_keys, "left_anti").unionByName(merged)
+
+        # the touched keys' values before and after, in one aggregation
+        sides = key_rows.withColumn("_after", F.lit(False)).unionByName(new_key_rows.withColumn("_after", F.lit(True)))
+        values = final_aggregate(sides, compiled, extra_keys=["_after"])
+        changes = changelog_rows(values.where(~F.col("_after")).drop("_after"),
+                                 values.where(F.col("_after")).drop("_after"), first_seen, compiled, batch.batch_id)
+        # ... and one state write per touched key; closed windows leave
+        new_state = state.join(touched_days, self.state_keys, "left_anti").unionByName(merged)
+        if batch.closes is not None:
+            new_state = new_state.where(F.col("window_end") > F.lit(batch.closes))
+        if compiled.retracting:  # every row of that day and key was retracted
+            new_state = new_state.where(F.col("n_rows") != 0)
+        return BatchOutputs(
+            aggregates=reduce(self._hybrid_inputs(new_key_rows, touched, batch), compiled, run_id=batch.run_id),
+            touched=touched,
+            changelog=changes,
+            partials=batch_columns(delta.select(*self.state_columns).drop("max_event_time"), batch=batch.name,
+                                   source=STREAM, event_date=F.col(DAY), run_id=batch.run_id),
+            state=new_state,
+        )
+
+    def committed(self, state_version: int | None, outputs: BatchOutputs) -> None:
+        for df in self._cached:
+            df.unpersist()
+        self._cached = []
+
+    def _hybrid_inputs(self, key_rows: DataFrame, touched: DataFrame, batch: MiniBatch) -> DataFrame:
+        """The partial rows that count for the touched keys: their state rows of days without a batch
+        combine, and the batch partials of days with one."""
+        from pyspark.sql import functions as F
+
+        columns = [*self.keys, "n_rows", *self.compiled.acc_columns]
+        if not batch.batch_days:
+            return key_rows.select(*columns)
+        live = key_rows.where(~F.col(DAY).isin(sorted(batch.batch_days))).select(*columns)
+        if not batch.batch_files:
+            return live
+        counted = self.lake.read_files(self.tables.partials, list(batch.batch_files)).join(touched, self.keys,
+                                                                                            "left_semi")
+        return live.unionByName(counted.select(*columns))

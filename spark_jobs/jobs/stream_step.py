@@ -1,0 +1,124 @@
+"""One mini-batch step: what a merge engine starts from, what it produces, and the one commit.
+
+The stream has two merge engines (Spark for large batches, the driver's Python algebra for
+small ones). Both start from the same :class:`MiniBatch`, apply the same hybrid rule, and
+return the same :class:`BatchOutputs`, which :func:`commit_outputs` commits in one order, each
+table once per batch id; a test holds the engines to byte-identical tables.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, Union
+
+from spark_jobs.jobs.combine import write_dead_letters
+from spark_jobs.lake import AppTxn, Lake, PipelineTables
+from spark_jobs.lake.rules import DAY, PARTIALS_PARTITIONS, sort_keys, stream_layout
+from spark_jobs.spec import PipelineSpec
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+
+__all__ = ["BatchOutputs", "Committed", "MergeEngine", "MiniBatch", "Rows", "commit_outputs", "pending"]
+
+Rows = Union["DataFrame", "pa.Table"]
+
+
+@dataclass(frozen=True)
+class MiniBatch:
+    """A mini-batch after its pre-aggregation: what either merge engine starts from."""
+
+    batch_id: int
+    run_id: str
+    delta: DataFrame  # one row per (event day, key, window): state columns and ``_first_seen``
+    span: tuple[dt.datetime, dt.datetime]  # event times of its valid rows
+    closes: dt.datetime | None  # windows ending at or before it leave state
+    batch_days: frozenset[dt.date] = frozenset()  # touched days with a batch combine (the hybrid rule) ...
+    batch_files: tuple[str, ...] = ()  # ... and their batch partial files, whose rows count instead
+
+    @property
+    def name(self) -> str:
+        return f"stream-{self.batch_id}"
+
+
+@dataclass(frozen=True)
+class BatchOutputs:
+    """What one mini-batch writes, as Spark DataFrames or Arrow tables, laid out as their tables."""
+
+    aggregates: Rows  # the touched keys that still exist, as ``aggregates`` rows
+    touched: Rows  # the touched keys: their other rows in ``aggregates`` are replaced
+    changelog: Rows
+    partials: Rows  # the batch's pre-aggregated rows as ``partials`` rows (source ``stream``)
+    state: Rows  # the whole new state
+
+
+class MergeEngine(Protocol):
+    """Merges a mini-batch into the stream's state and derives every output table."""
+
+    name: str
+
+    def accepts(self, keys: int) -> bool:
+        """Whether it merges a batch of ``keys`` pre-aggregated (day, key, window) rows."""
+
+    def merge(self, batch: MiniBatch) -> BatchOutputs: ...
+
+    def committed(self, state_version: int | None, outputs: BatchOutputs) -> None:
+        """Told the state version its outputs made (an engine may keep state between batches)."""
+
+
+@dataclass
+class Committed:
+    written: dict[str, int | None] = field(default_factory=dict)
+    state_writes: int = 0  # (day, key, window) accumulators written: the batch's partial rows
+    changes: int = 0
+    visible_at: float | None = None  # wall-clock time the aggregates commit landed
+
+
+def pending(lake: Lake, path: str, txn: AppTxn) -> bool:
+    """Whether ``path`` still lacks this batch's commit (a replay skips the ones it has)."""
+    done = lake.txn_version(path, txn.app_id)
+    return done is None or done < txn.version
+
+
+def commit_outputs(lake: Lake, spec: PipelineSpec, txn: AppTxn, *, run_id: str, rejects: DataFrame, rejected: int,
+                   batch: MiniBatch | None, out: BatchOutputs | None) -> Committed:
+    """Commit a batch: its rejected rows, then (when it aggregated any) its outputs, each as one Delta
+    commit carrying ``txn``. State goes last, so a batch with a state commit is complete and a replay
+    skips every table that has its commit (dead letters are replaced by (job, batch), idempotent)."""
+    t = PipelineTables(spec.lake, spec.name)
+    done = Committed()
+    dead = write_dead_letters(lake, t, rejects, job="stream", batch=f"stream-{txn.version}", run_id=run_id,
+                              rejected=rejected)
+    if dead is not None:
+        done.written["dead_letter"] = dead.version
+    if batch is None or out is None:
+        return done
+    keys = list(spec.key_columns)
+    meta: dict[str, Any] = {"run_id": batch.run_id, "job": "stream", "batch_id": batch.batch_id}
+    prune, cluster = stream_layout(spec, batch.span)
+    if pending(lake, t.aggregates, txn):  # first: it is what readers wait for
+        done.written["aggregates"] = lake.replace_keys(
+            out.aggregates, t.aggregates, keys=keys, touched=out.touched, app_txn=txn, metadata=meta,
+            sort_by=sort_keys(spec), cluster=cluster, prune=prune).version
+        done.visible_at = time.time()
+    if pending(lake, t.changelog, txn):
+        commit = lake.append(out.changelog, t.changelog, app_txn=txn, metadata=meta)
+        done.written["changelog"] = commit.version
+        done.changes = commit.rows_added
+    if pending(lake, t.partials, txn):
+        commit = lake.append(out.partials, t.partials, partition_by=PARTIALS_PARTITIONS, app_txn=txn, metadata=meta)
+        done.written["partials"] = commit.version
+        done.state_writes = commit.rows_added
+    else:
+        done.state_writes = _count(out.partials)
+    state_keys = [DAY, *keys]
+    done.written["stream_state"] = lake.replace_keys(out.state, t.stream_state, keys=state_keys, touched=None,
+                                                     app_txn=txn, metadata=meta, sort_by=state_keys).version
+    return done
+
+
+def _count(rows: Rows) -> int:
+    return rows.num_rows if hasattr(rows, "num_rows") else rows.count()

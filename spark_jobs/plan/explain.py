@@ -1,0 +1,93 @@
+"""``explain``: a phase's plan, as Flink shows LocalGroupAggregate / GlobalGroupAggregate.
+
+For each aggregate: the columns its accumulator is stored as, its local (combine) expression,
+its global (reduce) merge and its value; then Spark's physical plan of the phase over an empty,
+typed input, so nothing is read.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from spark_jobs.aggregates.builtins import Builtin
+from spark_jobs.lake.rules import DAY
+from spark_jobs.plan.phases import SIGN, CompiledAggregates, assign_windows, final_aggregate, partial_aggregate
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+__all__ = ["PHASES", "Phase", "aggregate_table", "explain", "phase_frame"]
+
+Phase = Literal["combine", "reduce", "stream"]
+PHASES: tuple[Phase, ...] = ("combine", "reduce", "stream")
+_OPERATOR = {"combine": "LocalGroupAggregate", "reduce": "GlobalGroupAggregate",
+             "stream": "MiniBatchLocalGroupAggregate + MiniBatchGlobalGroupAggregate (state per event day)"}
+
+
+def _text(column: Column) -> str:
+    text = str(column)
+    return text[len("Column<'"):-len("'>")] if text.startswith("Column<'") else text
+
+
+def aggregate_table(compiled: CompiledAggregates) -> list[dict[str, str]]:
+    """One row per aggregate: stored columns and the expressions of each phase."""
+    from pyspark.sql import functions as F
+
+    sign = F.col(SIGN) if compiled.retracting else None
+    event_time = F.col(compiled.spec.source.event_time)
+    rows = []
+    for b in compiled.entries:
+        fn = b.function
+        stored = ", ".join(b.acc_columns)
+        if isinstance(fn, Builtin) and fn.map_view:
+            local = f"keyed: sum({SIGN}) per ({', '.join(b.columns)}) -> map<value, count>"
+            merge = "keyed: sum of counts per value -> map<value, count>"
+            value = _text(fn.spark_value([F.col(c) for c in b.acc_columns]))
+        elif isinstance(fn, Builtin):
+            value_col = F.col(b.columns[0]) if b.columns else None
+            local = "; ".join(_text(c) for c in fn.spark_partial(value_col, event_time, sign))
+            merge = "; ".join(_text(c) for c in fn.spark_merge([F.col(c) for c in b.acc_columns]))
+            value = _text(fn.spark_value([F.col(c) for c in b.acc_columns]))
+        else:
+            local = f"mapInArrow: {type(fn).__name__}.accumulate_batch({', '.join(b.columns)})"
+            merge = f"mapInArrow: {type(fn).__name__}.merge_all({stored})"
+            value = f"{type(fn).__name__}.get_value({stored})"
+        rows.append({"aggregate": b.name, "function": type(fn).__name__, "stored as": stored,
+                     "local (combine)": local, "global (reduce)": merge, "value": value})
+    return rows
+
+
+def phase_frame(spark: SparkSession, compiled: CompiledAggregates, phase: Phase) -> DataFrame:
+    """The phase's DataFrame over an empty, typed input."""
+    from pyspark.sql import functions as F
+
+    spec = compiled.spec
+    ddl = ", ".join(f"`{c}` {t}" for c, t in spec.source.schema)
+    rows = assign_windows(spark.createDataFrame([], ddl), spec)
+    if phase == "combine":
+        return partial_aggregate(rows, compiled)
+    if phase == "reduce":
+        partials = partial_aggregate(rows, compiled)
+        empty = spark.createDataFrame([], partials.schema)
+        return final_aggregate(empty, compiled)
+    et = F.col(spec.source.event_time)
+    delta = partial_aggregate(rows.withColumn(DAY, F.to_date(et)), compiled, extra_keys=[DAY],
+                              extra_aggs=[F.max(et).alias("max_event_time")])
+    state = spark.createDataFrame([], delta.schema)
+    return final_aggregate(state.unionByName(delta), compiled, extra_keys=[DAY],
+                           extra_aggs=[F.max("max_event_time").alias("max_event_time")])
+
+
+def explain(spark: SparkSession, compiled: CompiledAggregates, phase: Phase) -> str:
+    """The text ``python -m spark_jobs explain`` prints (without Spark's plan, which it prints itself)."""
+    spec = compiled.spec
+    keys = ([DAY] if phase == "stream" else []) + list(spec.key_columns)
+    rows = aggregate_table(compiled)
+    lines = [f"{spec.name}: {phase} = {_OPERATOR[phase]}",
+             f"  group by: {', '.join(keys) or '(one global group)'}"
+             + ("; source is a changelog: -U/-D rows retract (_sign = -1)" if compiled.retracting else ""), ""]
+    for row in rows:
+        lines.append(f"  {row['aggregate']} = {row['function']}")
+        for label in ("stored as", "local (combine)", "global (reduce)", "value"):
+            lines.append(f"      {label + ':':<17}{row[label]}")
+    return "\n".join(lines)

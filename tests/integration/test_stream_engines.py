@@ -1,0 +1,179 @@
+"""The stream's two merge engines write the same tables, byte for byte.
+
+Random mini-batches (sizes, event times, an insert-only or a changelog source, a batch combine
+of the day in between so the hybrid rule applies) run once with every batch merged in Spark
+and once with the driver engine taking every batch it accepts. Every table the stream writes
+(``aggregates``, ``changelog``, ``partials``, its state) must then hold the same rows:
+
+- HLL sketches byte for byte: a DataSketches HLL union is deterministic, the same registers
+  and serialisation in Java (Spark) and C++ (the driver);
+- KLL sketches within their rank error: compaction picks its survivors at random, in both
+  engines, so two merges of the same values keep different (equally valid) samples. Below the
+  first compaction (n <= k) they are compared exactly;
+- sets (``count_distinct``) and maps (min/max over a changelog) as sets of entries: their order
+  carries no meaning, and Spark's is that of its shuffle.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+from pathlib import Path
+from typing import Any
+
+import datasketches as ds
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from spark_jobs.jobs import combine, stream
+from spark_jobs.lake import PipelineTables
+from spark_jobs.spec import PipelineSpec
+from tests.builders import ALL_AGGREGATES, day_events, make_spec
+from tests.integration.test_stream import cdc_rows, cdc_spec, land, with_stream
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+DAY = "2024-03-01"
+UNORDERED = ("__set", "__counts")  # count_distinct's set, the map view's value counts
+
+
+def _cdc_batches(sizes: list[int], seed: int) -> list[list[tuple[str, str, int]]]:
+    """Valid changelog batches: -U/-D retract only what an earlier +I/+U inserted."""
+    rng = random.Random(seed)
+    live: dict[str, int] = {}
+    out = []
+    for size in sizes:
+        batch: list[tuple[str, str, int]] = []
+        while len(batch) < size:
+            name = rng.choice(["Ann", "Bob", "Cid", "Dan", "Eve"])
+            if name not in live:
+                live[name] = rng.randrange(100)
+                batch.append(("+I", name, live[name]))
+            elif rng.random() < 0.3:
+                batch.append(("-D", name, live.pop(name)))
+            else:
+                new = rng.randrange(100)
+                batch += [("-U", name, live[name]), ("+U", name, new)]
+                live[name] = new
+        out.append(batch)
+    return out
+
+
+def _landing_batches(kind: str, sizes: list[int], seed: int) -> list[pa.Table]:
+    if kind == "cdc":
+        return [cdc_rows(b, start=100 * i) for i, b in enumerate(_cdc_batches(sizes, seed))]
+    rows = day_events(DAY, sum(sizes), seed=seed, pages=("/a", "/b", "/c", "/d")).sort_by("event_time")
+    out, start = [], 0
+    for size in sizes:
+        out.append(rows.slice(start, size))
+        start += size
+    return out
+
+
+def _spec(kind: str, root: Path) -> PipelineSpec:
+    if kind == "cdc":
+        return cdc_spec(root, udaf=True, max_files_per_batch=1)
+    return with_stream(make_spec(root, window={"size": "1 hour"}, aggregates=ALL_AGGREGATES),
+                       max_files_per_batch=1, watermark="3 hours")
+
+
+def _rows(path: str, drop: tuple[str, ...], order: list[str]) -> list[dict[str, Any]]:
+    table = DeltaTable(path).to_pyarrow_table()
+    table = table.drop_columns([c for c in drop if c in table.column_names])
+    rows = table.to_pylist()
+    return sorted(rows, key=lambda r: tuple((r[c] is None, r[c]) for c in order))
+
+
+def _same_kll(a: bytes | None, b: bytes | None, where: str) -> None:
+    if a is None or b is None:
+        assert a == b, where
+        return
+    x, y = ds.kll_doubles_sketch.deserialize(a), ds.kll_doubles_sketch.deserialize(b)
+    assert (x.n, x.get_min_value(), x.get_max_value()) == (y.n, y.get_min_value(), y.get_max_value()), where
+    if x.n <= 200:  # k: nothing compacted yet, both hold every value
+        assert a == b, where
+        return
+    eps = 2 * x.normalized_rank_error(False)
+    for q in (0.1, 0.5, 0.9):
+        assert abs(x.get_rank(y.get_quantile(q)) - q) <= eps, f"{where}: q={q}"
+
+
+def _assert_same(table: str, spark_rows: list[dict[str, Any]], driver_rows: list[dict[str, Any]]) -> None:
+    assert len(spark_rows) == len(driver_rows), f"{table}: {len(spark_rows)} rows in Spark's, {len(driver_rows)}"
+    for i, (want, got) in enumerate(zip(spark_rows, driver_rows, strict=True)):
+        assert want.keys() == got.keys(), table
+        kll = {c[: -len("__kll")]: c for c in want if c.endswith("__kll")}
+        for column in want:
+            where = f"{table} row {i} column {column}"
+            if column.endswith("__kll"):
+                _same_kll(want[column], got[column], where)
+            elif column in kll:  # the percentile: a value within the rank error, checked on its sketch
+                if want.get(kll[column]) is not None and want[column] != got[column]:
+                    sketch = ds.kll_doubles_sketch.deserialize(want[kll[column]])
+                    assert abs(sketch.get_rank(got[column]) - sketch.get_rank(want[column])) <= \
+                        2 * sketch.normalized_rank_error(False), where
+            elif column.endswith(UNORDERED) and want[column] is not None and got[column] is not None:
+                assert sorted(want[column], key=repr) == sorted(got[column], key=repr), where
+            else:
+                assert want[column] == got[column], f"{where}: {want[column]!r} != {got[column]!r}"
+
+
+def _tables(spec: PipelineSpec) -> dict[str, list[dict[str, Any]]]:
+    t, keys = PipelineTables(spec.lake, spec.name), list(spec.key_columns)
+    return {"aggregates": _rows(t.aggregates, ("updated_at", "run_id"), keys),
+            "changelog": _rows(t.changelog, (), ["batch_id", "seq"]),
+            "partials": _rows(t.partials, ("run_id", "created_at"), ["batch", "event_date", *keys]),
+            "state": _rows(t.stream_state, (), ["event_date", *keys])}
+
+
+@settings(max_examples=4, deadline=None, database=None, phases=[Phase.generate],
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(kind=st.sampled_from(["windowed", "cdc"]), sizes=st.lists(st.integers(1, 400), min_size=2, max_size=4),
+       combine_after=st.integers(1, 4), seed=st.integers(0, 10_000))
+def test_both_engines_write_the_same_tables(spark, tmp_path_factory, kind, sizes, combine_after, seed):
+    root = tmp_path_factory.mktemp("engines")
+    if kind == "cdc":
+        sizes = [max(1, s // 40) for s in sizes]  # a handful of changes per batch
+    spec = _spec(kind, root)
+    by_spark, by_driver = (spec.with_paths(lake=str(root / f"lake-{name}")) for name in ("spark", "driver"))
+    batches = _landing_batches(kind, sizes, seed)
+    on_driver = []
+    for phase in (batches[:combine_after], batches[combine_after:]):
+        for table in phase:
+            land(root / "landing", DAY, table)
+        stream.run(spark, by_spark, available_now=True, driver_max_keys=0)
+        on_driver += [b.on_driver for b in stream.run(spark, by_driver, available_now=True).batches]
+        if phase is not batches[combine_after:] and combine_after < len(batches):
+            for run_spec in (by_spark, by_driver):  # the day's batch partials now count (the hybrid rule)
+                combine.run(spark, run_spec, DAY)
+    assert on_driver[0] is False and all(on_driver[1:])  # the first batch creates the tables in Spark
+    want, got = _tables(by_spark), _tables(by_driver)
+    for name in want:
+        _assert_same(name, want[name], got[name])
+
+
+def test_the_driver_engine_applies_the_hybrid_rule(spark, tmp_path):
+    """A day with a batch combine: the driver's aggregates count its batch partials, not the stream's."""
+    spec = _spec("windowed", tmp_path)
+    rows = day_events(DAY, 300, seed=7).sort_by("event_time")
+    land(tmp_path / "landing", DAY, rows.slice(0, 100))
+    stream.run(spark, spec, available_now=True)
+    land(tmp_path / "landing", DAY, rows.slice(100, 100))
+    combine.run(spark, spec, DAY)  # sees the first 200 rows
+    land(tmp_path / "landing", DAY, rows.slice(200, 100))
+    summary = stream.run(spark, spec, available_now=True)
+    assert [b.on_driver for b in summary.batches] == [True, True]
+
+    def window_key(r: dict[str, Any]) -> tuple[dt.datetime, str]:
+        return r["event_time"].replace(minute=0, second=0, microsecond=0), r["page"]
+
+    combined: dict[tuple[dt.datetime, str], int] = {}
+    for r in rows.slice(0, 200).to_pylist():
+        combined[window_key(r)] = combined.get(window_key(r), 0) + 1
+    touched = {window_key(r) for r in rows.slice(100, 200).to_pylist()}
+    got = {(r["window_start"], r["page"]): r["views"] for r in DeltaTable(PipelineTables(spec.lake, spec.name)
+           .aggregates).to_pyarrow_table(columns=["window_start", "page", "views"]).to_pylist()}
+    assert {k: got.get(k) for k in touched} == {k: combined.get(k) for k in touched}
