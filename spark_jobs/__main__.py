@@ -1,4 +1,4 @@
-"""``python -m spark_jobs <command>``: parse arguments, call one function, map errors to exit codes.
+"""``python -m spark_jobs <command>``: the job commands of :mod:`spark_jobs.cli`, and ``server``.
 
 Exit codes: 0 ok, 1 unexpected failure, 2 bad arguments or spec, 3 bad or missing input,
 4 lake (Delta) problem, 5 a data-quality suite failed (``validate``; the report says which checks),
@@ -7,12 +7,10 @@ Exit codes: 0 ok, 1 unexpected failure, 2 bad arguments or spec, 3 bad or missin
 
 from __future__ import annotations
 
-import argparse
-import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 if __name__ == "__main__" and __spec__ is None and sys.path:
     # Run as a file (``spark-submit .../spark_jobs/__main__.py``), Python put this package's own folder
@@ -24,241 +22,20 @@ if __name__ == "__main__" and __spec__ is None and sys.path:
     if os.path.abspath(sys.path[0] or os.curdir) == _HERE:
         sys.path[0] = os.path.dirname(_HERE)
 
-from spark_jobs.errors import InputError, PipelineError, UsageError
+from spark_jobs import cli
 
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
-    from spark_jobs.spec import PipelineSpec
-
-log = logging.getLogger("spark_jobs")
+__all__ = ["main"]
 
 
-def _spec(args: argparse.Namespace) -> PipelineSpec:
-    from spark_jobs.spec import load_spec
+def _add_server(sub: Any) -> None:
+    from spark_jobs.server.cli import add_server_parser, run_server
 
-    return load_spec(args.pipeline, lake=args.lake, source_path=getattr(args, "source_path", None))
-
-
-def _session(args: argparse.Namespace, app: str, *, connect: bool = True) -> SparkSession:
-    """The job's session: a Spark Connect client when ``--remote``/``$SPARK_REMOTE`` names a server
-    (and the job can run as one), else its own application; an explicit ``--master`` wins."""
-    from spark_jobs.session import SessionConfig, build_session
-
-    kwargs: dict[str, Any] = {"app_name": f"spark_jobs {app}", "progress": sys.stderr.isatty()}
-    if args.master or not connect:
-        kwargs["remote"] = None
-    elif args.remote:
-        kwargs["remote"] = args.remote
-    if args.master:
-        kwargs["master"] = args.master
-    if args.shuffle_partitions is not None:
-        kwargs["shuffle_partitions"] = args.shuffle_partitions
-    return build_session(SessionConfig(**kwargs))  # a bad --master/--remote is a UsageError: exit code 2
-
-
-def _dates(first: str, last: str | None) -> list[str]:
-    import datetime as dt
-
-    from spark_jobs.jobs.combine import parse_date
-
-    start, end = dt.date.fromisoformat(parse_date(first)), dt.date.fromisoformat(parse_date(last or first))
-    if end < start:
-        raise InputError(f"--to {end} is before --date/--from {start}; swap them")
-    return [(start + dt.timedelta(days=i)).isoformat() for i in range((end - start).days + 1)]
-
-
-def cmd_generate(args: argparse.Namespace) -> int:
-    from spark_jobs.jobs.generate import GenerateConfig, generate
-
-    try:
-        config = GenerateConfig(out=args.out, days=args.days, rows_per_day=args.rows_per_day, seed=args.seed,
-                                format=args.format, start=args.start, files_per_day=args.files_per_day)
-    except ValueError as exc:  # bad --days, --format, ...: the message names the option
-        raise UsageError(str(exc)) from exc
-    result = generate(config, progress=not args.quiet)
-    print(f"wrote {result.rows:,} events ({result.bad_rows:,} bad on purpose) in {result.files} {args.format} "
-          f"files, {result.dates[0]}..{result.dates[-1]}, under {args.out}")
-    return 0
-
-
-def cmd_combine(args: argparse.Namespace) -> int:
-    from spark_jobs.jobs import combine
-
-    spec = _spec(args)
-    dates = _dates(args.date, args.to)
-    spark = _session(args, "combine")
-    for date in dates:  # one run id per day: a given --run-id gets the date as suffix over a range
-        run_id = f"{args.run_id}-{date}" if args.run_id and len(dates) > 1 else args.run_id
-        print(combine.run(spark, spec, date, run_id=run_id).summary())
-    return 0
-
-
-def cmd_reduce(args: argparse.Namespace) -> int:
-    from spark_jobs.jobs import reduce
-
-    spec = _spec(args)
-    spark = _session(args, "reduce")
-    print(reduce.run(spark, spec, run_id=args.run_id, full=args.full).summary())
-    return 0
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    """Combine each day of a range, then reduce once: a backfill without Airflow."""
-    from spark_jobs.jobs import combine, reduce
-
-    spec = _spec(args)
-    dates = _dates(args.date, args.to)
-    spark = _session(args, "run")
-    for date in dates:
-        print(combine.run(spark, spec, date).summary())
-    print(reduce.run(spark, spec).summary())
-    return 0
-
-
-def cmd_validate(args: argparse.Namespace) -> int:
-    """Run a Great Expectations gate; exit 5 (QualityError) when it fails, after writing its report."""
-    from spark_jobs.quality.gate import validate
-
-    spec = _spec(args)
-    spark = _session(args, f"validate {args.suite}")
-    print(validate(spark, spec, args.suite, date=args.date, reports=args.reports, run_id=args.run_id).text())
-    return 0
-
-
-def cmd_maintain(args: argparse.Namespace) -> int:
-    """Compact, vacuum and checkpoint a pipeline's tables (delta-rs; no Spark)."""
-    from spark_jobs.lake.maintenance import maintain
-
-    spec = _spec(args)
-    for entry in maintain(spec.lake, spec.name, retention_hours=args.retention_hours, dry_run=args.dry_run,
-                          enforce_retention=not args.allow_short_retention):
-        print(("(dry run) " if args.dry_run else "") + entry.summary())
-    return 0
-
-
-def cmd_stream(args: argparse.Namespace) -> int:
-    from spark_jobs.jobs import stream
-
-    spec = _spec(args)
-    # its own application: foreachBatch and the driver merge's held state need a driver in this process
-    spark = _session(args, "stream", connect=False)
-    print(stream.run(spark, spec, available_now=args.available_now, run_id=args.run_id).summary())
-    return 0
-
-
-def cmd_inspect(args: argparse.Namespace) -> int:
-    from spark_jobs.inspection.cli import run_inspect
-
-    return run_inspect(args)
-
-
-def cmd_server(args: argparse.Namespace) -> int:
-    from spark_jobs.server.cli import run_server
-
-    return run_server(args)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m spark_jobs", description=__doc__.split("\n")[0])
-    parser.add_argument("-v", "--verbose", action="store_true", help="log each step")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def spark_opts(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--master", help="Spark master URL of an own application (default $SPARK_MASTER or local[*])")
-        p.add_argument("--remote", help="Spark Connect server to run on, sc://host:port (default $SPARK_REMOTE; "
-                                        "the stream always runs its own application)")
-        p.add_argument("--shuffle-partitions", type=int, help="spark.sql.shuffle.partitions (default 8)")
-
-    def spec_opts(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--pipeline", required=True, help="pipeline spec YAML, e.g. pipelines/page_views.yaml")
-        p.add_argument("--lake", help="override the spec's lake root")
-        p.add_argument("--source-path", help="override the spec's source.path")
-        p.add_argument("--run-id", help="run id to record (default: generated)")
-        spark_opts(p)
-
-    g = sub.add_parser("generate", help="write sample events, hive-partitioned by event_date")
-    g.add_argument("--out", required=True, help="landing directory, e.g. data/landing/page_views")
-    g.add_argument("--days", type=int, default=3)
-    g.add_argument("--rows-per-day", type=int, default=100_000)
-    g.add_argument("--seed", type=int, default=7)
-    g.add_argument("--format", default="parquet", help="parquet, json or csv")
-    g.add_argument("--start", default="2024-03-01", help="first event_date (YYYY-MM-DD)")
-    g.add_argument("--files-per-day", type=int, default=2)
-    g.add_argument("--quiet", action="store_true", help="no progress bar")
-    g.set_defaults(func=cmd_generate)
-
-    c = sub.add_parser("combine", help="pre-aggregate landing day(s) into partials (replaces those days)")
-    spec_opts(c)
-    c.add_argument("--date", required=True, help="event_date to combine, YYYY-MM-DD")
-    c.add_argument("--to", help="last date of a range to combine (inclusive)")
-    c.set_defaults(func=cmd_combine)
-
-    r = sub.add_parser("reduce", help="merge new partials into the aggregates table, exactly once")
-    spec_opts(r)
-    r.add_argument("--full", action="store_true", help="re-merge every key, not only the changed ones")
-    r.set_defaults(func=cmd_reduce)
-
-    run = sub.add_parser("run", help="combine a date range, then reduce (one Spark session)")
-    spec_opts(run)
-    run.add_argument("--date", "--from", dest="date", required=True, help="first date, YYYY-MM-DD")
-    run.add_argument("--to", help="last date (inclusive; default: the first)")
-    run.set_defaults(func=cmd_run)
-
-    v = sub.add_parser("validate", help="run a Great Expectations gate (input: a landing day; outputs: partials "
-                                        "of a day before reduce, or the serving table)")
-    spec_opts(v)
-    v.add_argument("--suite", required=True, choices=["input", "outputs"], help="which gate")
-    v.add_argument("--date", help="event_date (required for input; for outputs: that day's partials, pre-reduce)")
-    v.add_argument("--reports", help="report directory (default <lake>/<pipeline>/_quality)")
-    v.set_defaults(func=cmd_validate)
-
-    m = sub.add_parser("maintain", help="compact small files, vacuum, checkpoint (delta-rs, no Spark)")
-    m.add_argument("--pipeline", required=True, help="pipeline spec YAML")
-    m.add_argument("--lake", help="override the spec's lake root")
-    m.add_argument("--retention-hours", type=int, default=168, help="vacuum files removed longer ago (default 168)")
-    m.add_argument("--allow-short-retention", action="store_true",
-                   help="allow a retention below 168 hours (only when no job or reader uses older versions)")
-    m.add_argument("--dry-run", action="store_true", help="list what vacuum would delete; change nothing")
-    m.set_defaults(func=cmd_maintain)
-
-    st = sub.add_parser("stream", help="windowed mini-batch aggregation of new landing files, with a changelog")
-    spec_opts(st)
-    st.add_argument("--available-now", action="store_true",
-                    help="process every landing file present in mini-batches, then exit (default: run until "
-                         "SIGTERM/SIGINT, which stops at a mini-batch boundary)")
-    st.set_defaults(func=cmd_stream)
-
-    from spark_jobs.inspection.cli import add_inspect_parser
-
-    add_inspect_parser(sub).set_defaults(func=cmd_inspect)
-
-    from spark_jobs.server.cli import add_server_parser
-
-    add_server_parser(sub).set_defaults(func=cmd_server)
-
-    return parser
+    add_server_parser(sub).set_defaults(func=run_server)
 
 
 def main(argv: Sequence[str] | None = None, *, keep_session: bool = False) -> int:
-    """Run one command. A Spark Connect session is released at the end unless ``keep_session`` (a caller
-    that runs many commands in one process, as ``python -m benchmarks airflow``'s warm CLI, keeps it warm)."""
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    try:
-        return int(args.func(args) or 0)
-    except PipelineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    finally:
-        if not keep_session:
-            from spark_jobs.session import close_remote
-
-            close_remote()
+    """Run one command (see :func:`spark_jobs.cli.main`)."""
+    return cli.main(argv, keep_session=keep_session, commands=[_add_server])
 
 
 if __name__ == "__main__":

@@ -140,7 +140,7 @@ def _run_child(conn: socket.socket, argv: list[str], env: dict[str, str], cwd: s
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(env)
-        from spark_jobs.__main__ import main
+        from spark_jobs.cli import main
 
         code = main(argv)
     except SystemExit as exc:  # argparse's usage errors
