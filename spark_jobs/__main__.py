@@ -7,6 +7,7 @@ Exit codes: 0 ok, 1 unexpected failure, 2 bad arguments or spec, 3 bad or missin
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Sequence
@@ -24,13 +25,17 @@ if __name__ == "__main__" and __spec__ is None and sys.path:
 
 from spark_jobs import cli
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
 
 def _add_server(sub: Any) -> None:
     from spark_jobs.server.cli import add_server_parser, run_server
 
     add_server_parser(sub).set_defaults(func=run_server)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return cli.build_parser([_add_server])
 
 
 def main(argv: Sequence[str] | None = None, *, keep_session: bool = False) -> int:
