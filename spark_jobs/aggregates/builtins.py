@@ -92,6 +92,13 @@ class Builtin(AggregateFunction[Any, Any]):
     def spark_value(self, accs: list[Column]) -> Column:
         return accs[0]
 
+    # keyed phases, for ``map_view`` aggregates whose phases are aggregations of their own
+    def spark_partial_frame(self, rows: DataFrame, keys: list[str], sign: str, acc: str) -> DataFrame:
+        raise NotImplementedError
+
+    def spark_merge_frame(self, partials: DataFrame, keys: list[str], acc: str) -> DataFrame:
+        raise NotImplementedError
+
 
 B = TypeVar("B", bound=type[Builtin])
 BUILTINS: dict[str, type[Builtin]] = {}

@@ -234,8 +234,9 @@ class MiniBatchAggregator:
             batch, out, engine, high = None, None, None, self._high
             if outcome.rows_aggregated:
                 high = max(h for h in (self._high, _utc(span["high"])) if h is not None)
-                bounds = (_utc(span["low"]), _utc(span["high"]))
-                assert bounds[0] is not None and bounds[1] is not None
+                low, top = _utc(span["low"]), _utc(span["high"])
+                assert low is not None and top is not None
+                bounds = (low, top)
                 batch = MiniBatch(batch_id, record.run_id, delta.drop("_rows"), bounds, self._watermark(high),
                                   *self._counted_batch_partials(bounds))
                 engine = next(e for e in self.engines if e.accepts(int(span["keys"])))

@@ -121,4 +121,6 @@ def commit_outputs(lake: Lake, spec: PipelineSpec, txn: AppTxn, *, run_id: str, 
 
 
 def _count(rows: Rows) -> int:
-    return rows.num_rows if hasattr(rows, "num_rows") else rows.count()
+    import pyarrow as pa
+
+    return rows.num_rows if isinstance(rows, pa.Table) else int(rows.count())
