@@ -1,0 +1,110 @@
+"""Read Delta tables as Arrow, without Spark: the read surface for everything that is not a job.
+
+The inspect views, the quality gates' run queries, the Airflow sensors and conditions, the DAGs'
+``publish`` task and the benchmarks read the lake through this module (delta-rs and pyarrow, no
+JVM); the jobs read and write through a :class:`spark_jobs.lake.Lake` backend. A
+:class:`Snapshot` is one version of one table. Errors from delta-rs (no table, a version out of
+range or vacuumed) pass through unchanged: the caller knows what to tell its user.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+__all__ = ["Snapshot", "commit_time", "is_table", "open_table", "table_version"]
+
+
+def is_table(path: str) -> bool:
+    """A Delta table (a ``_delta_log``) is at ``path``."""
+    return bool(DeltaTable.is_deltatable(path))
+
+
+def open_table(path: str, version: int | None = None) -> Snapshot:
+    """The table at ``path``, at ``version`` or its latest; raises delta-rs's error when there is none."""
+    return Snapshot(path, DeltaTable(path, version=version))
+
+
+def table_version(path: str) -> int | None:
+    """The latest version of the table at ``path``; None when there is no Delta table there."""
+    return open_table(path).version() if is_table(path) else None
+
+
+def commit_time(entry: dict[str, Any]) -> dt.datetime:
+    """When a commit (an entry of :meth:`Snapshot.history`) was made, in UTC."""
+    return dt.datetime.fromtimestamp(int(entry.get("timestamp", 0)) / 1000, dt.UTC)
+
+
+class Snapshot:
+    """One version of a Delta table: metadata, log and rows, read through delta-rs and pyarrow."""
+
+    def __init__(self, path: str, table: DeltaTable) -> None:
+        self.path = path
+        self._table = table
+
+    def version(self) -> int:
+        return int(self._table.version())
+
+    def at(self, version: int) -> Snapshot:
+        """Another version of the same table."""
+        return open_table(self.path, version)
+
+    # ------------------------------------------------------------------ metadata
+    def schema(self) -> pa.Schema:
+        """The columns as Arrow types."""
+        return pa.schema(self._table.schema().to_arrow())
+
+    @property
+    def partition_columns(self) -> list[str]:
+        return list(self._table.metadata().partition_columns)
+
+    def add_actions(self) -> pa.Table:
+        """One row per data file: ``path``, ``size_bytes``, ``num_records``, ``partition.<column>``,
+        ``min.<column>``/``max.<column>`` statistics."""
+        return pa.table(self._table.get_add_actions(flatten=True))
+
+    def num_files(self) -> int:
+        return len(self._table.file_uris())
+
+    def transaction_version(self, app_id: str) -> int | None:
+        """The input version the app transaction ``app_id`` recorded, if any."""
+        return self._table.transaction_version(app_id)
+
+    # ----------------------------------------------------------------------- log
+    def history(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """Commit infos up to this version, newest first (``version``, ``timestamp``, ``operation``,
+        and the custom metadata a job committed: ``run_id``, ``job``, ``batch`` ...)."""
+        return list(self._table.history(limit))
+
+    def version_at(self, when: dt.datetime) -> int | None:
+        """The last version committed at or before ``when`` (aware); None when ``when`` is before the first."""
+        before = [int(h["version"]) for h in self.history() if commit_time(h) <= when]
+        return max(before) if before else None
+
+    def commit_actions(self, version: int) -> list[dict[str, Any]] | None:
+        """The actions (``add``, ``remove``, ``txn``, ``commitInfo`` ...) of one commit, as its JSON log
+        file holds them; None when that file is gone (log cleanup) or the table is not local."""
+        log = Path(self.path) / "_delta_log" / f"{version:020d}.json"
+        try:
+            text = log.read_text()
+        except OSError:
+            return None
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    # ---------------------------------------------------------------------- rows
+    def read(self, columns: Sequence[str] | None = None, filter: pc.Expression | None = None) -> pa.Table:
+        """The rows (``columns`` only, those matching ``filter``) as one Arrow table."""
+        return self._table.to_pyarrow_dataset().to_table(columns=list(columns) if columns is not None else None,
+                                                          filter=filter)
+
+    def head(self, n: int, columns: Sequence[str] | None = None, filter: pc.Expression | None = None) -> pa.Table:
+        """The first ``n`` rows in file order; stops reading once it has them."""
+        return self._table.to_pyarrow_dataset().head(n, columns=list(columns) if columns is not None else None,
+                                                     filter=filter)
