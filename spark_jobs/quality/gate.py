@@ -30,19 +30,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from spark_jobs.errors import InputError, LakeError, QualityError, SchemaMismatchError
-from spark_jobs.lake import rules
+from spark_jobs.lake.rules import (
+    BATCH,
+    DAY,
+    PARTIALS_PARTITIONS,
+    batch_days,
+    counted_files,
+    is_batch,
+    reduce_app_id,
+)
+from spark_jobs.lake.runs import ROLLBACK, latest_combines
 from spark_jobs.quality.rules import QualityRules, load_rules
 from spark_jobs.spec import PipelineSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from spark_jobs.lake import Lake
+    from spark_jobs.lake import DataFile, Lake
 
 __all__ = ["Check", "QualityReport", "Suite", "validate"]
 
 Suite = Literal["input", "outputs"]
-ROLLBACK = "rollback"  # marks, in runs.inputs, a gate run that rolled a day's partials back
 SUITES: tuple[str, ...] = ("input", "outputs")
 log = logging.getLogger("spark_jobs")
 
@@ -196,30 +204,11 @@ def _input(spark: SparkSession, spec: PipelineSpec, rules: QualityRules, date: s
     return checks, rows, bad
 
 
-def _runs(spec: PipelineSpec) -> list[dict[str, Any]]:
-    from deltalake import DeltaTable
-
-    from spark_jobs.lake import PipelineTables
-
-    path = PipelineTables(spec.lake, spec.name).runs
-    if not DeltaTable.is_deltatable(path):
-        return []
-    return DeltaTable(path).to_pyarrow_table(columns=["job", "batch", "status", "finished_at", "inputs",
-                                                      "rows_aggregated"]).to_pylist()
-
-
 def combined_rows(spec: PipelineSpec, days: list[str] | None = None) -> dict[str, int]:
     """Rows in each day's batch partials per ``runs``: its latest successful combine, or a later gate rollback."""
-    latest: dict[str, dict[str, Any]] = {}
-    for run in _runs(spec):
-        combined = run["job"] == "combine" and run["status"] == "success"
-        rolled_back = run["job"] == "validate" and ROLLBACK in json.loads(run["inputs"] or "[]")
-        if not (combined or rolled_back) or run["batch"] is None:
-            continue
-        if days is not None and run["batch"] not in days:
-            continue
-        if run["batch"] not in latest or run["finished_at"] > latest[run["batch"]]["finished_at"]:
-            latest[run["batch"]] = run
+    from spark_jobs.lake import PipelineTables
+
+    latest = latest_combines(PipelineTables(spec.lake, spec.name).runs, days, rollbacks=True)
     return {day: int(r["rows_aggregated"] or 0) for day, r in latest.items()}
 
 
@@ -239,8 +228,7 @@ def _outputs(spark: SparkSession, spec: PipelineSpec, rules: QualityRules, date:
         raise LakeError(f"no partials table at {tables.partials}; run combine for at least one day first")
     reconcile: dict[str, int] = {}
     if date is not None:  # pre-reduce: the day's partials, finalised as reduce would
-        files = [f.path for f in lake.files(tables.partials)
-                 if f.partition_values.get("event_date") == date and f.partition_values.get("source") == "batch"]
+        files = [f.path for f in lake.files(tables.partials) if is_batch(f) and f.partition_values.get(DAY) == date]
         if not files:
             raise InputError(f"no batch partials for {date} in {tables.partials}; run combine --date {date} first")
         partials = lake.read_files(tables.partials, files)
@@ -252,17 +240,16 @@ def _outputs(spark: SparkSession, spec: PipelineSpec, rules: QualityRules, date:
     else:  # post-reduce: the serving table against the partials it consumed
         if lake.version(tables.aggregates) is None:
             raise LakeError(f"no aggregates table at {tables.aggregates}; run reduce first")
-        consumed = lake.txn_version(tables.aggregates, rules.reduce_app_id(spec))
-        counted = rules.counted_files(lake.files(tables.partials, consumed))
+        consumed = lake.txn_version(tables.aggregates, reduce_app_id(spec))
+        counted = counted_files(lake.files(tables.partials, consumed))
         if counted:
             total = lake.read_files(tables.partials, list(counted), version=consumed).agg(F.sum("n_rows")).first()
             reconcile[f"n_rows of the partials merged (version {consumed})"] = int(total[0] or 0) if total else 0
-        batch_days = sorted({f.partition_values.get("event_date") or "" for f in counted.values()
-                             if f.partition_values.get("source") == "batch"})
-        streamed = any(f.partition_values.get("source") != "batch" for f in counted.values())
-        if windows_once and not streamed and batch_days:
-            runs = combined_rows(spec, batch_days)
-            if set(runs) == set(batch_days):
+        days = sorted(batch_days(counted.values()))
+        streamed = not all(is_batch(f) for f in counted.values())
+        if windows_once and not streamed and days:
+            runs = combined_rows(spec, days)
+            if set(runs) == set(days):
                 reconcile[f"rows aggregated by the latest combine runs of {len(runs)} days"] = sum(runs.values())
         df = lake.read(tables.aggregates)
         target = f"{tables.aggregates} (version {lake.version(tables.aggregates)})"
@@ -280,14 +267,13 @@ def _rollback_day(spec: PipelineSpec, lake: Lake, date: str, run_id: str) -> tup
     from pyspark.sql import functions as F
 
     from spark_jobs.lake import PipelineTables
-    from spark_jobs.lake.rules import PARTIALS_PARTITIONS
 
     tables = PipelineTables(spec.lake, spec.name)
 
-    def in_day(f: Any) -> bool:
-        return bool(f.partition_values.get("event_date") == date and f.partition_values.get("source") == "batch")
+    def in_day(f: DataFile) -> bool:
+        return is_batch(f) and f.partition_values.get(DAY) == date
 
-    consumed = lake.txn_version(tables.aggregates, rules.reduce_app_id(spec)) \
+    consumed = lake.txn_version(tables.aggregates, reduce_app_id(spec)) \
         if lake.version(tables.aggregates) is not None else None
     old = [f.path for f in lake.files(tables.partials, consumed) if in_day(f)] if consumed is not None else []
     if old and lake.missing_files(tables.partials, old):
@@ -296,7 +282,7 @@ def _rollback_day(spec: PipelineSpec, lake: Lake, date: str, run_id: str) -> tup
     rows = lake.read_files(tables.partials, old, version=consumed)
     total = rows.agg(F.sum("n_rows")).first() if old else None
     commit = lake.replace_partition(rows, tables.partials, partition_by=PARTIALS_PARTITIONS,
-                                    partition={"event_date": date, "source": "batch"},
+                                    partition={DAY: date, "source": BATCH},
                                     metadata={"run_id": run_id, "job": "validate", "batch": date,
                                               "rolled_back_to": consumed})
     return (int(total[0] or 0) if total else 0), commit.version
