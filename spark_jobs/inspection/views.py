@@ -1,9 +1,10 @@
 """Read-only views of the lake's Delta tables, as Arrow tables: what the CLI prints and the web page renders.
 
-Everything here reads through delta-rs and pyarrow (no Spark, no JVM) and never writes. A table
-is named ``<pipeline>.<table>`` (resolved under the lake root, and confined to it) or, on the
-command line only, by its path. Version arguments are checked against the table's history;
-filters go through :func:`spark_jobs.inspection.where.parse_where`, never through SQL.
+Everything here reads through :mod:`spark_jobs.lake.reader` and :mod:`spark_jobs.lake.runs` (delta-rs
+and pyarrow: no Spark, no JVM) and never writes. A table is named ``<pipeline>.<table>`` (resolved
+under the lake root, and confined to it) or, on the command line only, by its path. Version arguments
+are checked against the table's history; filters go through
+:func:`spark_jobs.inspection.where.parse_where`, never through SQL.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 
 from spark_jobs.errors import InspectError, LakeError
 from spark_jobs.inspection.where import parse_where
+from spark_jobs.lake.reader import Snapshot, commit_time, is_table, open_table
+from spark_jobs.lake.runs import dead_letter_rows_by_run, read_runs
 from spark_jobs.lake.tables import TABLES
 
 if TYPE_CHECKING:
@@ -83,7 +85,7 @@ def _inside(path: str | Path, root: str | Path) -> bool:
 
 def _is_delta(path: str) -> bool:
     try:
-        return DeltaTable.is_deltatable(path)
+        return is_table(path)
     except Exception:
         return False
 
@@ -129,9 +131,9 @@ def resolve_table(name: str, lake: str | None, *, confined: bool = False) -> Tab
 
 
 # --------------------------------------------------------------------------- versions
-def _latest(ref: TableRef) -> DeltaTable:
+def _latest(ref: TableRef) -> Snapshot:
     try:
-        return DeltaTable(ref.path)
+        return open_table(ref.path)
     except Exception as exc:
         raise LakeError(f"cannot read Delta table {ref.name} at {ref.path}: {exc}") from exc
 
@@ -148,14 +150,10 @@ def parse_time(text: str) -> dt.datetime:
     return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
 
 
-def _commit_time(entry: dict[str, Any]) -> dt.datetime:
-    return dt.datetime.fromtimestamp(int(entry.get("timestamp", 0)) / 1000, dt.UTC)
-
-
 def versions(ref: TableRef) -> pa.Table:
     """Every version of the table still in its log, newest first: version, committed_at, operation."""
     latest = _latest(ref)
-    rows = [{"version": int(h["version"]), "committed_at": _commit_time(h), "operation": h.get("operation", "")}
+    rows = [{"version": int(h["version"]), "committed_at": commit_time(h), "operation": h.get("operation", "")}
             for h in latest.history()]
     rows.sort(key=lambda r: -r["version"])
     return pa.Table.from_pylist(rows, schema=pa.schema([("version", pa.int64()),
@@ -163,7 +161,7 @@ def versions(ref: TableRef) -> pa.Table:
                                                         ("operation", pa.string())]))
 
 
-def open_version(ref: TableRef, *, version: int | None = None, as_of: str | dt.datetime | None = None) -> DeltaTable:
+def open_version(ref: TableRef, *, version: int | None = None, as_of: str | dt.datetime | None = None) -> Snapshot:
     """The table at ``version``, at the last commit at or before ``as_of``, or its latest version.
 
     Raises:
@@ -174,13 +172,13 @@ def open_version(ref: TableRef, *, version: int | None = None, as_of: str | dt.d
     latest = _latest(ref)
     if as_of is not None:
         at = parse_time(as_of) if isinstance(as_of, str) else as_of
-        history = sorted(latest.history(), key=lambda h: int(h["version"]))
-        before = [int(h["version"]) for h in history if _commit_time(h) <= at]
-        if not before:
-            first = _commit_time(history[0]).strftime("%Y-%m-%d %H:%M:%S") if history else "unknown"
+        found = latest.version_at(at)
+        if found is None:
+            history = sorted(latest.history(), key=lambda h: int(h["version"]))
+            first = commit_time(history[0]).strftime("%Y-%m-%d %H:%M:%S") if history else "unknown"
             raise InspectError(f"{ref.name} has no version at or before {at:%Y-%m-%d %H:%M:%S} UTC; "
                                f"its first commit is at {first} UTC")
-        version = before[-1]
+        version = found
     if version is None:
         return latest
     last = latest.version()
@@ -189,28 +187,24 @@ def open_version(ref: TableRef, *, version: int | None = None, as_of: str | dt.d
     if version == last:
         return latest
     try:
-        return DeltaTable(ref.path, version=version)
+        return latest.at(version)
     except Exception as exc:
         raise InspectError(f"version {version} of {ref.name} can no longer be read (its log or files were "
                            f"cleaned up): {exc}; list readable versions with: inspect history {ref.name}") from exc
 
 
-def _schema(table: DeltaTable) -> pa.Schema:
-    return pa.schema(table.schema().to_arrow())
-
-
 # --------------------------------------------------------------------------- tables
 def table_summary(path: str) -> dict[str, object]:
     """Version, rows, files, bytes, last commit time and operation of one table."""
-    dt_ = DeltaTable(path)
-    actions = pa.table(dt_.get_add_actions(flatten=True))
-    last = dt_.history(1)[0]
+    table = open_table(path)
+    actions = table.add_actions()
+    last = table.history(1)[0]
     return {
-        "version": dt_.version(),
+        "version": table.version(),
         "rows": int(pc.sum(actions["num_records"]).as_py() or 0) if actions.num_rows else 0,
         "files": actions.num_rows,
         "bytes": int(pc.sum(actions["size_bytes"]).as_py() or 0) if actions.num_rows else 0,
-        "last_commit": _commit_time(last).strftime("%Y-%m-%d %H:%M:%S"),
+        "last_commit": commit_time(last).strftime("%Y-%m-%d %H:%M:%S"),
         "operation": last.get("operation", ""),
     }
 
@@ -250,15 +244,6 @@ def list_tables(lake: str, *, pipeline: str | None = None) -> pa.Table:
 
 
 # --------------------------------------------------------------------------- history
-def _commit_actions(path: str, version: int) -> list[dict[str, Any]] | None:
-    log = Path(path) / "_delta_log" / f"{version:020d}.json"
-    try:
-        text = log.read_text()
-    except OSError:
-        return None
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
 def _num_records(add: dict[str, Any]) -> int | None:
     try:
         return int(json.loads(add.get("stats") or "{}")["numRecords"])
@@ -302,7 +287,7 @@ def history(ref: TableRef, *, limit: int | None = None) -> pa.Table:
     records: dict[str, int | None] = {}
     if first > 0:
         try:
-            actions = pa.table(DeltaTable(ref.path, version=first - 1).get_add_actions(flatten=True))
+            actions = latest.at(first - 1).add_actions()
             records = {unquote(p): n for p, n in zip(actions["path"].to_pylist(), actions["num_records"].to_pylist(),
                                                      strict=True)}
         except Exception:
@@ -310,7 +295,7 @@ def history(ref: TableRef, *, limit: int | None = None) -> pa.Table:
     rows = []
     for entry in entries:
         v = int(entry["version"])
-        actions_ = _commit_actions(ref.path, v)
+        actions_ = latest.commit_actions(v)
         added = removed = rows_added = rows_removed = None
         txns: list[tuple[str, int]] = []
         if actions_ is not None:
@@ -329,7 +314,7 @@ def history(ref: TableRef, *, limit: int | None = None) -> pa.Table:
                 elif "txn" in action:
                     txns.append((str(action["txn"].get("appId")), int(action["txn"].get("version", -1))))
         rows.append({
-            "version": v, "committed_at": _commit_time(entry), "operation": entry.get("operation", ""),
+            "version": v, "committed_at": commit_time(entry), "operation": entry.get("operation", ""),
             "run_id": entry.get("run_id"), "job": entry.get("job"), "batch": entry.get("batch"),
             "files_added": added, "files_removed": removed, "rows_added": rows_added, "rows_removed": rows_removed,
             "consumed": _consumed(entry, txns),
@@ -357,7 +342,7 @@ def show(ref: TableRef, *, version: int | None = None, as_of: str | dt.datetime 
     if limit < 1:
         raise InspectError(f"limit must be at least 1, got {limit}")
     table = open_version(ref, version=version, as_of=as_of)
-    schema = _schema(table)
+    schema = table.schema()
     if columns:
         _check_columns(ref, schema, columns)
         columns = list(columns)
@@ -368,11 +353,10 @@ def show(ref: TableRef, *, version: int | None = None, as_of: str | dt.datetime 
         if direction not in ("ascending", "descending"):
             raise InspectError(f"bad sort direction {direction!r}; use asc or desc")
     expr = parse_where(where, schema) if where is not None else None
-    dataset = table.to_pyarrow_dataset()
     if not order_by:
-        return dataset.head(limit, columns=columns, filter=expr)
+        return table.head(limit, columns=columns, filter=expr)
     needed = list(dict.fromkeys([*columns, *(c for c, _ in order_by)]))
-    rows = dataset.to_table(columns=needed, filter=expr)
+    rows = table.read(needed, filter=expr)
     return rows.sort_by(list(order_by)).slice(0, limit).select(columns)
 
 
@@ -418,8 +402,8 @@ def table_keys(ref: TableRef, table_schema: pa.Schema, *, spec: PipelineSpec | N
 def schema(ref: TableRef, *, version: int | None = None, spec: PipelineSpec | None = None) -> pa.Table:
     """Columns with type, nullability and role (key, partition, value, accumulator, metadata)."""
     table = open_version(ref, version=version)
-    s = _schema(table)
-    parts = set(table.metadata().partition_columns)
+    s = table.schema()
+    parts = set(table.partition_columns)
     try:
         keys = set(table_keys(ref, s, spec=spec))
     except InspectError:
@@ -437,8 +421,8 @@ def schema(ref: TableRef, *, version: int | None = None, spec: PipelineSpec | No
 def partitions(ref: TableRef, *, version: int | None = None) -> pa.Table:
     """Files, rows and bytes per partition (one row in all for an unpartitioned table)."""
     table = open_version(ref, version=version)
-    cols = list(table.metadata().partition_columns)
-    actions = pa.table(table.get_add_actions(flatten=True))
+    cols = table.partition_columns
+    actions = table.add_actions()
     groups: dict[tuple[Any, ...], list[int]] = {}
     if actions.num_rows:
         values = [actions[f"partition.{c}"].to_pylist() for c in cols] if cols else []
@@ -518,7 +502,7 @@ def diff(ref: TableRef, *, from_version: int, to_version: int | None = None, key
     old_t = open_version(ref, version=from_version)
     new_t = open_version(ref, version=to_version)
     to_v = new_t.version()
-    old_s, new_s = _schema(old_t), _schema(new_t)
+    old_s, new_s = old_t.schema(), new_t.schema()
     key_cols = table_keys(ref, new_s, spec=spec, keys=keys)
     missing = [k for k in key_cols if k not in old_s.names]
     if missing:
@@ -526,8 +510,8 @@ def diff(ref: TableRef, *, from_version: int, to_version: int | None = None, key
                            "pass --keys with columns both versions have")
     compared = [f.name for f in new_s if f.name in old_s.names and f.name not in key_cols
                 and f.name not in BOOKKEEPING and _plain(f.type) and _plain(old_s.field(f.name).type)]
-    old = old_t.to_pyarrow_dataset().to_table(columns=[*key_cols, *compared])
-    new = new_t.to_pyarrow_dataset().to_table(columns=[*key_cols, *compared])
+    old = old_t.read([*key_cols, *compared])
+    new = new_t.read([*key_cols, *compared])
     _unique(ref, old, key_cols, from_version)
     _unique(ref, new, key_cols, to_v)
     left = old.rename_columns([*key_cols, *(f"{c}.old" for c in compared)]).append_column(
@@ -614,15 +598,13 @@ def runs(lake: str, *, pipeline: str | None = None, limit: int | None = None) ->
     for entry in entries:
         name = entry["table"].split(".")[0]
         try:
-            recorded = DeltaTable(entry["path"]).to_pyarrow_dataset().to_table().to_pylist()
+            recorded = read_runs(entry["path"])
         except Exception as exc:
             raise LakeError(f"cannot read {entry['table']}: {exc}") from exc
         dead: dict[str, int] = {}
         dl_path = os.path.join(os.path.dirname(entry["path"]), "dead_letter")
         if _inside(dl_path, lake) and _is_delta(dl_path):
-            counts = DeltaTable(dl_path).to_pyarrow_dataset().to_table(columns=["run_id"]).group_by(
-                "run_id").aggregate([([], "count_all")])
-            dead = dict(zip(counts["run_id"].to_pylist(), counts["count_all"].to_pylist(), strict=True))
+            dead = dead_letter_rows_by_run(dl_path)
         for r in recorded:
             n_in, n_agg, n_rej = r.get("rows_in"), r.get("rows_aggregated"), r.get("rows_rejected")
             rows.append({
@@ -630,7 +612,7 @@ def runs(lake: str, *, pipeline: str | None = None, limit: int | None = None) ->
                 "batch": r.get("batch"), "status": r.get("status"), "started_at": r.get("started_at"),
                 "duration_s": None if r.get("duration_s") is None else round(r["duration_s"], 2),
                 "rows_in": n_in, "rows_aggregated": n_agg, "rows_rejected": n_rej,
-                "reconciles": None if None in (n_in, n_agg, n_rej) else n_in == n_agg + n_rej,
+                "reconciles": None if n_in is None or n_agg is None or n_rej is None else n_in == n_agg + n_rej,
                 "dead_letter_rows": dead.get(r.get("run_id") or "", 0),
                 "read": _compact_versions(r.get("versions_read")), "wrote": _compact_versions(r.get("versions_written")),
                 "message": r.get("message") or "",
@@ -661,7 +643,7 @@ def series(ref: TableRef, *, metric: str, version: int | None = None, where: str
            spec: PipelineSpec | None = None, max_lines: int = 6, max_points: int = 5000) -> Series:
     """A numeric column of a windowed table over ``window_start``, one line per group key."""
     table = open_version(ref, version=version)
-    s = _schema(table)
+    s = table.schema()
     if "window_start" not in s.names:
         raise InspectError(f"{ref.name} has no window_start column; charts need a windowed aggregates table")
     _check_columns(ref, s, [metric], "metric")
@@ -671,7 +653,7 @@ def series(ref: TableRef, *, metric: str, version: int | None = None, where: str
         raise InspectError(f"metric {metric!r} is {t}, not a number; numeric columns are {', '.join(numeric)}")
     keys = [k for k in table_keys(ref, s, spec=spec) if k not in ("window_start", "window_end")]
     expr = parse_where(where, s) if where is not None else None
-    rows = table.to_pyarrow_dataset().to_table(columns=[*keys, "window_start", metric], filter=expr)
+    rows = table.read([*keys, "window_start", metric], filter=expr)
     if rows.num_rows > max_points * max(1, max_lines):
         raise InspectError(f"{rows.num_rows} points match; narrow the filter (e.g. a window_start range)")
     labels = ([", ".join(f"{k}={v}" for k, v in zip(keys, vals, strict=True))
