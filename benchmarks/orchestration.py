@@ -228,15 +228,14 @@ def _progress(total: int) -> Callable[[str], None]:
 
 def _same_aggregates(a: Path, b: Path) -> None:
     """The backfill and the warm CLI must have produced the same serving table."""
-    from deltalake import DeltaTable
-
     from spark_jobs.lake import PipelineTables
+    from spark_jobs.lake.reader import open_table
     from spark_jobs.spec import load_spec
 
     def values(path: Path) -> list[tuple[Any, ...]]:
         spec = load_spec(path)
         cols = [*spec.key_columns, "views", "total_ms", "max_ms"]
-        rows = DeltaTable(PipelineTables(spec.lake, spec.name).aggregates).to_pyarrow_table(columns=cols).to_pylist()
+        rows = open_table(PipelineTables(spec.lake, spec.name).aggregates).read(cols).to_pylist()
         return sorted(tuple(r[c] for c in cols) for r in rows)
 
     if values(a) != values(b):

@@ -101,11 +101,11 @@ def batch_dag(name: str, spec: Path) -> DAG:
         @task(task_id="publish", outlets=[asset])
         def publish(*, outlet_events=None) -> dict:
             """Announce the validated serving table: an Asset event carrying its Delta version."""
-            from deltalake import DeltaTable
+            from spark_jobs.lake.reader import open_table
 
             path = asset.uri.removeprefix("file://")
-            table = DeltaTable(path)
-            extra = {"version": table.version(), "files": len(table.file_uris()), "path": path}
+            table = open_table(path)
+            extra = {"version": table.version(), "files": table.num_files(), "path": path}
             if outlet_events is not None:
                 outlet_events[asset].extra = extra
             return extra

@@ -30,23 +30,20 @@ def skip_unchanged_day(pipeline: str) -> Callable[[Any], str | None]:
     def check(context: Any) -> str | None:
         if (context.get("params") or {}).get("force_recombine"):
             return None
-        from deltalake import DeltaTable
-
         from spark_jobs.lake import PipelineTables
+        from spark_jobs.lake.runs import latest_combines
         from spark_jobs.spec import load_spec
 
         date = batch_date(context)
         spec = load_spec(pipeline)
         folder = spec.source.partition_path(date)
-        runs_path = PipelineTables(spec.lake, spec.name).runs
-        if not os.path.isdir(folder) or not DeltaTable.is_deltatable(runs_path):
+        if not os.path.isdir(folder):
             return None
         newest = max((os.path.getmtime(os.path.join(folder, n)) for n in os.listdir(folder)), default=None)
-        runs = DeltaTable(runs_path).to_pyarrow_table(columns=["job", "batch", "status", "started_at"]).to_pylist()
-        done = [r["started_at"] for r in runs if r["job"] == "combine" and r["batch"] == date and r["status"] == "success"]
-        if not done or newest is None:
+        combined = latest_combines(PipelineTables(spec.lake, spec.name).runs, [date], by="started_at").get(date)
+        if combined is None or newest is None:
             return None
-        last = max(done)
+        last = combined["started_at"]
         if last.timestamp() > newest:
             return (f"{date} was combined at {last:%Y-%m-%d %H:%M:%S} UTC, after its newest landing file "
                     f"({dt.datetime.fromtimestamp(newest, dt.UTC):%Y-%m-%d %H:%M:%S} UTC); "

@@ -53,11 +53,11 @@ class DeltaVersionSensor(BaseSensorOperator):
         self.min_version = min_version
 
     def poke(self, context: Any) -> bool:
-        from deltalake import DeltaTable
+        from spark_jobs.lake.reader import table_version
 
-        if not DeltaTable.is_deltatable(self.table_path):
+        version = table_version(self.table_path)
+        if version is None:
             self.log.info("%s is not a Delta table yet", self.table_path)
             return False
-        version = DeltaTable(self.table_path).version()
         self.log.info("%s is at version %d, waiting for %s", self.table_path, version, self.min_version)
         return version >= int(self.min_version)

@@ -169,6 +169,37 @@ def test_the_delta_version_sensor_waits_for_the_version(tmp_path):
     assert sensor.poke({}) is True
 
 
+def test_combine_skips_a_day_combined_after_its_newest_landing_file(tmp_path):
+    import datetime as dt
+
+    from spark_jobs_airflow.conditions import skip_unchanged_day
+
+    from spark_jobs.jobs.runs import RunRecord
+    from spark_jobs.lake import PipelineTables
+
+    spec = make_spec(tmp_path, aggregates=FAST_AGGREGATES)
+    check = skip_unchanged_day(spec.origin)
+    context = {"params": {"date": "2024-03-01"}}
+    assert check(context) is None  # no landing day
+    write_day(tmp_path / "landing", "2024-03-01", day_events("2024-03-01", 5))
+    assert check(context) is None  # no runs table
+    landed = max(p.stat().st_mtime for p in (tmp_path / "landing" / "event_date=2024-03-01").iterdir())
+    runs = PipelineTables(spec.lake, spec.name).runs
+
+    def record(job: str, status: str, seconds_after_landing: int) -> pa.Table:
+        started = dt.datetime.fromtimestamp(landed + seconds_after_landing, dt.UTC)
+        return RunRecord("r", spec.name, job, "2024-03-01", "embedded", started_at=started, status=status).to_arrow()
+
+    write_deltalake(runs, record("combine", "success", -60))  # combined before the file landed
+    write_deltalake(runs, record("combine", "failed", 60), mode="append")
+    write_deltalake(runs, record("validate", "success", 120), mode="append")
+    assert check(context) is None
+    write_deltalake(runs, record("combine", "success", 60), mode="append")
+    reason = check(context)
+    assert reason is not None and reason.startswith("2024-03-01 was combined at ")
+    assert check({"params": {"date": "2024-03-01", "force_recombine": True}}) is None
+
+
 def test_operators_hold_arguments_only(tmp_path):
     # constructing an operator or sensor touches no Spark, no file and no connection
     op = SparkJobOperator(task_id="x", args=["combine", "--pipeline", str(tmp_path / "missing.yaml")])
