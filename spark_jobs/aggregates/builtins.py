@@ -354,7 +354,8 @@ class CountDistinct(Builtin):
 class ApproxCountDistinct(Builtin):
     """HyperLogLog (DataSketches HLL_8, ``args: {lg_k: 4..21}``, default 12: ~1.6% RSE).
 
-    Stored as the sketch's compact serialisation, the bytes Spark's ``hll_sketch_agg`` writes.
+    Stored as the sketch's updatable serialisation: the bytes Spark's ``hll_sketch_agg`` and
+    ``hll_union_agg`` write, so both engines of the stream store the same bytes.
     """
 
     fn = "approx_count_distinct"
@@ -362,7 +363,7 @@ class ApproxCountDistinct(Builtin):
     args_allowed = ("lg_k",)
 
     def encode(self, acc: ds.hll_sketch) -> list[Any]:
-        return [acc.serialize_compact()]
+        return [acc.serialize_updatable()]
 
     def decode(self, cells: list[Any]) -> ds.hll_sketch:
         return ds.hll_sketch.deserialize(cells[0]) if cells[0] is not None else self.create_accumulator()

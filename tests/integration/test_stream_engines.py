@@ -5,11 +5,14 @@ of the day in between so the hybrid rule applies) run once with every batch merg
 and once with the driver engine taking every batch it accepts. Every table the stream writes
 (``aggregates``, ``changelog``, ``partials``, its state) must then hold the same rows:
 
-- HLL sketches byte for byte: a DataSketches HLL union is deterministic, the same registers
-  and serialisation in Java (Spark) and C++ (the driver);
+- HLL sketches by their content, byte for byte: a DataSketches HLL union is deterministic in what
+  it holds, in Java (Spark) and C++ (the driver) alike: the same coupons in list and set modes
+  (a set's slot order follows insertion order, so coupons are compared sorted) and the same
+  register bytes in HLL mode;
 - KLL sketches within their rank error: compaction picks its survivors at random, in both
   engines, so two merges of the same values keep different (equally valid) samples. Below the
-  first compaction (n <= k) they are compared exactly;
+  first compaction (n <= k) both hold every value and are compared value for value (their bytes
+  differ only in whether level 0 is flagged as sorted);
 - sets (``count_distinct``) and maps (min/max over a changelog) as sets of entries: their order
   carries no meaning, and Spark's is that of its shuffle.
 """
@@ -76,7 +79,9 @@ def _landing_batches(kind: str, sizes: list[int], seed: int) -> list[pa.Table]:
 def _spec(kind: str, root: Path) -> PipelineSpec:
     if kind == "cdc":
         return cdc_spec(root, udaf=True, max_files_per_batch=1)
-    return with_stream(make_spec(root, window={"size": "1 hour"}, aggregates=ALL_AGGREGATES),
+    # lg_k 4: the sketch leaves its list and set modes after a few values, so HLL mode's union is compared too
+    hll_mode = {"name": "users_k4", "fn": "approx_count_distinct", "column": "user_id", "args": {"lg_k": 4}}
+    return with_stream(make_spec(root, window={"size": "1 hour"}, aggregates=[*ALL_AGGREGATES, hll_mode]),
                        max_files_per_batch=1, watermark="3 hours")
 
 
@@ -87,14 +92,27 @@ def _rows(path: str, drop: tuple[str, ...], order: list[str]) -> list[dict[str, 
     return sorted(rows, key=lambda r: tuple((r[c] is None, r[c]) for c in order))
 
 
+def _hll_content(data: bytes | None) -> tuple[Any, ...] | None:
+    """(lg_k, mode, coupons or registers) of an HLL_8 sketch's serialisation (DataSketches' layout)."""
+    if data is None:
+        return None
+    lg_k, mode = data[3], data[7] & 0b11
+    if mode == 2:  # HLL: a 40-byte preamble, then one byte per register
+        return lg_k, mode, bytes(data[40:40 + (1 << lg_k)])
+    start = 8 if mode == 0 else 12  # list: coupons after the preamble; set: after a coupon count
+    coupons = [int.from_bytes(data[i:i + 4], "little") for i in range(start, len(data) - 3, 4)]
+    return lg_k, mode, sorted(c for c in coupons if c)
+
+
 def _same_kll(a: bytes | None, b: bytes | None, where: str) -> None:
     if a is None or b is None:
         assert a == b, where
         return
     x, y = ds.kll_doubles_sketch.deserialize(a), ds.kll_doubles_sketch.deserialize(b)
     assert (x.n, x.get_min_value(), x.get_max_value()) == (y.n, y.get_min_value(), y.get_max_value()), where
-    if x.n <= 200:  # k: nothing compacted yet, both hold every value
-        assert a == b, where
+    if x.n <= 200:  # k: nothing compacted yet, both hold every value (in an order the bytes' flags record)
+        ranks = [i / x.n for i in range(x.n + 1)]
+        assert x.get_quantiles(ranks) == y.get_quantiles(ranks), where
         return
     eps = 2 * x.normalized_rank_error(False)
     for q in (0.1, 0.5, 0.9):
@@ -108,7 +126,12 @@ def _assert_same(table: str, spark_rows: list[dict[str, Any]], driver_rows: list
         kll = {c[: -len("__kll")]: c for c in want if c.endswith("__kll")}
         for column in want:
             where = f"{table} row {i} column {column}"
-            if column.endswith("__kll"):
+            if column.endswith("__hll"):
+                assert _hll_content(want[column]) == _hll_content(got[column]), where
+                if want[column] is not None:
+                    assert ds.hll_sketch.deserialize(want[column]).get_estimate() == \
+                        ds.hll_sketch.deserialize(got[column]).get_estimate(), where
+            elif column.endswith("__kll"):
                 _same_kll(want[column], got[column], where)
             elif column in kll:  # the percentile: a value within the rank error, checked on its sketch
                 if want.get(kll[column]) is not None and want[column] != got[column]:
@@ -129,10 +152,11 @@ def _tables(spec: PipelineSpec) -> dict[str, list[dict[str, Any]]]:
             "state": _rows(t.stream_state, (), ["event_date", *keys])}
 
 
-@settings(max_examples=4, deadline=None, database=None, phases=[Phase.generate],
+@pytest.mark.parametrize("kind", ["windowed", "cdc"])
+@settings(max_examples=2, deadline=None, database=None, phases=[Phase.generate],
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(kind=st.sampled_from(["windowed", "cdc"]), sizes=st.lists(st.integers(1, 400), min_size=2, max_size=4),
-       combine_after=st.integers(1, 4), seed=st.integers(0, 10_000))
+@given(sizes=st.lists(st.integers(1, 400), min_size=2, max_size=4), combine_after=st.integers(1, 4),
+       seed=st.integers(0, 10_000))
 def test_both_engines_write_the_same_tables(spark, tmp_path_factory, kind, sizes, combine_after, seed):
     root = tmp_path_factory.mktemp("engines")
     if kind == "cdc":
