@@ -475,7 +475,7 @@ class ApproxPercentile(Builtin):
     def get_value(self, acc: ds.kll_doubles_sketch) -> float | int | None:
         if acc.is_empty():
             return None
-        value = acc.get_quantile(self.q)
+        value = acc.get_quantile(self.q, True)  # inclusive ranks, as Spark's kll_sketch_get_quantile_double
         return int(value) if self.input_type in ("int", "bigint") else value
 
     def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
