@@ -29,6 +29,9 @@ from spark_jobs.plan.local import LocalAggregates
 
 __all__ = ["DRIVER_MAX_KEYS", "DriverEngine", "merge_on_driver", "partial_rows"]
 
+DRIVER_MAX_KEYS = 50_000  # (day, key, window) rows of a pre-aggregated batch merged on the driver
+DRIVER_MAX_STATE = 2_000_000  # state rows held in driver memory for it
+
 
 def merge_on_driver(delta: pa.Table, state: pa.Table, local: LocalAggregates, keys: Sequence[str], *,
                     schemas: Mapping[str, pa.Schema], batch_id: int, closes: dt.datetime | None,
@@ -135,9 +138,6 @@ def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
             return False
     return True
 
-
-DRIVER_MAX_KEYS = 50_000  # (day, key, window) rows of a pre-aggregated batch merged on the driver
-DRIVER_MAX_STATE = 2_000_000  # state rows held in driver memory for it
 
 
 class DriverEngine:
