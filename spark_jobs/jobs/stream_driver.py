@@ -84,8 +84,9 @@ def merge_on_driver(delta: pa.Table, state: pa.Table, local: LocalAggregates, ke
     changes: list[dict[str, Any]] = []
     rows_out: list[dict[str, Any]] = []
     for key in sorted(after, key=lambda k: (first_seen[k], k)):
+        new_accs = local.merge_rows(after[key])
         new_n = sum(r["n_rows"] for r in after[key])
-        new = local.values(local.merge_rows(after[key]))
+        new = local.values(new_accs)
         was = bool(before.get(key)) and sum(r["n_rows"] for r in before[key]) != 0
         prev_values = local.values(local.merge_rows(before[key])) if was else None
         key_cols = dict(zip(keys, key, strict=True))
@@ -97,8 +98,10 @@ def merge_on_driver(delta: pa.Table, state: pa.Table, local: LocalAggregates, ke
         elif was and prev_values is not None and not _same(prev_values, new):
             changes.extend([{"op": "-U", **key_cols, **prev_values}, {"op": "+U", **key_cols, **new}])
         inputs = [r for r in after[key] if r[DAY] not in batch_days] + counted[key]
-        if inputs:  # the key's aggregates row, from the partials that count
-            accs, n = local.merge_rows(inputs), sum(r["n_rows"] for r in inputs)
+        if inputs:  # the key's aggregates row, from the partials that count (its state, unless the hybrid rule)
+            same = len(inputs) == len(after[key]) and not counted[key]
+            accs = new_accs if same else local.merge_rows(inputs)
+            n = sum(r["n_rows"] for r in inputs)
             if not (retracting and n == 0):
                 rows_out.append({**key_cols, **local.values(accs), "n_rows": n, **local.encode(accs),
                                  "updated_at": now, "run_id": run_id})
