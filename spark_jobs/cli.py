@@ -44,9 +44,14 @@ def _session(args: argparse.Namespace, app: str, *, connect: bool = True) -> Spa
         kwargs["remote"] = args.remote
     if args.master:
         kwargs["master"] = args.master
-    if args.shuffle_partitions is not None:
-        kwargs["shuffle_partitions"] = args.shuffle_partitions
-    return build_session(SessionConfig(**kwargs))  # a bad --master/--remote is a UsageError: exit code 2
+    for name in ("shuffle_partitions", "executor_cores", "executor_memory"):
+        if getattr(args, name) is not None:
+            kwargs[name] = getattr(args, name)
+    config = SessionConfig(**kwargs)  # a bad --master/--remote is a UsageError: exit code 2
+    spark = build_session(config)
+    if config.ui and not config.remote:
+        print(f"Spark UI of this job: {spark.sparkContext.uiWebUrl}", file=sys.stderr, flush=True)
+    return spark
 
 
 def _dates(first: str, last: str | None) -> list[str]:
@@ -173,7 +178,12 @@ def build_parser(commands: Sequence[Command] = ()) -> argparse.ArgumentParser:
         p.add_argument("--master", help="Spark master URL of an own application (default $SPARK_MASTER or local[*])")
         p.add_argument("--remote", help="Spark Connect server to run on, sc://host:port (default $SPARK_REMOTE; "
                                         "the stream always runs its own application)")
-        p.add_argument("--shuffle-partitions", type=int, help="spark.sql.shuffle.partitions (default 8)")
+        p.add_argument("--shuffle-partitions", type=int,
+                       help="spark.sql.shuffle.partitions (default: two per core of the cluster, at least 8)")
+        p.add_argument("--executor-cores", type=int, help="cores per executor on a cluster (default "
+                                                         "$SPARK_EXECUTOR_CORES, else the cluster manager's)")
+        p.add_argument("--executor-memory", help="memory per executor on a cluster, e.g. 4g (default "
+                                                 "$SPARK_EXECUTOR_MEMORY, else the cluster manager's)")
 
     def spec_opts(p: argparse.ArgumentParser) -> None:
         p.add_argument("--pipeline", required=True, help="pipeline spec YAML, e.g. pipelines/page_views.yaml")

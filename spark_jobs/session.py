@@ -26,7 +26,7 @@ from spark_jobs.errors import ComputeError, UsageError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["SessionConfig", "build_session", "ensure_java_home", "is_remote", "server_conf"]
+__all__ = ["SessionConfig", "build_session", "ensure_java_home", "is_remote", "server_conf", "shuffle_partitions_for"]
 
 # Settings every session gets: the lake's files must not depend on who wrote them.
 _FIXED_CONF = {
@@ -60,9 +60,11 @@ class SessionConfig:
     master: str = field(default_factory=lambda: os.environ.get("SPARK_MASTER", "local[*]"))
     remote: str | None = field(default_factory=lambda: os.environ.get("SPARK_REMOTE") or None)
     app_name: str = "spark_jobs"
-    shuffle_partitions: int = 8
+    shuffle_partitions: int | None = None  # None: follow the cluster's cores (:func:`shuffle_partitions_for`)
     driver_memory: str = field(default_factory=lambda: os.environ.get("SPARK_DRIVER_MEMORY", "2g"))
-    ui: bool = False
+    executor_cores: int | None = field(default_factory=lambda: _int_env("SPARK_EXECUTOR_CORES"))
+    executor_memory: str | None = field(default_factory=lambda: os.environ.get("SPARK_EXECUTOR_MEMORY") or None)
+    ui: bool = field(default_factory=lambda: os.environ.get("SPARK_JOBS_UI", "true").lower() not in ("0", "false", "no"))
     progress: bool = False
     extra: tuple[tuple[str, str], ...] = ()
 
@@ -75,8 +77,30 @@ class SessionConfig:
                 raise UsageError(f"bad Spark Connect address {self.remote!r} (--remote or $SPARK_REMOTE); use "
                                  "sc://host:port, e.g. sc://127.0.0.1:15002")
             address(self.remote)
-        if self.shuffle_partitions < 1:
+        if self.shuffle_partitions is not None and self.shuffle_partitions < 1:
             raise UsageError(f"bad shuffle partitions {self.shuffle_partitions} (--shuffle-partitions); use 1 or more")
+        if self.executor_cores is not None and self.executor_cores < 1:
+            raise UsageError(f"bad executor cores {self.executor_cores} (--executor-cores or $SPARK_EXECUTOR_CORES); "
+                             "use 1 or more")
+
+
+def _int_env(name: str) -> int | None:
+    value = os.environ.get(name)
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise UsageError(f"bad ${name} {value!r}; use a whole number") from None
+
+
+MIN_SHUFFLE_PARTITIONS = 8
+
+
+def shuffle_partitions_for(cores: int) -> int:
+    """Two shuffle partitions per core of the cluster, at least 8; adaptive execution coalesces
+    the small ones, so a generous number costs little and a large cluster is not left idle."""
+    return max(MIN_SHUFFLE_PARTITIONS, 2 * cores)
 
 
 def ensure_java_home() -> None:
@@ -105,18 +129,38 @@ def build_session(config: SessionConfig | None = None) -> SparkSession:
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("SPARK_LOG_LEVEL", "ERROR"))
+    if config.shuffle_partitions is None:
+        spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions_for(_cluster_cores(spark, config))))
     return spark
+
+
+def _cluster_cores(spark: SparkSession, config: SessionConfig, wait: float = 15.0) -> int:
+    """The cores the application's executors offer. On a cluster, executors register a moment after
+    the application starts: wait (bounded) for the first, then count what registered."""
+    import time
+
+    sc = spark.sparkContext
+    if not config.master.startswith(("spark://", "yarn", "k8s://", "mesos://")):
+        return int(sc.defaultParallelism)
+    deadline = time.monotonic() + wait
+    while sc._jsc.sc().getExecutorMemoryStatus().size() <= 1 and time.monotonic() < deadline:  # the driver's own
+        time.sleep(0.25)
+    return int(sc.defaultParallelism)
 
 
 def server_conf(config: SessionConfig) -> dict[str, str]:
     """Every setting a Spark application of the lake starts with (a Connect server included)."""
     conf = dict(_FIXED_CONF)
     conf.update({
-        "spark.sql.shuffle.partitions": str(config.shuffle_partitions),
+        "spark.sql.shuffle.partitions": str(config.shuffle_partitions or MIN_SHUFFLE_PARTITIONS),
         "spark.driver.memory": config.driver_memory,
         "spark.ui.enabled": str(config.ui).lower(),
         "spark.ui.showConsoleProgress": str(config.progress).lower(),
     })
+    if config.executor_cores is not None:
+        conf["spark.executor.cores"] = str(config.executor_cores)
+    if config.executor_memory is not None:
+        conf["spark.executor.memory"] = config.executor_memory
     conf.update(dict(config.extra))
     return conf
 
@@ -138,6 +182,8 @@ def _connect(config: SessionConfig) -> SparkSession:
     os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
     builder = SparkSession.builder.remote(config.remote)
     for key, value in server_conf(config).items():
+        if key == "spark.sql.shuffle.partitions" and config.shuffle_partitions is None:
+            continue  # the server's, which follows its cluster
         if not key.startswith(_STATIC_PREFIXES):
             builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -16,6 +16,7 @@ import pytest
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("SPARK_JOBS_DELTA_BACKEND", "embedded")
+os.environ.setdefault("SPARK_JOBS_UI", "false")  # no Spark UI (and its port) per test job
 logging.getLogger("py4j").setLevel(logging.ERROR)  # py4j logs to a closed stream at interpreter exit
 
 
@@ -59,4 +60,17 @@ def spark_server():
     assert proc.returncode == 0, f"server start failed:\n{proc.stdout}\n{proc.stderr}"
     yield SparkServer(f"sc://127.0.0.1:{port}", str(state / "runner.sock"), state)
     subprocess.run([*command, "stop", "--state-dir", str(state)], capture_output=True, timeout=120, check=False)
+    shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def standalone_cluster():
+    """A real Spark standalone cluster: a master and two 1-core workers from the venv's pyspark, on 127.0.0.1."""
+    from spark_jobs.server.standalone import Standalone
+
+    state = Path(tempfile.mkdtemp(prefix="sj-cluster-"))
+    cluster = Standalone(state, workers=2, cores=1, memory="1g", port=free_port(), ui_port=free_port())
+    cluster.start(timeout=180)
+    yield cluster
+    cluster.stop()
     shutil.rmtree(state, ignore_errors=True)
