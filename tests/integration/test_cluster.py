@@ -38,12 +38,10 @@ def cli(*args: str, master: str, timeout: float = 600) -> subprocess.CompletedPr
 
 def test_batch_jobs_and_gates_on_the_cluster_equal_the_oracle(standalone_cluster, tmp_path):
     spec = make_spec(tmp_path, window={"size": "1 hour"}, aggregates=ALL_AGGREGATES)
-    for i, day in enumerate(("2024-03-01", "2024-03-02")):
-        write_day(tmp_path / "landing", day, day_events(day, 4000, seed=i, rejected=5), files=4)
+    write_day(tmp_path / "landing", "2024-03-01", day_events("2024-03-01", 6000, seed=1, rejected=10), files=4)
     master = standalone_cluster.master_url
-    for day in ("2024-03-01", "2024-03-02"):
-        cli("validate", "--pipeline", spec.origin, "--suite", "input", "--date", day, master=master)
-        cli("combine", "--pipeline", spec.origin, "--date", day, master=master)
+    cli("validate", "--pipeline", spec.origin, "--suite", "input", "--date", "2024-03-01", master=master)
+    cli("combine", "--pipeline", spec.origin, "--date", "2024-03-01", master=master)
     cli("reduce", "--pipeline", spec.origin, master=master)
     cli("validate", "--pipeline", spec.origin, "--suite", "outputs", master=master)
     tables = PipelineTables(spec.lake, spec.name)
@@ -51,7 +49,7 @@ def test_batch_jobs_and_gates_on_the_cluster_equal_the_oracle(standalone_cluster
     rejected = DeltaTable(tables.dead_letter).to_pyarrow_table().num_rows
     assert rejected == 10
     apps = (standalone_cluster.status() or {}).get("completedapps", [])
-    assert len(apps) >= 6, apps  # every job was an application of the cluster
+    assert len(apps) >= 4, apps  # every job was an application of the cluster
 
 
 def test_the_cluster_runs_tasks_on_both_workers(standalone_cluster, tmp_path):

@@ -403,39 +403,31 @@ def _stream_tables(spec: PipelineSpec) -> dict[str, pd.DataFrame]:
             "state": _table(t.stream_state, ["event_date", *keys])}
 
 
-@pytest.mark.parametrize("kind", ["windowed", "cdc"])
-def test_the_driver_merge_writes_the_tables_of_the_spark_merge(spark, tmp_path, kind):
+def test_the_driver_merge_writes_the_tables_of_the_spark_merge(spark, tmp_path):
     """Small batches merge on the driver with the Python algebra: every table equals the Spark path's,
-    and Spark merges on from what the driver wrote (sketch bytes included)."""
+    and Spark merges on from what the driver wrote (both engines over random batches and a changelog
+    source: test_stream_engines.py)."""
     landing = tmp_path / "landing"
-    later: list[pa.Table] = []
-    if kind == "cdc":
-        spec = cdc_spec(tmp_path, max_files_per_batch=1)
-        for i, batch in enumerate(CDC_BATCHES):
-            land(landing, "2024-03-01", cdc_rows(batch, start=10 * i))
-    else:
-        spec = with_stream(make_spec(tmp_path, window={"size": "1 hour"}), max_files_per_batch=2, watermark="2 hours")
-        rows = day_events("2024-03-01", 600, pages=("/a", "/b", "/c", "/d")).sort_by("event_time")
-        files = [rows.slice(i * 75, 75) for i in range(8)]
-        for table in files[:6]:
-            land(landing, "2024-03-01", table)
-        later = files[6:]
+    spec = with_stream(make_spec(tmp_path, window={"size": "1 hour"}), max_files_per_batch=2, watermark="2 hours")
+    rows = day_events("2024-03-01", 600, pages=("/a", "/b", "/c", "/d")).sort_by("event_time")
+    files = [rows.slice(i * 75, 75) for i in range(8)]
+    for table in files[:6]:
+        land(landing, "2024-03-01", table)
+    later = files[6:]
     by_spark, by_driver = (spec.with_paths(lake=str(tmp_path / f"lake-{name}")) for name in ("spark", "driver"))
     stream.run(spark, by_spark, available_now=True, driver_max_keys=0)
     summary = stream.run(spark, by_driver, available_now=True)
     assert [b.on_driver for b in summary.batches] == [False] + [True] * (len(summary.batches) - 1)  # 1st creates
-    if later:
-        for table in later:
-            land(landing, "2024-03-01", table)
-        for run_spec in (by_spark, by_driver):
-            summary = stream.run(spark, run_spec, available_now=True, driver_max_keys=0)
-            assert [b.on_driver for b in summary.batches] == [False]
+    for table in later:
+        land(landing, "2024-03-01", table)
+    for run_spec in (by_spark, by_driver):
+        summary = stream.run(spark, run_spec, available_now=True, driver_max_keys=0)
+        assert [b.on_driver for b in summary.batches] == [False]
     want, got = _stream_tables(by_spark), _stream_tables(by_driver)
     for name in ("aggregates", "changelog", "partials", "state"):
         # KLL compaction is randomised in both engines: its quantiles agree within the rank error only
         pd.testing.assert_frame_equal(got[name].drop(columns="p90_ms", errors="ignore"),
                                       want[name].drop(columns="p90_ms", errors="ignore"),
                                       check_exact=False, rtol=1e-12, check_dtype=False, obj=name)
-    if kind == "windowed":
-        assert_matches(actual(PipelineTables(by_driver.lake, spec.name).aggregates, spec),
-                       expected(read_landing(landing), spec), spec)
+    assert_matches(actual(PipelineTables(by_driver.lake, spec.name).aggregates, spec),
+                   expected(read_landing(landing), spec), spec)
