@@ -13,6 +13,7 @@ __all__ = [
     "InputError",
     "SchemaMismatchError",
     "LakeError",
+    "ConflictError",
     "InspectError",
     "QualityError",
     "ComputeError",
@@ -64,6 +65,12 @@ class LakeError(PipelineError):
     """A Delta table is missing, incompatible with the spec, or cannot be committed."""
 
     exit_code = 4
+
+
+class ConflictError(LakeError):
+    """Another writer committed to the table after this job read it, in a way this commit cannot
+    ignore (it removed files this job read or replaces). Nothing was written; the job re-plans
+    from the new snapshot and commits again, a bounded number of times (see ``jobs.conflicts``)."""
 
 
 class InspectError(PipelineError):

@@ -573,7 +573,7 @@ def _compact_versions(raw: str | None) -> str:
 _RUNS_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("pipeline", pa.string()), ("job", pa.string()), ("batch", pa.string()),
     ("status", pa.string()), ("started_at", pa.timestamp("us", tz="UTC")), ("duration_s", pa.float64()),
-    ("rows_in", pa.int64()), ("rows_aggregated", pa.int64()), ("rows_rejected", pa.int64()),
+    ("attempts", pa.int64()), ("rows_in", pa.int64()), ("rows_aggregated", pa.int64()), ("rows_rejected", pa.int64()),
     ("reconciles", pa.bool_()), ("dead_letter_rows", pa.int64()), ("read", pa.string()), ("wrote", pa.string()),
     ("message", pa.string()),
 ])
@@ -611,6 +611,7 @@ def runs(lake: str, *, pipeline: str | None = None, limit: int | None = None) ->
                 "run_id": r.get("run_id"), "pipeline": r.get("pipeline") or name, "job": r.get("job"),
                 "batch": r.get("batch"), "status": r.get("status"), "started_at": r.get("started_at"),
                 "duration_s": None if r.get("duration_s") is None else round(r["duration_s"], 2),
+                "attempts": r.get("attempts") or 1,  # runs recorded before attempts were counted made one
                 "rows_in": n_in, "rows_aggregated": n_agg, "rows_rejected": n_rej,
                 "reconciles": None if n_in is None or n_agg is None or n_rej is None else n_in == n_agg + n_rej,
                 "dead_letter_rows": dead.get(r.get("run_id") or "", 0),

@@ -11,6 +11,7 @@ import datetime as dt
 from typing import TYPE_CHECKING
 
 from spark_jobs.errors import InputError, PipelineError
+from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.jobs.landing import classify, read_partition, spark_read_error
 from spark_jobs.jobs.runs import RunRecord, recorded_run
 from spark_jobs.lake import Commit, Lake, PipelineTables, open_lake
@@ -82,31 +83,35 @@ def run(spark: SparkSession, spec: PipelineSpec, date: str, *, lake: Lake | None
     with recorded_run(lake, tables, job="combine", batch=date, run_id=run_id) as record:
         source = spec.source.partition_path(date)
         record.inputs = [source]
-        record.versions_read = {"partials": lake.version(tables.partials)}
         # one pass over the input: typed rows are cached, counted, aggregated and rejected from it
         rows = classify(read_partition(spark, spec, date), spec, date).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             valid = rows.where(F.col("_reason").isNull()).drop("_raw", "_reason", "_file")
             partials = combine(valid, spec, compiled, date=date, run_id=record.run_id)
             metadata = {"run_id": record.run_id, "job": "combine", "batch": date, "inputs": [source]}
+
+            def commit(attempt: int) -> None:  # the day's rows do not depend on the tables: only the commits rerun
+                record.attempts = attempt
+                record.versions_read = {"partials": lake.version(tables.partials)}
+                written = {"partials": lake.replace_partition(
+                    partials, tables.partials, partition_by=PARTIALS_PARTITIONS,
+                    partition={"event_date": date, "source": BATCH}, metadata=metadata).version}
+                dead = write_dead_letters(lake, tables, rows, job="combine", batch=date, run_id=record.run_id,
+                                          rejected=record.rows_rejected)
+                if dead is not None:
+                    written["dead_letter"] = dead.version
+                record.versions_written = written
+
             try:
                 counts = rows.agg(F.count(F.lit(1)).alias("n"), F.count("_reason").alias("rejected")).first()
-                commit = lake.replace_partition(partials, tables.partials, partition_by=PARTIALS_PARTITIONS,
-                                                partition={"event_date": date, "source": BATCH},
-                                                metadata=metadata)
+                assert counts is not None
+                record.rows_in, record.rows_rejected = int(counts["n"]), int(counts["rejected"])
+                record.rows_aggregated = record.rows_in - record.rows_rejected  # each row is one or the other
+                retry_conflicts(commit, what=f"combine of {date}")
             except PipelineError:
                 raise
             except Exception as exc:
                 raise InputError(f"combine of {date} failed reading {source}: {spark_read_error(exc)}") from exc
-            assert counts is not None
-            record.rows_in, record.rows_rejected = int(counts["n"]), int(counts["rejected"])
-            record.rows_aggregated = record.rows_in - record.rows_rejected  # each row is one or the other
-            written = {"partials": commit.version}
-            dead = write_dead_letters(lake, tables, rows, job="combine", batch=date, run_id=record.run_id,
-                                      rejected=record.rows_rejected)
-            if dead is not None:
-                written["dead_letter"] = dead.version
-            record.versions_written = written
         finally:
             rows.unpersist()
     return record

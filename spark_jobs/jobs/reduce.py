@@ -15,6 +15,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from spark_jobs.errors import LakeError
+from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.jobs.runs import RunRecord, recorded_run
 from spark_jobs.lake import AppTxn, Lake, PipelineTables, open_lake
 from spark_jobs.lake.rules import counted_files, day_bounds, in_days, reduce_app_id, sort_keys, window_cluster
@@ -39,66 +40,85 @@ def reduce(partials: DataFrame, compiled: CompiledAggregates, *, run_id: str) ->
 
 def run(spark: SparkSession, spec: PipelineSpec, *, lake: Lake | None = None, run_id: str | None = None,
         full: bool = False) -> RunRecord:
-    """Merge what changed in ``partials`` since the last reduce into ``aggregates``."""
-    from pyspark import StorageLevel
-    from pyspark.sql import functions as F
+    """Merge what changed in ``partials`` since the last reduce into ``aggregates``.
 
+    A commit that loses a race to another writer of ``aggregates`` (the stream, another reduce)
+    re-plans from the new snapshot: it may find its work done, or other keys to merge.
+    """
     lake = lake or open_lake(spark)
     tables = PipelineTables(spec.lake, spec.name)
     compiled = CompiledAggregates(spec)
-    keys = list(spec.key_columns)
     with recorded_run(lake, tables, job="reduce", batch=None, run_id=run_id) as record:
-        version = lake.version(tables.partials)
-        if version is None:
-            raise LakeError(f"no partials table at {tables.partials}; run combine for at least one day first")
-        consumed = lake.txn_version(tables.aggregates, reduce_app_id(spec))
-        record.inputs = [tables.partials]
-        record.versions_read = {"partials": version, "aggregates": lake.version(tables.aggregates),
-                                "partials_consumed": consumed}
-        if consumed is not None and consumed >= version and not full:
-            record.status = "noop"
-            record.message = f"partials version {version} is already merged"
-            return record
-        now = counted_files(lake.files(tables.partials, version))
-        changed: list[str] | None = None
-        if consumed is not None and not full:
-            try:
-                before = counted_files(lake.files(tables.partials, consumed))
-                changed = sorted(set(now) ^ set(before))
-            except LakeError as exc:
-                log.warning("cannot load partials version %s (%s): merging everything", consumed, exc)
-            gone = lake.missing_files(tables.partials, changed or [])
-            if gone:  # removed files already vacuumed: their keys are unknown, so merge everything
-                log.warning("%d replaced partial files are vacuumed (%s...): merging everything", len(gone), gone[0])
-                changed = None
-        touched: DataFrame | None
-        prune = None
-        if changed is None:  # first or full reduce: the whole table is replaced
-            paths = list(now)
-            touched = None
-            inputs = lake.read_files(tables.partials, paths)
-        else:
-            touched = lake.read_files(tables.partials, changed).select(*keys).distinct()
-            paths = list(now)
-            if spec.window is not None and changed:
-                bounds = touched.agg(F.min("window_start").alias("lo"), F.max("window_end").alias("hi")).first()
-                if bounds is not None and bounds["lo"] is not None:
-                    prune = ("window_start", bounds["lo"], bounds["hi"])
-                    days = day_bounds(bounds["lo"], bounds["hi"])
-                    paths = [p for p, f in now.items() if in_days(f.partition_values.get("event_date"), days)]
-            inputs = lake.read_files(tables.partials, paths).join(touched, keys, "left_semi")
-        if compiled.udafs:
-            inputs = inputs.persist(StorageLevel.MEMORY_AND_DISK)
+
+        def attempt(n: int) -> None:
+            record.attempts = n
+            _merge(lake, spec, tables, compiled, record, full=full)
+
+        retry_conflicts(attempt, what="reduce")
+    return record
+
+
+def _merge(lake: Lake, spec: PipelineSpec, tables: PipelineTables, compiled: CompiledAggregates,
+           record: RunRecord, *, full: bool) -> None:
+    """One plan and commit, from the tables as they are now."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    keys = list(spec.key_columns)
+    version = lake.version(tables.partials)
+    if version is None:
+        raise LakeError(f"no partials table at {tables.partials}; run combine for at least one day first")
+    # the aggregates snapshot planned from: what was consumed, and what the commit is checked against
+    planned = lake.version(tables.aggregates)
+    consumed = None if planned is None else lake.txn_version(tables.aggregates, reduce_app_id(spec), planned)
+    record.inputs = [tables.partials]
+    record.versions_read = {"partials": version, "aggregates": planned, "partials_consumed": consumed}
+    if consumed is not None and consumed >= version and not full:
+        record.status = "noop"
+        record.message = f"partials version {version} is already merged"
+        return
+    now = counted_files(lake.files(tables.partials, version))
+    changed: list[str] | None = None
+    if consumed is not None and not full:
+        try:
+            before = counted_files(lake.files(tables.partials, consumed))
+            changed = sorted(set(now) ^ set(before))
+        except LakeError as exc:
+            log.warning("cannot load partials version %s (%s): merging everything", consumed, exc)
+        gone = lake.missing_files(tables.partials, changed or [])
+        if gone:  # removed files already vacuumed: their keys are unknown, so merge everything
+            log.warning("%d replaced partial files are vacuumed (%s...): merging everything", len(gone), gone[0])
+            changed = None
+    touched: DataFrame | None
+    prune = None
+    if changed is None:  # first or full reduce: the whole table is replaced
+        paths = list(now)
+        touched = None
+        inputs = lake.read_files(tables.partials, paths)
+    else:
+        touched = lake.read_files(tables.partials, changed).select(*keys).distinct()
+        paths = list(now)
+        if spec.window is not None and changed:
+            bounds = touched.agg(F.min("window_start").alias("lo"), F.max("window_end").alias("hi")).first()
+            if bounds is not None and bounds["lo"] is not None:
+                prune = ("window_start", bounds["lo"], bounds["hi"])
+                days = day_bounds(bounds["lo"], bounds["hi"])
+                paths = [p for p, f in now.items() if in_days(f.partition_values.get("event_date"), days)]
+        inputs = lake.read_files(tables.partials, paths).join(touched, keys, "left_semi")
+    if compiled.udafs:
+        inputs = inputs.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
         rows = reduce(inputs, compiled, run_id=record.run_id)
         commit = lake.replace_keys(rows, tables.aggregates, keys=keys, touched=touched,
                                    app_txn=AppTxn(reduce_app_id(spec), version), sort_by=sort_keys(spec),
                                    cluster=window_cluster(spec, len({now[p].partition_values.get("event_date")
                                                                      for p in paths})), prune=prune,
+                                   read_version=planned,
                                    metadata={"run_id": record.run_id, "job": "reduce",
                                              "partials_version": version, "partials_consumed": consumed})
-        # partial rows in the files read (from Delta stats: no extra Spark job)
-        record.rows_in = record.rows_aggregated = sum(now[p].num_records or 0 for p in paths)
-        record.versions_written = {"aggregates": commit.version}
-        record.message = "full merge" if changed is None else f"{len(changed)} partial files changed"
+    finally:
         inputs.unpersist()
-    return record
+    # partial rows in the files read (from Delta stats: no extra Spark job)
+    record.rows_in = record.rows_aggregated = sum(now[p].num_records or 0 for p in paths)
+    record.versions_written = {"aggregates": commit.version}
+    record.message = "full merge" if changed is None else f"{len(changed)} partial files changed"

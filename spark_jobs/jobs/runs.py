@@ -48,6 +48,7 @@ class RunRecord:
     versions_read: dict[str, int | None] = field(default_factory=dict)
     versions_written: dict[str, int | None] = field(default_factory=dict)
     message: str = ""
+    attempts: int = 1  # plan-and-commit attempts (see ``jobs.conflicts``)
 
     @property
     def duration_s(self) -> float:
@@ -68,7 +69,11 @@ class RunRecord:
     def summary(self) -> str:
         return (f"{self.job} {self.batch or ''} {self.status}: rows in {self.rows_in}, aggregated "
                 f"{self.rows_aggregated}, rejected {self.rows_rejected}, wrote {self.versions_written} "
-                f"in {self.duration_s:.1f}s (run {self.run_id})").replace("  ", " ")
+                f"in {self.duration_s:.1f}s{self._retries} (run {self.run_id})").replace("  ", " ")
+
+    @property
+    def _retries(self) -> str:
+        return f" after {self.attempts - 1} lost commit races" if self.attempts > 1 else ""
 
 
 @contextmanager

@@ -43,11 +43,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs.errors import InputError, LakeError, PipelineError
+from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.jobs.landing import CORRUPT, classify, spark_read_error, with_raw
 from spark_jobs.jobs.runs import new_run_id, recorded_run
 from spark_jobs.jobs.stream_driver import DRIVER_MAX_KEYS, DriverEngine
 from spark_jobs.jobs.stream_spark import SparkEngine
-from spark_jobs.jobs.stream_step import MergeEngine, MiniBatch, commit_outputs
+from spark_jobs.jobs.stream_step import Committed, MergeEngine, MiniBatch, commit_outputs
 from spark_jobs.lake import AppTxn, Lake, PipelineTables, open_lake
 from spark_jobs.lake.rules import DAY, batch_days, batch_files_in, day_bounds, stream_app_id
 from spark_jobs.plan import CompiledAggregates, assign_windows, partial_aggregate
@@ -231,21 +232,30 @@ class MiniBatchAggregator:
             outcome.rows_in = outcome.rows_aggregated + outcome.rows_rejected
             record.rows_in, record.rows_rejected = outcome.rows_in, outcome.rows_rejected
             record.rows_aggregated = outcome.rows_aggregated
-            batch, out, engine, high = None, None, None, self._high
+            high = self._high
             if outcome.rows_aggregated:
                 high = max(h for h in (self._high, _utc(span["high"])) if h is not None)
-                low, top = _utc(span["low"]), _utc(span["high"])
-                assert low is not None and top is not None
-                bounds = (low, top)
-                batch = MiniBatch(batch_id, record.run_id, delta.drop("_rows"), bounds, self._watermark(high),
-                                  *self._counted_batch_partials(bounds))
-                engine = next(e for e in self.engines if e.accepts(int(span["keys"])))
-                outcome.on_driver = engine.name == "driver"
-                out = engine.merge(batch)
-            committed = commit_outputs(lake, spec, txn, run_id=record.run_id, rejects=bad,
-                                       rejected=outcome.rows_rejected, batch=batch, out=out)
-            if engine is not None and out is not None:
-                engine.committed(committed.written["stream_state"], out)
+
+            def step(attempt: int) -> Committed:
+                """Merge and commit; after a lost race, again from the tables as they are now (the
+                hybrid rule may have changed) while the tables that have the batch's commit skip it."""
+                record.attempts = attempt
+                batch, out, engine = None, None, None
+                if outcome.rows_aggregated:
+                    low, top = _utc(span["low"]), _utc(span["high"])
+                    assert low is not None and top is not None
+                    batch = MiniBatch(batch_id, record.run_id, delta.drop("_rows"), (low, top), self._watermark(high),
+                                      *self._counted_batch_partials((low, top)))
+                    engine = next(e for e in self.engines if e.accepts(int(span["keys"])))
+                    outcome.on_driver = engine.name == "driver"
+                    out = engine.merge(batch)
+                committed = commit_outputs(lake, spec, txn, run_id=record.run_id, rejects=bad,
+                                           rejected=outcome.rows_rejected, batch=batch, out=out)
+                if engine is not None and out is not None:
+                    engine.committed(committed.written["stream_state"], out)
+                return committed
+
+            committed = retry_conflicts(step, what=f"mini-batch {batch_id}")
             bad.unpersist()
             outcome.state_writes, outcome.changes = committed.state_writes, committed.changes
             outcome.visible_at, self._high = committed.visible_at, high

@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
@@ -30,11 +30,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 from deltalake import Schema as DeltaSchema
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction, create_table_with_add_actions
 
 from spark_jobs._failpoints import failpoint
-from spark_jobs.errors import LakeError
+from spark_jobs.errors import ConflictError, LakeError
 from spark_jobs.lake._types import AppTxn, Cluster, Commit, DataFile
 from spark_jobs.lake.arrow import key_mask, split_by
 
@@ -125,6 +125,30 @@ def _file_stats(path: str) -> tuple[int, str]:
     return meta.num_rows, json.dumps(stats, separators=(",", ":"))
 
 
+def _data_files(dt: DeltaTable) -> list[DataFile]:
+    actions = pa.table(dt.get_add_actions(flatten=True))
+    part_cols = [c for c in actions.column_names if c.startswith("partition.")]
+    out = []
+    for row in actions.select(["path", "size_bytes", "num_records", *part_cols]).to_pylist():
+        pv = {c[len("partition."):]: (None if row[c] is None else str(row[c])) for c in part_cols}
+        out.append(DataFile(unquote(row["path"]), int(row["size_bytes"]), row["num_records"], pv))
+    return out
+
+
+def _overlapping(dt: DeltaTable, column: str, lo: Any, hi: Any) -> list[str]:
+    """Data files whose min/max statistics of ``column`` may hold a value in [lo, hi]."""
+    lo, hi = (_utc(v) for v in (lo, hi))
+    actions = pa.table(dt.get_add_actions(flatten=True))
+    if f"min.{column}" not in actions.column_names:
+        return [unquote(p) for p in actions["path"].to_pylist()]
+    out = []
+    for row in actions.select(["path", f"min.{column}", f"max.{column}"]).to_pylist():
+        low, high = row[f"min.{column}"], row[f"max.{column}"]
+        if low is None or high is None or (_utc(low) <= hi and _utc(high) >= lo):
+            out.append(unquote(row["path"]))
+    return out
+
+
 def _partition_values(rel: str) -> dict[str, str | None]:
     values: dict[str, str | None] = {}
     for part in rel.split("/")[:-1]:
@@ -164,21 +188,13 @@ class EmbeddedLake:
         dt = self.table(path)
         return None if dt is None else _nullable(pa.schema(dt.schema().to_arrow()))
 
-    def txn_version(self, path: str, app_id: str) -> int | None:
-        dt = self.table(path)
+    def txn_version(self, path: str, app_id: str, version: int | None = None) -> int | None:
+        dt = self.table(path, version)
         return None if dt is None else dt.transaction_version(app_id)
 
     def files(self, path: str, version: int | None = None) -> list[DataFile]:
         dt = self.table(path, version)
-        if dt is None:
-            return []
-        actions = pa.table(dt.get_add_actions(flatten=True))
-        part_cols = [c for c in actions.column_names if c.startswith("partition.")]
-        out = []
-        for row in actions.select(["path", "size_bytes", "num_records", *part_cols]).to_pylist():
-            pv = {c[len("partition."):]: (None if row[c] is None else str(row[c])) for c in part_cols}
-            out.append(DataFile(unquote(row["path"]), int(row["size_bytes"]), row["num_records"], pv))
-        return out
+        return [] if dt is None else _data_files(dt)
 
     def missing_files(self, path: str, files: Sequence[str]) -> list[str]:
         """Which of these data files (relative paths) no longer exist, e.g. after VACUUM."""
@@ -243,7 +259,8 @@ class EmbeddedLake:
     def replace_keys(self, rows: DataFrame | pa.Table, path: str, *, keys: Sequence[str],
                      touched: DataFrame | pa.Table | None, app_txn: AppTxn | None = None,
                      metadata: Mapping[str, Any] | None = None, sort_by: Sequence[str] = (),
-                     cluster: Cluster | None = None, prune: tuple[str, Any, Any] | None = None) -> Commit:
+                     cluster: Cluster | None = None, prune: tuple[str, Any, Any] | None = None,
+                     read_version: int | None = None) -> Commit:
         """Copy-on-write upsert: rows whose keys are in ``touched`` are replaced by ``rows``.
 
         Only the data files holding a touched key are rewritten; keys in ``touched`` that have
@@ -254,50 +271,56 @@ class EmbeddedLake:
         files whose Delta statistics overlap that range are rewritten, without a scan for
         touched keys; the others are not read. Arrow ``rows`` and ``touched`` are merged on
         the driver, without Spark.
+
+        The rewrite is planned from one snapshot (``read_version``, else the latest) and committed
+        against it: a concurrent commit that removed files in between fails this one with a
+        :class:`ConflictError` instead of leaving a key twice.
         """
         from pyspark.sql import functions as F
 
         keys = list(keys)
+        snapshot = self.table(path, read_version)
         if isinstance(rows, pa.Table):
             assert touched is None or isinstance(touched, pa.Table)
-            return self._replace_keys_arrow(rows, path, keys=keys, touched=touched, app_txn=app_txn,
+            return self._replace_keys_arrow(rows, path, snapshot, keys=keys, touched=touched, app_txn=app_txn,
                                             metadata=metadata, sort_by=sort_by, cluster=cluster, prune=prune)
         assert not isinstance(touched, pa.Table)
         rows = _clustered(rows, cluster)
-        if self.table(path) is None:
-            return self._commit_df(rows, path, app_txn=app_txn, metadata=metadata, sort_by=sort_by)
-        by_path = {f.path: f for f in self.files(path)}
+        if snapshot is None:
+            return self._commit_df(rows, path, snapshot=None, app_txn=app_txn, metadata=metadata, sort_by=sort_by)
+        by_path = {f.path: f for f in _data_files(snapshot)}
         if touched is None:
-            return self._commit_df(rows, path, removes=list(by_path.values()), app_txn=app_txn, metadata=metadata,
-                                   sort_by=sort_by)
+            return self._commit_df(rows, path, snapshot=snapshot, removes=list(by_path.values()), app_txn=app_txn,
+                                   metadata=metadata, sort_by=sort_by)
         touched = touched.select(*keys).distinct()
+        version = snapshot.version()
         if prune is not None:  # clustered by the prune column: the overlapping files are the touched ones
-            affected = self._overlapping(path, *prune)
+            affected = _overlapping(snapshot, *prune)
         else:
-            current = self.read_files(path, list(by_path)).select(*keys, F.col("_metadata.file_path").alias("_file"))
+            current = self.read_files(path, list(by_path), version=version).select(
+                *keys, F.col("_metadata.file_path").alias("_file"))
             hit = [r["_file"] for r in current.join(touched, keys, "left_semi").select("_file").distinct().collect()]
             root = Path(_local(path)).resolve()
             affected = [os.path.relpath(_local(unquote(uri)), root) for uri in hit]
-        missing = [f for f in affected if f not in by_path]
-        if missing:
-            raise LakeError(f"files {missing[:3]} of {path} are not in its snapshot; the table changed meanwhile, rerun")
         out = rows
         if affected:
-            kept = self.read_files(path, affected).join(touched, keys, "left_anti")
+            kept = self.read_files(path, affected, version=version).join(touched, keys, "left_anti")
             out = _clustered(kept.select(*rows.columns).unionByName(rows), cluster)
         removes = [by_path[f] for f in affected]
-        return self._commit_df(out, path, removes=removes, app_txn=app_txn, metadata=metadata, sort_by=sort_by)
+        return self._commit_df(out, path, snapshot=snapshot, removes=removes, app_txn=app_txn, metadata=metadata,
+                               sort_by=sort_by)
 
-    def _replace_keys_arrow(self, rows: pa.Table, path: str, *, keys: list[str], touched: pa.Table | None,
-                            app_txn: AppTxn | None, metadata: Mapping[str, Any] | None, sort_by: Sequence[str],
-                            cluster: Cluster | None, prune: tuple[str, Any, Any] | None) -> Commit:
+    def _replace_keys_arrow(self, rows: pa.Table, path: str, snapshot: DeltaTable | None, *, keys: list[str],
+                            touched: pa.Table | None, app_txn: AppTxn | None, metadata: Mapping[str, Any] | None,
+                            sort_by: Sequence[str], cluster: Cluster | None,
+                            prune: tuple[str, Any, Any] | None) -> Commit:
         def layout(table: pa.Table) -> list[pa.Table]:  # driver rows are few: split by value, in order
             return split_by(table, cluster.column, cluster.files) if cluster else [table]
 
-        by_path = {f.path: f for f in self.files(path)}
-        if self.table(path) is None or touched is None:
-            return self._commit_df(layout(rows), path, removes=list(by_path.values()), app_txn=app_txn,
-                                   metadata=metadata, sort_by=sort_by)
+        by_path = {} if snapshot is None else {f.path: f for f in _data_files(snapshot)}
+        if snapshot is None or touched is None:
+            return self._commit_df(layout(rows), path, snapshot=snapshot, removes=list(by_path.values()),
+                                   app_txn=app_txn, metadata=metadata, sort_by=sort_by)
         root = _local(path)
 
         def read(file: str, columns: list[str]) -> pa.Table:
@@ -305,33 +328,15 @@ class EmbeddedLake:
                 pa.schema([rows.schema.field(c) for c in columns]))
 
         if prune is not None:
-            affected = self._overlapping(path, *prune)
+            affected = _overlapping(snapshot, *prune)
         else:
             affected = [f for f in by_path if key_mask(read(f, keys), keys, touched).any()]
-        missing = [f for f in affected if f not in by_path]
-        if missing:
-            raise LakeError(f"files {missing[:3]} of {path} are not in its snapshot; the table changed meanwhile, rerun")
         out = rows
         if affected:
             old = pa.concat_tables([read(f, rows.column_names) for f in affected])
             out = pa.concat_tables([old.filter(pa.array(~key_mask(old, keys, touched))), rows])
-        return self._commit_df(layout(out), path, removes=[by_path[f] for f in affected], app_txn=app_txn,
-                               metadata=metadata, sort_by=sort_by)
-
-    def _overlapping(self, path: str, column: str, lo: Any, hi: Any) -> list[str]:
-        """Data files whose min/max statistics of ``column`` may hold a value in [lo, hi]."""
-        lo, hi = (_utc(v) for v in (lo, hi))
-        dt_ = self.table(path)
-        assert dt_ is not None
-        actions = pa.table(dt_.get_add_actions(flatten=True))
-        if f"min.{column}" not in actions.column_names:
-            return [unquote(p) for p in actions["path"].to_pylist()]
-        out = []
-        for row in actions.select(["path", f"min.{column}", f"max.{column}"]).to_pylist():
-            low, high = row[f"min.{column}"], row[f"max.{column}"]
-            if low is None or high is None or (_utc(low) <= hi and _utc(high) >= lo):
-                out.append(unquote(row["path"]))
-        return out
+        return self._commit_df(layout(out), path, snapshot=snapshot, removes=[by_path[f] for f in affected],
+                               app_txn=app_txn, metadata=metadata, sort_by=sort_by)
 
     def append_rows(self, table: pa.Table, path: str, *, metadata: Mapping[str, Any] | None = None) -> Commit:
         """Append a few driver-side rows (run records); never used for pipeline data."""
@@ -345,7 +350,11 @@ class EmbeddedLake:
     def _commit_df(self, df: DataFrame | list[pa.Table], path: str, *, partition_by: Sequence[str] = (),
                    replace: Mapping[str, str] | None = None, removes: Sequence[DataFile] = (),
                    app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None,
-                   sort_by: Sequence[str] = ()) -> Commit:
+                   sort_by: Sequence[str] = (), snapshot: DeltaTable | Literal["latest"] | None = "latest") -> Commit:
+        """Stage the files and commit them in one transaction. A ``snapshot`` (None: the table did not
+        exist) is what the write was planned from: it commits against that version, and a table created
+        meanwhile is a conflict too. Without one, the latest version is used and a table created
+        meanwhile (by a combine of another day) is joined."""
         from pyspark.sql.pandas.types import to_arrow_schema
 
         if isinstance(df, list):
@@ -353,7 +362,8 @@ class EmbeddedLake:
         else:
             schema = _nullable(to_arrow_schema(df.schema, timezone="UTC"))
         table_name = Path(_local(path)).name
-        existing = self.table(path)
+        planned = not isinstance(snapshot, str)
+        existing = snapshot if not isinstance(snapshot, str) else self.table(path)
         if existing is not None:
             current = _nullable(pa.schema(existing.schema().to_arrow()))
             if not _same_columns(current, schema):
@@ -380,7 +390,7 @@ class EmbeddedLake:
         failpoint(f"commit:{table_name}:before")
         try:
             if existing is None:
-                existing = self._create(path, schema, [a for a, _ in adds], partition_by, props)
+                existing = self._create(path, schema, [a for a, _ in adds], partition_by, props, join=not planned)
             if existing is not None and replace is not None:
                 filters = [(k, "=", v) for k, v in replace.items()]
                 existing.create_write_transaction([a for a, _ in adds], "overwrite", schema,
@@ -389,6 +399,10 @@ class EmbeddedLake:
             elif existing is not None:
                 existing.create_write_transaction([*(a for a, _ in adds), *remove_actions], "append", schema,
                                                   partition_by=list(partition_by) or None, commit_properties=props)
+        except CommitFailedError as exc:
+            raise ConflictError(f"commit to Delta table {path} lost to a concurrent writer: {exc}") from exc
+        except ConflictError:
+            raise
         except Exception as exc:
             raise LakeError(f"commit to Delta table {path} failed: {exc}") from exc
         failpoint(f"commit:{table_name}:after")
@@ -396,9 +410,9 @@ class EmbeddedLake:
         return Commit(dt.version(), files_added=len(adds), files_removed=len(removes), rows_added=rows)
 
     def _create(self, path: str, schema: pa.Schema, adds: list[AddAction], partition_by: Sequence[str],
-                props: CommitProperties) -> DeltaTable | None:
-        """Create the table with ``adds`` and return None; or, when another job (a parallel combine
-        of another day) created it meanwhile, return that table to commit into instead."""
+                props: CommitProperties, *, join: bool) -> DeltaTable | None:
+        """Create the table with ``adds`` and return None; or, when another job created it meanwhile,
+        return that table to commit into (``join``: a parallel combine of another day) or conflict."""
         try:
             create_table_with_add_actions(_local(path), DeltaSchema.from_arrow(schema), adds, mode="error",
                                           partition_by=list(partition_by) or None, commit_properties=props)
@@ -407,6 +421,9 @@ class EmbeddedLake:
             existing = self.table(path)
             if existing is None:
                 raise
+            if not join:
+                raise ConflictError(f"Delta table {path} was created by a concurrent writer while this job "
+                                    "planned its first write") from None
             return existing
 
     def _stage(self, df: DataFrame | list[pa.Table], path: str,

@@ -9,13 +9,15 @@ written by other engines are honoured.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from spark_jobs._failpoints import failpoint
+from spark_jobs.errors import ConflictError
 from spark_jobs.lake._embedded import EmbeddedLake
 from spark_jobs.lake._types import AppTxn, Cluster, Commit
 
@@ -25,8 +27,25 @@ if TYPE_CHECKING:
 __all__ = ["SparkDeltaLake"]
 
 
+# delta-spark's optimistic-concurrency failures (io.delta.exceptions / delta.exceptions)
+_CONFLICTS = ("ConcurrentAppendException", "ConcurrentDeleteReadException", "ConcurrentDeleteDeleteException",
+              "ConcurrentTransactionException", "ConcurrentWriteException", "MetadataChangedException",
+              "ProtocolChangedException", "ConcurrentModificationException")
+
+
 def _quote(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
+
+
+@contextmanager
+def _conflicts(path: str) -> Iterator[None]:
+    """Delta's concurrent-modification exceptions, as the :class:`ConflictError` the jobs retry."""
+    try:
+        yield
+    except Exception as exc:
+        if any(name in f"{type(exc).__name__}: {exc}" for name in _CONFLICTS):
+            raise ConflictError(f"commit to Delta table {path} lost to a concurrent writer: {exc}") from exc
+        raise
 
 
 class SparkDeltaLake(EmbeddedLake):
@@ -75,7 +94,8 @@ class SparkDeltaLake(EmbeddedLake):
     def append(self, df: DataFrame | pa.Table, path: str, *, partition_by: Sequence[str] = (),
                app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None) -> Commit:
         failpoint(f"commit:{Path(path).name}:before")
-        self._writer(self._df(df), "append", partition_by, app_txn, metadata).save(path)
+        with _conflicts(path):
+            self._writer(self._df(df), "append", partition_by, app_txn, metadata).save(path)
         return self._done(path)
 
     def replace_partition(self, df: DataFrame, path: str, *, partition_by: Sequence[str],
@@ -84,24 +104,33 @@ class SparkDeltaLake(EmbeddedLake):
         where = " AND ".join(f"`{k}` = {_quote(v)}" for k, v in partition.items())
         failpoint(f"commit:{Path(path).name}:before")
         writer = self._writer(df, "overwrite", partition_by, app_txn, metadata)
-        writer.option("replaceWhere", where).save(path)
+        with _conflicts(path):
+            writer.option("replaceWhere", where).save(path)
         return self._done(path)
 
     def replace_keys(self, rows: DataFrame | pa.Table, path: str, *, keys: Sequence[str],
                      touched: DataFrame | pa.Table | None, app_txn: AppTxn | None = None,
                      metadata: Mapping[str, Any] | None = None, sort_by: Sequence[str] = (),
-                     cluster: Cluster | None = None, prune: tuple[str, Any, Any] | None = None) -> Commit:
+                     cluster: Cluster | None = None, prune: tuple[str, Any, Any] | None = None,
+                     read_version: int | None = None) -> Commit:
+        """MERGE reads the latest snapshot: a job that planned from an older one (``read_version``)
+        conflicts up front; Delta's own checks cover commits after the MERGE's snapshot."""
         from delta.tables import DeltaTable
         from pyspark.sql import functions as F
 
         rows = self._df(rows)
         touched = None if touched is None else self._df(touched)
 
-        if self.table(path) is None:
+        current = self.version(path)
+        if read_version is not None and current != read_version:
+            raise ConflictError(f"Delta table {path} moved from version {read_version} to {current} while "
+                                "this job planned its write")
+        if current is None:
             return self.append(rows, path, app_txn=app_txn, metadata=metadata)
         if touched is None:
             failpoint(f"commit:{Path(path).name}:before")
-            self._writer(rows, "overwrite", (), app_txn, metadata).save(path)
+            with _conflicts(path):
+                self._writer(rows, "overwrite", (), app_txn, metadata).save(path)
             return self._done(path)
         source = touched.select(*keys).distinct().join(rows.withColumn("_present", F.lit(True)), list(keys), "left")
         cond = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in keys)
@@ -113,16 +142,17 @@ class SparkDeltaLake(EmbeddedLake):
         if metadata:
             conf.set("spark.databricks.delta.commitInfo.userMetadata", json.dumps(dict(metadata), default=str))
         failpoint(f"commit:{Path(path).name}:before")
-        try:
-            (DeltaTable.forPath(self.spark, path).alias("t").merge(source.alias("s"), cond)
-             .whenMatchedDelete(condition="s._present IS NULL")
-             .whenMatchedUpdate(set=columns)
-             .whenNotMatchedInsert(condition="s._present IS NOT NULL", values=columns)
-             .execute())
-        finally:
-            for key in ("spark.databricks.delta.write.txnAppId", "spark.databricks.delta.write.txnVersion",
-                        "spark.databricks.delta.commitInfo.userMetadata"):
-                conf.unset(key)
+        with _conflicts(path):
+            try:
+                (DeltaTable.forPath(self.spark, path).alias("t").merge(source.alias("s"), cond)
+                 .whenMatchedDelete(condition="s._present IS NULL")
+                 .whenMatchedUpdate(set=columns)
+                 .whenNotMatchedInsert(condition="s._present IS NOT NULL", values=columns)
+                 .execute())
+            finally:
+                for key in ("spark.databricks.delta.write.txnAppId", "spark.databricks.delta.write.txnVersion",
+                            "spark.databricks.delta.commitInfo.userMetadata"):
+                    conf.unset(key)
         return self._done(path)
 
     def append_rows(self, table: pa.Table, path: str, *, metadata: Mapping[str, Any] | None = None) -> Commit:

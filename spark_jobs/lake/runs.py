@@ -34,6 +34,7 @@ RUNS_SCHEMA = pa.schema([
     ("versions_written", pa.string()),
     ("backend", pa.string()),
     ("message", pa.string()),
+    ("attempts", pa.int64()),  # commit attempts: more than 1 when the run lost races to concurrent writers
 ])
 # In ``inputs``: a quality-gate run that rolled a day's batch partials back to what ``aggregates``
 # was built from; its ``rows_aggregated`` is the rows of the partials it put back.

@@ -314,6 +314,7 @@ def validate(spark: SparkSession, spec: PipelineSpec, suite: str, *, date: str |
              lake: Lake | None = None, reports: str | None = None, run_id: str | None = None) -> QualityReport:
     """Run ``suite`` and write its report; raise :class:`QualityError` when it fails."""
     from spark_jobs.jobs.combine import parse_date, write_dead_letters
+    from spark_jobs.jobs.conflicts import retry_conflicts
     from spark_jobs.jobs.runs import recorded_run
     from spark_jobs.lake import PipelineTables, open_lake
 
@@ -344,8 +345,10 @@ def validate(spark: SparkSession, spec: PipelineSpec, suite: str, *, date: str |
                 bad, rejected = bad.limit(0), 0
             else:
                 rejected = bad.where(bad["_reason"].isNotNull()).count()
-            commit = write_dead_letters(lake, tables, bad, job="validate", batch=date, run_id=record.run_id,
-                                        rejected=rejected)
+            rejects = bad
+            commit = retry_conflicts(lambda _: write_dead_letters(
+                lake, tables, rejects, job="validate", batch=date, run_id=record.run_id, rejected=rejected),
+                what=f"input gate of {date}")
             report.dead_lettered = rejected
             record.rows_in, record.rows_rejected = counted or 0, rejected
             record.rows_aggregated = record.rows_in - rejected
@@ -353,7 +356,9 @@ def validate(spark: SparkSession, spec: PipelineSpec, suite: str, *, date: str |
                 record.versions_written = {"dead_letter": commit.version}
         if suite == "outputs" and date is not None and not report.success:
             before = lake.version(tables.partials)
-            restored, version = _rollback_day(spec, lake, date, record.run_id)
+            day = date
+            restored, version = retry_conflicts(lambda _: _rollback_day(spec, lake, day, record.run_id),
+                                                what=f"rollback of {date}")
             record.inputs.append(ROLLBACK)
             record.rows_aggregated = restored
             record.versions_written = {"partials": version}
