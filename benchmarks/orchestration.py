@@ -187,6 +187,7 @@ def _backfill(work: Path, spec: Path, days: list[str], state: Path,
     (home / "passwords.json").write_text(json.dumps({"admin": password}))
     env = _airflow_env(home, spec.parent, state, days[-1], args.parallelism)
     _airflow(env, "db", "migrate")
+    _airflow(env, "pools", "set", "aggregates_page_views", "1", "writers of page_views.aggregates")
     _airflow(env, "dags", "reserialize")
     _airflow(env, "dags", "pause", "page_views_batch")
     _airflow(env, "backfill", "create", "--dag-id", "page_views_batch", "--from-date", days[0], "--to-date", days[-1],

@@ -17,6 +17,11 @@ Settings (environment):
     SPARK_JOBS_STREAM_SCHEDULE  cron of the stream DAG (default ``*/5 * * * *``); "none" for runs
                            triggered by hand or by another system only (bin/demo triggers one)
 
+The tasks that write a pipeline's ``aggregates`` (the batch DAG's ``reduce``, the stream DAG's
+``stream`` and ``reduce``) share the one-slot pool ``aggregates_<name>``, which must exist:
+``airflow pools set aggregates_<name> 1 "writers of <name>.aggregates"`` (bin/demo does it). A
+commit that races anyway (a job started outside Airflow) is retried inside the job.
+
 Where the Spark work runs is the operator's choice (``plugins/spark_jobs_airflow``): the Spark
 Connect server of the connection ``spark_connect_default`` or ``$SPARK_REMOTE`` when one is set,
 else ``spark-submit`` per task.
@@ -30,7 +35,7 @@ from pathlib import Path
 
 import yaml
 from airflow.sdk import DAG, Asset, CronDataIntervalTimetable, Param, task
-from spark_jobs_airflow import DATE, LandingPartitionSensor, SparkJobOperator
+from spark_jobs_airflow import DATE, LandingPartitionSensor, SparkJobOperator, aggregates_pool
 from spark_jobs_airflow.conditions import skip_unchanged_day
 
 PIPELINES = Path(os.environ.get("SPARK_JOBS_PIPELINES") or Path(__file__).resolve().parents[1] / "pipelines")
@@ -92,9 +97,8 @@ def batch_dag(name: str, spec: Path) -> DAG:
         validate_partials = SparkJobOperator(task_id="validate_partials", retries=0, trigger_rule="none_failed",
                                              args=["validate", "--pipeline", pipeline, "--suite", "outputs",
                                                    "--date", DATE])
-        # one reduce of a pipeline at a time: it rewrites the serving table
-        reduce = SparkJobOperator(task_id="reduce", args=["reduce", "--pipeline", pipeline],
-                                  max_active_tis_per_dag=1)
+        # the writers of the serving table, in both DAGs, queue on one pool slot instead of racing
+        reduce = SparkJobOperator(task_id="reduce", args=["reduce", "--pipeline", pipeline], pool=aggregates_pool(name))
         validate_outputs = SparkJobOperator(task_id="validate_outputs", retries=0,
                                             args=["validate", "--pipeline", pipeline, "--suite", "outputs"])
 
@@ -127,9 +131,9 @@ def stream_dag(name: str, spec: Path) -> DAG:
         default_args=DEFAULT_ARGS,
         tags=["spark_jobs", name, "stream"],
     ) as dag:
-        stream = SparkJobOperator(task_id="stream", args=["stream", "--pipeline", pipeline, "--available-now"])
-        reduce = SparkJobOperator(task_id="reduce", args=["reduce", "--pipeline", pipeline],
-                                  max_active_tis_per_dag=1)
+        stream = SparkJobOperator(task_id="stream", args=["stream", "--pipeline", pipeline, "--available-now"],
+                                  pool=aggregates_pool(name))
+        reduce = SparkJobOperator(task_id="reduce", args=["reduce", "--pipeline", pipeline], pool=aggregates_pool(name))
         validate = SparkJobOperator(task_id="validate_outputs", retries=0,
                                     args=["validate", "--pipeline", pipeline, "--suite", "outputs"])
         stream >> reduce >> validate

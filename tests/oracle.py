@@ -93,9 +93,9 @@ def _normalise(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return df.sort_values(keys).reset_index(drop=True) if keys else df
 
 
-def actual(path: str, spec: PipelineSpec) -> pd.DataFrame:
-    """The aggregates table as written, read with delta-rs (not Spark)."""
-    df = DeltaTable(path).to_pandas()
+def actual(path: str, spec: PipelineSpec, version: int | None = None) -> pd.DataFrame:
+    """The aggregates table as written (at ``version``), read with delta-rs (not Spark)."""
+    df = DeltaTable(path, version=version).to_pandas()
     return _normalise(df, list(spec.key_columns))
 
 

@@ -17,6 +17,12 @@ from spark_jobs_airflow.operators import (
 )
 from spark_jobs_airflow.sensors import DeltaVersionSensor, LandingPartitionSensor
 
+
+def aggregates_pool(pipeline: str) -> str:
+    """The one-slot Airflow pool the writers of ``<pipeline>.aggregates`` share (create it before the DAGs run)."""
+    return f"aggregates_{pipeline}"
+
+
 __all__ = [
     "DATE",
     "DeltaVersionSensor",
@@ -24,6 +30,7 @@ __all__ = [
     "SparkJobError",
     "SparkJobOperator",
     "SparkTarget",
+    "aggregates_pool",
     "resolve_master",
     "resolve_target",
 ]

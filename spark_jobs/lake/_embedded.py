@@ -7,6 +7,11 @@ removes what they replace and records the app transaction that makes a replay a 
 A crash before the commit leaves unreferenced files that ``vacuum`` removes; the table
 itself only ever changes in that one commit.
 
+Concurrent writers: a rewrite commits against the snapshot it was planned from, and every
+replacement (of a partition, or of keys) also carries a guard app transaction, so delta-rs
+refuses the later of two racing replacements even when neither removed a file the other read.
+The loser gets a :class:`ConflictError` and nothing is written.
+
 Small writes the driver already holds as Arrow tables (a small mini-batch's outputs) skip
 Spark: pyarrow writes the files into the same staging folder, and the same commit follows.
 """
@@ -381,11 +386,11 @@ class EmbeddedLake:
         else:
             adds = self._stage(df.sortWithinPartitions(*sort_by) if sort_by else df, path, partition_by)
         rows = sum(a_rows for _, a_rows in adds)
-        props = CommitProperties(
-            custom_metadata=_meta(metadata),
-            app_transactions=[Transaction(app_txn.app_id, app_txn.version)] if app_txn else None,
-        )
         now = int(time.time() * 1000)
+        txns = [Transaction(app_txn.app_id, app_txn.version)] if app_txn else []
+        if replace is not None or planned:
+            txns.append(Transaction(_guard(replace), now))
+        props = CommitProperties(custom_metadata=_meta(metadata), app_transactions=txns or None)
         remove_actions = [RemoveAction(f.path, True, now, f.size, dict(f.partition_values)) for f in removes]
         failpoint(f"commit:{table_name}:before")
         try:
@@ -454,6 +459,15 @@ class EmbeddedLake:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return adds
+
+
+def _guard(partition: Mapping[str, str] | None) -> str:
+    """The app id every replacement of the same rows carries: delta-rs fails the later of two concurrent
+    commits with one app id, which its file-level checks miss when both only add rows (a partition,
+    or new keys, that were empty when both planned)."""
+    if partition is None:
+        return "spark_jobs.replace_keys"
+    return "spark_jobs.replace_partition:" + "/".join(f"{k}={v}" for k, v in sorted(partition.items()))
 
 
 def _write_arrow(tables: list[pa.Table], staging: str, partition_by: Sequence[str]) -> None:

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 AIRFLOW = str(VENV_BIN / "airflow")
@@ -159,6 +161,12 @@ def airflow_home(tmp: Path, pipelines: Path, server: Any = None) -> AirflowHome:
         env.update({"SPARK_REMOTE": server.remote, "SPARK_JOBS_RUNNER": server.runner})
     af = AirflowHome(home, pipelines, env, port)
     af.run("db", "migrate", timeout=300)
+    sys.path.insert(0, str(ROOT / "plugins"))  # as Airflow does
+    from spark_jobs_airflow import aggregates_pool
+
+    for spec in sorted(pipelines.glob("*.yaml")):  # the pool the writers of each pipeline's aggregates share
+        name = yaml.safe_load(spec.read_text())["name"]
+        af.run("pools", "set", aggregates_pool(name), "1", f"writers of {name}.aggregates")
     return af
 
 

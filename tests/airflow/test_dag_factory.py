@@ -26,7 +26,7 @@ for dag in bag.dags.values():
         "params": sorted(dag.params.keys()),
         "outlets": {t.task_id: [getattr(o, "uri", str(o)) for o in t.outlets] for t in dag.tasks if t.outlets},
         "modes": {t.task_id: t.mode for t in dag.tasks if hasattr(t, "mode")},
-        "max_active_tis": {t.task_id: t.max_active_tis_per_dag for t in dag.tasks if t.max_active_tis_per_dag},
+        "pools": {t.task_id: t.pool for t in dag.tasks if t.pool != "default_pool"},
     }
 print("PROBE" + json.dumps(out))
 """
@@ -73,7 +73,7 @@ def test_the_batch_dag_gates_combine_and_reduce_with_validations(parsed):
     assert dag["schedule"] == "0 0 * * *" and dag["max_active_runs"] == 2
     assert dag["params"] == ["date", "force_recombine"]
     assert dag["modes"]["wait_for_landing"] == "reschedule"
-    assert dag["max_active_tis"] == {"reduce": 1}
+    assert dag["pools"] == {"reduce": "aggregates_page_views"}  # shared with the stream DAG's writers
     lake = (ROOT / "data" / "lake").resolve()
     assert dag["outlets"] == {"publish": [f"file://{lake}/page_views/aggregates"]}
 
@@ -82,6 +82,7 @@ def test_the_stream_and_maintenance_dags(parsed):
     stream = parsed["dags"]["page_views_stream"]
     assert stream["tasks"] == {"stream": ["reduce"], "reduce": ["validate_outputs"], "validate_outputs": []}
     assert stream["schedule"] == "*/5 * * * *" and stream["catchup"] is False and stream["max_active_runs"] == 1
+    assert stream["pools"] == {"stream": "aggregates_page_views", "reduce": "aggregates_page_views"}
     assert parsed["dags"]["lake_maintenance"]["tasks"] == {"maintain_page_views": []}
 
 
@@ -94,3 +95,4 @@ def test_one_batch_and_one_stream_dag_per_spec(tmp_path):
     dags = parse(tmp_path, pipelines)["dags"]
     assert sorted(dags) == ["clicks_batch", "clicks_stream", "lake_maintenance", "orders_batch", "orders_stream"]
     assert sorted(dags["lake_maintenance"]["tasks"]) == ["maintain_clicks", "maintain_orders"]
+    assert dags["orders_stream"]["pools"]["reduce"] == dags["orders_batch"]["pools"]["reduce"] == "aggregates_orders"
