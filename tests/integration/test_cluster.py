@@ -1,7 +1,8 @@
 """The scale-out path on a real Spark standalone cluster (a master and two workers on this host).
 
-Each job runs as its own application on the cluster through the CLI, as ``spark-submit`` or a
-user would run it; every table must equal the DuckDB oracle, and the work must reach both workers.
+Each job runs as its own application on the cluster, through Airflow (a DAG run whose Spark
+connection points at the cluster) or the CLI, as a user would run it; every table must equal the
+DuckDB oracle, and the work must reach both workers.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from deltalake import DeltaTable
 
 from spark_jobs.lake import PipelineTables
 from spark_jobs.session import shuffle_partitions_for
+from tests.airflow.harness import airflow_home
 from tests.builders import ALL_AGGREGATES, day_events, make_spec, write_day
 from tests.integration.test_stream import land, with_stream
 from tests.oracle import actual, assert_matches, expected, read_landing
@@ -36,20 +38,24 @@ def cli(*args: str, master: str, timeout: float = 600) -> subprocess.CompletedPr
     return proc
 
 
-def test_batch_jobs_and_gates_on_the_cluster_equal_the_oracle(standalone_cluster, tmp_path):
+def test_a_batch_dag_run_on_the_cluster_equals_the_oracle(standalone_cluster, tmp_path):
+    """One Airflow DAG run whose ``spark_default`` connection points at the cluster: each Spark task
+    (the input gate, combine, the partials gate, reduce, the outputs gate) is an application of it."""
     spec = make_spec(tmp_path, window={"size": "1 hour"}, aggregates=ALL_AGGREGATES)
     write_day(tmp_path / "landing", "2024-03-01", day_events("2024-03-01", 6000, seed=1, rejected=10), files=4)
-    master = standalone_cluster.master_url
-    cli("validate", "--pipeline", spec.origin, "--suite", "input", "--date", "2024-03-01", master=master)
-    cli("combine", "--pipeline", spec.origin, "--date", "2024-03-01", master=master)
-    cli("reduce", "--pipeline", spec.origin, master=master)
-    cli("validate", "--pipeline", spec.origin, "--suite", "outputs", master=master)
+    af = airflow_home(tmp_path, tmp_path)  # no Spark Connect server: every task is a spark-submit
+    af.env.update({"AIRFLOW_CONN_SPARK_DEFAULT": f"spark://{standalone_cluster.host}:{standalone_cluster.port}",
+                   "SPARK_LOCAL_IP": "127.0.0.1"})
+    before = len((standalone_cluster.status() or {}).get("completedapps", []))
+    af.run("dags", "test", "views_batch", "2024-03-01", timeout=1200)
+    [run] = af.runs("views_batch")
+    states = af.task_states("views_batch", run["run_id"])
+    assert run["state"] == "success" and set(states.values()) == {"success"}, states
     tables = PipelineTables(spec.lake, spec.name)
     assert_matches(actual(tables.aggregates, spec), expected(read_landing(tmp_path / "landing"), spec), spec)
-    rejected = DeltaTable(tables.dead_letter).to_pyarrow_table().num_rows
-    assert rejected == 10
+    assert DeltaTable(tables.dead_letter).to_pyarrow_table().num_rows == 10
     apps = (standalone_cluster.status() or {}).get("completedapps", [])
-    assert len(apps) >= 4, apps  # every job was an application of the cluster
+    assert len(apps) - before == 5, [a.get("name") for a in apps]  # each Spark task was an application of the cluster
 
 
 def test_the_cluster_runs_tasks_on_both_workers(standalone_cluster, tmp_path):
