@@ -28,6 +28,12 @@ def cmd_stream(args: argparse.Namespace) -> int:
     return stream(args)
 
 
+def cmd_scale(args: argparse.Namespace) -> int:
+    from benchmarks.scale import scale
+
+    return scale(args)
+
+
 def cmd_airflow(args: argparse.Namespace) -> int:
     from benchmarks.orchestration import airflow_bench
 
@@ -44,8 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--days", type=int, default=days, help=f"days of events (default {days})")
         p.add_argument("--work-dir", default=WORK_DIR, help=f"where data, lakes and logs go (default {WORK_DIR})")
 
-    def spark(p: argparse.ArgumentParser, shuffle_partitions: int) -> None:
-        p.add_argument("--events", type=int, default=10_000_000, help="events generated (default 10M)")
+    def spark(p: argparse.ArgumentParser, shuffle_partitions: int | str, events: bool = True) -> None:
+        if events:
+            p.add_argument("--events", type=int, default=10_000_000, help="events generated (default 10M)")
         p.add_argument("--master", help="Spark master URL (default local[*])")
         p.add_argument("--shuffle-partitions", type=int,
                        help=f"spark.sql.shuffle.partitions (default {shuffle_partitions})")
@@ -56,6 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     common(b, 30)
     spark(b, 8)
     b.set_defaults(func=cmd_batch)
+
+    c = sub.add_parser("scale", help="cost as the data grows: time per event and driver memory at several sizes",
+                       description="The batch path at several sizes over the same days (a day grows with the lake): "
+                                   "time per event and driver memory, largest size against smallest.")
+    common(c, 30)
+    spark(c, "two per core, at least 8", events=False)
+    c.add_argument("--sizes", default="10000000,40000000", help="event counts, comma-separated (default 10M,40M)")
+    c.set_defaults(func=cmd_scale)
 
     s = sub.add_parser("stream", help="mini-batches vs Spark's windowed streaming aggregation",
                        description="Stream throughput for a few mini-batch sizes against Spark's own windowed "

@@ -26,7 +26,8 @@ from spark_jobs.errors import ComputeError, UsageError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["SessionConfig", "build_session", "ensure_java_home", "is_remote", "server_conf", "shuffle_partitions_for"]
+__all__ = ["SessionConfig", "build_session", "ensure_java_home", "initial_shuffle_partitions", "is_remote", "server_conf",
+           "shuffle_partitions_for"]
 
 # Settings every session gets: the lake's files must not depend on who wrote them.
 _FIXED_CONF = {
@@ -95,12 +96,29 @@ def _int_env(name: str) -> int | None:
 
 
 MIN_SHUFFLE_PARTITIONS = 8
+# Before a cluster's executors register, its cores are unknown: start generous (Spark's own default)
+# and let adaptive execution coalesce to the cores that came (parallelismFirst). A session of its own
+# then sets :func:`shuffle_partitions_for` its cores; a Connect server keeps this.
+CLUSTER_SHUFFLE_PARTITIONS = 200
+_LOCAL_CORES = re.compile(r"^local\[(\*|\d+)")
 
 
 def shuffle_partitions_for(cores: int) -> int:
     """Two shuffle partitions per core of the cluster, at least 8; adaptive execution coalesces
     the small ones, so a generous number costs little and a large cluster is not left idle."""
     return max(MIN_SHUFFLE_PARTITIONS, 2 * cores)
+
+
+def initial_shuffle_partitions(config: SessionConfig) -> int:
+    """The shuffle partitions an application starts with: the flag's, else those of a local master's
+    threads, else :data:`CLUSTER_SHUFFLE_PARTITIONS` for a cluster whose cores are not known yet."""
+    if config.shuffle_partitions is not None:
+        return config.shuffle_partitions
+    if config.master.startswith("local"):
+        found = _LOCAL_CORES.match(config.master)
+        threads = found.group(1) if found else "1"
+        return shuffle_partitions_for((os.cpu_count() or 1) if threads == "*" else int(threads))
+    return CLUSTER_SHUFFLE_PARTITIONS
 
 
 def ensure_java_home() -> None:
@@ -152,7 +170,7 @@ def server_conf(config: SessionConfig) -> dict[str, str]:
     """Every setting a Spark application of the lake starts with (a Connect server included)."""
     conf = dict(_FIXED_CONF)
     conf.update({
-        "spark.sql.shuffle.partitions": str(config.shuffle_partitions or MIN_SHUFFLE_PARTITIONS),
+        "spark.sql.shuffle.partitions": str(initial_shuffle_partitions(config)),
         "spark.driver.memory": config.driver_memory,
         "spark.ui.enabled": str(config.ui).lower(),
         "spark.ui.showConsoleProgress": str(config.progress).lower(),

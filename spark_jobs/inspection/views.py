@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 
 from spark_jobs.errors import InspectError, LakeError
 from spark_jobs.inspection.where import parse_where
+from spark_jobs.lake import GUARD_PREFIX
 from spark_jobs.lake.reader import Snapshot, commit_time, is_table, open_table
 from spark_jobs.lake.runs import dead_letter_rows_by_run, read_runs
 from spark_jobs.lake.tables import TABLES
@@ -311,7 +312,7 @@ def history(ref: TableRef, *, limit: int | None = None) -> pa.Table:
                     n = records.pop(unquote(action["remove"]["path"]), None)
                     removed += 1
                     rows_removed = None if n is None or rows_removed is None else rows_removed + n
-                elif "txn" in action:
+                elif "txn" in action and not str(action["txn"].get("appId")).startswith(GUARD_PREFIX):
                     txns.append((str(action["txn"].get("appId")), int(action["txn"].get("version", -1))))
         rows.append({
             "version": v, "committed_at": commit_time(entry), "operation": entry.get("operation", ""),

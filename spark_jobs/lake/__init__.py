@@ -12,14 +12,14 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from spark_jobs.lake._types import AppTxn, Cluster, Commit, DataFile
+from spark_jobs.lake._types import GUARD_PREFIX, AppTxn, Cluster, Commit, DataFile
 from spark_jobs.lake.tables import TABLES, PipelineTables, TableName
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["AppTxn", "Backend", "Cluster", "Commit", "DataFile", "Lake", "PipelineTables", "TABLES", "TableName", "open_lake"]
+__all__ = ["GUARD_PREFIX", "AppTxn", "Backend", "Cluster", "Commit", "DataFile", "Lake", "PipelineTables", "TABLES", "TableName", "open_lake"]
 
 Backend = Literal["embedded", "delta-spark"]
 BACKENDS: tuple[str, ...] = ("embedded", "delta-spark")

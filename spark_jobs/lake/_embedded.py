@@ -40,7 +40,7 @@ from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Tra
 
 from spark_jobs._failpoints import failpoint
 from spark_jobs.errors import ConflictError, LakeError
-from spark_jobs.lake._types import AppTxn, Cluster, Commit, DataFile
+from spark_jobs.lake._types import GUARD_PREFIX, AppTxn, Cluster, Commit, DataFile
 from spark_jobs.lake.arrow import key_mask, split_by
 
 if TYPE_CHECKING:
@@ -466,8 +466,8 @@ def _guard(partition: Mapping[str, str] | None) -> str:
     commits with one app id, which its file-level checks miss when both only add rows (a partition,
     or new keys, that were empty when both planned)."""
     if partition is None:
-        return "spark_jobs.replace_keys"
-    return "spark_jobs.replace_partition:" + "/".join(f"{k}={v}" for k, v in sorted(partition.items()))
+        return f"{GUARD_PREFIX}replace_keys"
+    return f"{GUARD_PREFIX}replace_partition:" + "/".join(f"{k}={v}" for k, v in sorted(partition.items()))
 
 
 def _write_arrow(tables: list[pa.Table], staging: str, partition_by: Sequence[str]) -> None:

@@ -6,7 +6,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["AppTxn", "Cluster", "Commit", "DataFile"]
+__all__ = ["GUARD_PREFIX", "AppTxn", "Cluster", "Commit", "DataFile"]
+
+# App ids of the guard transactions that make two racing replacements conflict (not input versions:
+# readers of app transactions skip them).
+GUARD_PREFIX = "spark_jobs."
 
 
 @dataclass(frozen=True)

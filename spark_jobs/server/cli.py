@@ -33,7 +33,9 @@ def add_server_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
                         "for a standalone cluster)")
     p.add_argument("--driver-memory", default=os.environ.get("SPARK_DRIVER_MEMORY", "2g"),
                    help="the server's driver memory (default $SPARK_DRIVER_MEMORY or 2g)")
-    p.add_argument("--shuffle-partitions", type=int, default=8, help="default spark.sql.shuffle.partitions")
+    p.add_argument("--shuffle-partitions", type=int, default=None,
+                   help="default spark.sql.shuffle.partitions (default: two per core of a local master, at least 8; "
+                        "on a cluster 200, coalesced by adaptive execution to the cores its executors offer)")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="a Spark setting of the server's application (repeatable), e.g. spark.driver.host=h")
     p.add_argument("--no-runner", action="store_true", help="start the Connect server only")

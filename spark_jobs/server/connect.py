@@ -52,7 +52,7 @@ class ConnectServer:
     port: int = 15002
     master: str = field(default_factory=lambda: os.environ.get("SPARK_MASTER", "local[*]"))
     driver_memory: str = field(default_factory=lambda: os.environ.get("SPARK_DRIVER_MEMORY", "2g"))
-    shuffle_partitions: int = 8
+    shuffle_partitions: int | None = None  # None: follow the master (see session.initial_shuffle_partitions)
     extra: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:

@@ -20,7 +20,7 @@ from deltalake import DeltaTable
 from spark_jobs.lake import PipelineTables
 from spark_jobs.session import shuffle_partitions_for
 from tests.airflow.harness import airflow_home
-from tests.builders import ALL_AGGREGATES, day_events, make_spec, write_day
+from tests.builders import ALL_AGGREGATES, FAST_AGGREGATES, day_events, make_spec, write_day
 from tests.integration.test_stream import land, with_stream
 from tests.oracle import actual, assert_matches, expected, read_landing
 
@@ -41,8 +41,8 @@ def cli(*args: str, master: str, timeout: float = 600) -> subprocess.CompletedPr
 def test_a_batch_dag_run_on_the_cluster_equals_the_oracle(standalone_cluster, tmp_path):
     """One Airflow DAG run whose ``spark_default`` connection points at the cluster: each Spark task
     (the input gate, combine, the partials gate, reduce, the outputs gate) is an application of it."""
-    spec = make_spec(tmp_path, window={"size": "1 hour"}, aggregates=ALL_AGGREGATES)
-    write_day(tmp_path / "landing", "2024-03-01", day_events("2024-03-01", 6000, seed=1, rejected=10), files=4)
+    spec = make_spec(tmp_path, window={"size": "1 hour"}, aggregates=FAST_AGGREGATES)  # the stream test has a UDAF
+    write_day(tmp_path / "landing", "2024-03-01", day_events("2024-03-01", 3000, seed=1, rejected=10), files=4)
     af = airflow_home(tmp_path, tmp_path)  # no Spark Connect server: every task is a spark-submit
     af.env.update({"AIRFLOW_CONN_SPARK_DEFAULT": f"spark://{standalone_cluster.host}:{standalone_cluster.port}",
                    "SPARK_LOCAL_IP": "127.0.0.1"})

@@ -24,14 +24,21 @@ def test_each_suite_has_its_options_and_defaults():
     airflow = parse(["airflow"])
     assert (airflow.days, airflow.rows_per_day, airflow.max_active_runs, airflow.parallelism, airflow.timeout,
             airflow.driver_memory) == (10, 100_000, 3, 6, 3600, "2g")
+    scale = parse(["scale"])
+    assert (scale.days, scale.sizes, scale.shuffle_partitions) == (30, "10000000,40000000", None)
     with pytest.raises(SystemExit):
         parse(["airflow", "--files", "3"])  # a stream option
+    with pytest.raises(SystemExit):
+        parse(["scale", "--events", "5"])  # sizes, not one size
 
 
 def test_the_benchmarks_run_from_the_repo_root_and_are_not_a_spark_jobs_command():
     run = [sys.executable, "-m", "benchmarks", "airflow", "--days", "0"]
     proc = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3 and "--days must be at least 1, got 0" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "scale", "--sizes", "10"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "bad --sizes '10'; give two or more event counts" in proc.stderr
     proc = subprocess.run([sys.executable, "-m", "spark_jobs", "bench", "batch"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2 and "invalid choice: 'bench'" in proc.stderr
