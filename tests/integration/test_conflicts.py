@@ -8,6 +8,7 @@ many attempts the job needed.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from spark_jobs.jobs import combine, reduce, stream
 from spark_jobs.jobs.conflicts import RetryPolicy, retry_conflicts
 from spark_jobs.lake import PipelineTables
 from spark_jobs.lake.runs import read_runs
+from spark_jobs.spec import PipelineSpec
 from tests.builders import FAST_AGGREGATES, day_events, make_spec, write_day
 from tests.integration.test_stream import land_sliced, with_stream
 from tests.oracle import actual, assert_matches, expected, read_landing
@@ -56,17 +58,24 @@ def test_two_combines_of_one_day_both_land(spark, tmp_path):
     assert DeltaTable(tables.dead_letter).to_pyarrow_table().num_rows == 3  # replaced, not doubled
 
 
-def test_a_reduce_that_loses_to_the_stream_replans_and_merges(spark, tmp_path):
-    """The stream rewrites ``aggregates`` while a reduce plans: the reduce's commit is refused and
-    its second plan, from the stream's version, merges the new day without losing the stream's keys."""
-    spec = with_stream(make_spec(tmp_path, window={"size": "1 hour"}, aggregates=FAST_AGGREGATES),
+def reduced_day_rerun_and_new_day(spark, root: Path) -> tuple[PipelineSpec, Path]:
+    """Day 1 combined and reduced, then combined again (the next reduce has changed files to merge);
+    day 2 landed for the stream."""
+    spec = with_stream(make_spec(root, window={"size": "1 hour"}, aggregates=FAST_AGGREGATES),
                        max_files_per_batch=10, watermark="1 day")
-    landing = tmp_path / "landing"
+    landing = root / "landing"
     write_day(landing, D1, day_events(D1, 300, seed=1), files=1)
     combine.run(spark, spec, D1)
     reduce.run(spark, spec)
-    combine.run(spark, spec, D1)  # a rerun of the day: the reduce below has changed files to merge
+    combine.run(spark, spec, D1)
     land_sliced(landing, D2, day_events(D2, 300, seed=2), files=2)
+    return spec, landing
+
+
+def test_a_reduce_that_loses_to_the_stream_replans_and_merges(spark, tmp_path):
+    """The stream rewrites ``aggregates`` while a reduce plans: the reduce's commit is refused and
+    its second plan, from the stream's version, merges the new day without losing the stream's keys."""
+    spec, landing = reduced_day_rerun_and_new_day(spark, tmp_path)
     with once_at("commit:aggregates:before", lambda: stream.run(spark, spec, available_now=True)) as raced:
         record = reduce.run(spark, spec, run_id="reduce-raced")
     assert raced() and record.attempts == 2 and record.status == "success", record
@@ -77,14 +86,7 @@ def test_a_reduce_that_loses_to_the_stream_replans_and_merges(spark, tmp_path):
 
 
 def test_a_mini_batch_that_loses_to_a_reduce_commits_again_in_place(spark, tmp_path):
-    spec = with_stream(make_spec(tmp_path, window={"size": "1 hour"}, aggregates=FAST_AGGREGATES),
-                       max_files_per_batch=10, watermark="1 day")
-    landing = tmp_path / "landing"
-    write_day(landing, D1, day_events(D1, 300, seed=1), files=1)
-    combine.run(spark, spec, D1)
-    reduce.run(spark, spec)
-    combine.run(spark, spec, D1)
-    land_sliced(landing, D2, day_events(D2, 300, seed=2), files=2)
+    spec, landing = reduced_day_rerun_and_new_day(spark, tmp_path)
     with once_at("commit:aggregates:before", lambda: reduce.run(spark, spec)) as raced:
         summary = stream.run(spark, spec, available_now=True)
     assert raced() and len(summary.batches) == 1
