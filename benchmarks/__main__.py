@@ -34,6 +34,12 @@ def cmd_scale(args: argparse.Namespace) -> int:
     return scale(args)
 
 
+def cmd_rollup(args: argparse.Namespace) -> int:
+    from benchmarks.rollup import rollup_bench
+
+    return rollup_bench(args)
+
+
 def cmd_airflow(args: argparse.Namespace) -> int:
     from benchmarks.orchestration import airflow_bench
 
@@ -71,6 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
     spark(c, "two per core, at least 8", events=False)
     c.add_argument("--sizes", default="10000000,40000000", help="event counts, comma-separated (default 10M,40M)")
     c.set_defaults(func=cmd_scale)
+
+    r = sub.add_parser("rollup", help="a rollup from stored accumulators vs recomputing it from raw rows",
+                       description="inspect rollup over every page and all days (grain all, then 1 day) against "
+                                   "Spark's one-shot aggregation of the same range from the raw rows.")
+    common(r, 30)
+    spark(r, "two per core, at least 8")
+    r.set_defaults(func=cmd_rollup)
 
     s = sub.add_parser("stream", help="mini-batches vs Spark's windowed streaming aggregation",
                        description="Stream throughput for a few mini-batch sizes against Spark's own windowed "

@@ -49,6 +49,9 @@ class AggregateFunction(ABC, Generic[ACC, OUT]):
     result_type: ClassVar[pa.DataType | None] = None
     num_inputs: ClassVar[int | None] = None
     acc_fields: ClassVar[tuple[str, ...]] = ("acc",)  # stored as columns ``<name>__<field>``
+    # The Arrow hash aggregation ("sum", "min", "max") that merges each stored field, when a column-wise
+    # fold equals ``merge``; None merges through ``decode``/``merge_all``/``encode`` per group instead.
+    arrow_merge: ClassVar[tuple[str, ...] | None] = None
 
     @abstractmethod
     def create_accumulator(self) -> ACC:

@@ -128,6 +128,7 @@ class Count(Builtin):
 
     fn = "count"
     acc_fields = ("count",)
+    arrow_merge = ("sum",)
     column_required = False
 
     def create_accumulator(self) -> int:
@@ -169,6 +170,7 @@ class Sum(Builtin):
 
     fn = "sum"
     acc_fields = ("sum", "count")
+    arrow_merge = ("sum", "sum")
     numeric_only = True
 
     def encode(self, acc: list[Any]) -> list[Any]:
@@ -272,6 +274,7 @@ class _Extreme(Builtin):
 class Min(_Extreme):
     fn = "min"
     _pick = min
+    arrow_merge = ("min",)
 
     def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
         from pyspark.sql import functions as F
@@ -289,6 +292,7 @@ class Min(_Extreme):
 class Max(_Extreme):
     fn = "max"
     _pick = max
+    arrow_merge = ("max",)
 
     def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
         from pyspark.sql import functions as F

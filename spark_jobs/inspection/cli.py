@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 __all__ = ["add_inspect_parser", "run_inspect"]
 
 TABLE_HELP = "pipeline.table (e.g. page_views.aggregates) or the path of a Delta table"
-VIEWS = ("tables", "history", "show", "diff", "schema", "partitions", "runs")
+VIEWS = ("tables", "history", "show", "diff", "schema", "partitions", "runs", "rollup")
 
 
 def add_inspect_parser(sub: Any) -> argparse.ArgumentParser:
@@ -61,6 +61,17 @@ def add_inspect_parser(sub: Any) -> argparse.ArgumentParser:
     pa_ = views.add_parser("partitions", parents=[common], help="files, rows and bytes per partition")
     pa_.add_argument("table", help=TABLE_HELP)
     pa_.add_argument("--version", type=int)
+
+    ru = views.add_parser("rollup", parents=[common], help="merge stored accumulators over a time range and keys",
+                          description="Every aggregate's value over the windows in [--from, --to), per --by keys "
+                                      "and --grain bucket, merged from the accumulators in aggregates (no Spark, no "
+                                      "raw data). Needs --pipeline: the spec says which aggregate each column holds.")
+    ru.add_argument("table", help="PIPELINE.aggregates")
+    ru.add_argument("--from", dest="start", required=True, help="first window start, 'YYYY-MM-DD[ HH:MM:SS]' (UTC)")
+    ru.add_argument("--to", dest="end", required=True, help="end of the range (exclusive), a window boundary")
+    ru.add_argument("--by", help="comma-separated group keys to keep (default: all; '' merges across every key)")
+    ru.add_argument("--grain", default="all", help="bucket: all (default), or e.g. '1 hour', '1 day', '1 week'")
+    ru.add_argument("--where", help="filter on group keys, e.g. \"page = '/home'\"")
 
     r = views.add_parser("runs", parents=[common], help="job runs: rows in/aggregated/rejected, timings, reconciles")
     r.add_argument("pipeline_name", nargs="?", metavar="PIPELINE", help="only this pipeline's runs")
@@ -119,6 +130,20 @@ def _limit(n: int) -> int:
     return n
 
 
+def _rollup(args: argparse.Namespace, spec: PipelineSpec | None, ref: Any) -> Any:
+    from spark_jobs.inspection import views
+    from spark_jobs.inspection.rollup import Rollup, parse_grain, rollup
+
+    if spec is None:
+        raise InspectError("rollup needs --pipeline SPEC: the spec says which aggregate each accumulator column holds")
+    if ref.name != f"{spec.name}.aggregates":
+        raise InspectError(f"rollup reads {spec.name}.aggregates, not {ref.name}")
+    by = tuple(spec.group_by) if args.by is None else () if not args.by.strip() else tuple(
+        _columns(args.by, "--by") or ())
+    request = Rollup(views.parse_time(args.start), views.parse_time(args.end), by, parse_grain(args.grain), args.where)
+    return rollup(views.open_version(ref), spec, request)
+
+
 def run_inspect(args: argparse.Namespace) -> int:
     from spark_jobs.inspection import views
     from spark_jobs.inspection.render import to_json, to_text
@@ -144,6 +169,8 @@ def run_inspect(args: argparse.Namespace) -> int:
         elif args.view == "diff":
             result = views.diff(ref, from_version=args.from_version, to_version=args.to_version,
                                 keys=_columns(args.keys, "--keys"), spec=spec, limit=_limit(args.limit))
+        elif args.view == "rollup":
+            result = _rollup(args, spec, ref)
         elif args.view == "schema":
             result = views.schema(ref, version=args.version, spec=spec)
         else:

@@ -24,6 +24,7 @@ def test_each_suite_has_its_options_and_defaults():
     airflow = parse(["airflow"])
     assert (airflow.days, airflow.rows_per_day, airflow.max_active_runs, airflow.parallelism, airflow.timeout,
             airflow.driver_memory) == (10, 100_000, 3, 6, 3600, "2g")
+    assert (parse(["rollup"]).days, parse(["rollup"]).events) == (30, 10_000_000)
     scale = parse(["scale"])
     assert (scale.days, scale.sizes, scale.shuffle_partitions) == (30, "10000000,40000000", None)
     with pytest.raises(SystemExit):
