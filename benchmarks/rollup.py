@@ -67,10 +67,10 @@ def rollup_bench(args: argparse.Namespace) -> int:
     for label, grain in (("all", None), ("1 day", 86_400)):
         request = Rollup(start, end, tuple(spec.group_by), grain)
         rolled_s, rows = _best(lambda r=request: rollup(table, spec, r))
-        day = F.date_trunc("day", F.col(spec.source.event_time)).alias("day")
+        day_col = F.date_trunc("day", F.col(spec.source.event_time)).alias("day")
         keyed = dataclasses.replace(spec, window=None,
                                     group_by=(*spec.group_by, "day") if grain else tuple(spec.group_by))
-        recompute_s, _ = _best(lambda k=keyed, d=day: one_shot(raw.select("*", d), k).toArrow(), times=1)
+        recompute_s, _ = _best(lambda k=keyed, d=day_col: one_shot(raw.select("*", d), k).toArrow(), times=1)
         figures[f"grain {label}"] = {"rollup_s": rolled_s, "recompute_s": recompute_s, "rows": rows.num_rows,
                                      "speedup": recompute_s / rolled_s}
         print(f"  grain {label:6s}: rollup {rolled_s:6.2f} s ({rows.num_rows:,} rows) vs Spark recompute from raw "

@@ -28,32 +28,20 @@ from spark_jobs.jobs import combine, reduce
 from spark_jobs.lake import PipelineTables
 from spark_jobs.lake.reader import open_table
 from spark_jobs.spec import PipelineSpec
-from tests.builders import day_events, make_spec, write_day
+from tests.builders import ALL_AGGREGATES, day_events, make_spec, write_day
 from tests.oracle import EXACT_SQL, rank_ok, read_landing, valid_rows
 
 pytestmark = pytest.mark.spark
 
 DAYS = ("2024-03-01", "2024-03-02", "2024-03-03")
 T0 = dt.datetime(2024, 3, 1, tzinfo=dt.UTC)
-AGGREGATES: list[dict[str, Any]] = [
-    {"name": "views", "fn": "count"},
-    {"name": "total_ms", "fn": "sum", "column": "duration_ms"},
-    {"name": "min_ms", "fn": "min", "column": "duration_ms"},
-    {"name": "max_ms", "fn": "max", "column": "duration_ms"},
-    {"name": "avg_ms", "fn": "avg", "column": "duration_ms"},
-    {"name": "countries", "fn": "count_distinct", "column": "country"},
-    {"name": "users", "fn": "approx_count_distinct", "column": "user_id"},
-    {"name": "p90_ms", "fn": "approx_percentile", "column": "duration_ms", "args": {"q": 0.9}},
-    {"name": "first_user", "fn": "first", "column": "user_id"},
-    {"name": "weighted_ms", "fn": "spark_jobs.aggregates.examples:WeightedAvg", "columns": ["duration_ms", "weight"]},
-]
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def lake(spark, tmp_path_factory) -> tuple[PipelineSpec, Any]:
     root = tmp_path_factory.mktemp("rollup")
-    spec = make_spec(root, window={"size": "1 hour"}, group_by=["page", "country"], aggregates=AGGREGATES)
+    spec = make_spec(root, window={"size": "1 hour"}, group_by=["page", "country"], aggregates=ALL_AGGREGATES)
     for i, day in enumerate(DAYS):
         write_day(root / "landing", day, day_events(day, 1500, seed=i, rejected=3), files=2)
         combine.run(spark, spec, day)
@@ -75,8 +63,9 @@ def oracle(rows: Any, spec: PipelineSpec, request: Rollup) -> pd.DataFrame:
         col = agg.columns[0] if agg.columns else None
         if agg.fn in EXACT_SQL:
             select.append(f"{EXACT_SQL[agg.fn](col)} AS {agg.name}")
-        elif agg.fn == "first":
-            select.append(f"arg_min({col}, ({et}, {col})) FILTER (WHERE {col} IS NOT NULL) AS {agg.name}")
+        elif agg.fn in ("first", "last"):
+            pick = "arg_min" if agg.fn == "first" else "arg_max"
+            select.append(f"{pick}({col}, ({et}, {col})) FILTER (WHERE {col} IS NOT NULL) AS {agg.name}")
         else:  # WeightedAvg
             v, w = agg.columns
             both = f"{v} IS NOT NULL AND {w} IS NOT NULL"
