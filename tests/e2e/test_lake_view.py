@@ -217,6 +217,19 @@ def wait_for(driver, css: str, timeout: float = 60) -> Any:
     return WebDriverWait(driver, timeout).until(ec.presence_of_element_located((By.CSS_SELECTOR, css)))
 
 
+def click_and_load(driver, element: Any, css: str, timeout: float = 60) -> Any:
+    """Click something that loads a page, wait until the old page is gone, then for ``css`` on the new one
+    (else a wait could find the old page's element and see it go stale)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    old = driver.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(driver, timeout).until(ec.staleness_of(old))
+    return wait_for(driver, css, timeout)
+
+
 def css(driver, selector: str) -> list[Any]:
     from selenium.webdriver.common.by import By
 
@@ -263,8 +276,7 @@ def test_history_and_switching_versions(page, airflow):
     shot(page, "02-table-latest")
 
     Select(page.find_element(By.ID, "version-select")).select_by_value("0")
-    page.find_element(By.ID, "version-go").click()
-    wait_for(page, "#rows")
+    click_and_load(page, page.find_element(By.ID, "version-go"), "#rows")
     assert page.find_element(By.ID, "shown-version").text == "version 0"
     assert "version=0" in page.current_url
     shot(page, "03-table-version-0")
@@ -272,12 +284,10 @@ def test_history_and_switching_versions(page, airflow):
     where = page.find_element(By.ID, "where")
     where.clear()
     where.send_keys("page = '/d'")
-    page.find_element(By.ID, "filter-go").click()
-    wait_for(page, "#rows")
+    click_and_load(page, page.find_element(By.ID, "filter-go"), "#rows")
     assert page.find_element(By.ID, "rows").text == "(no rows)"  # /d only appears in version 1
     Select(page.find_element(By.ID, "version-select")).select_by_value("1")
-    page.find_element(By.ID, "version-go").click()
-    wait_for(page, "#rows tbody tr")
+    click_and_load(page, page.find_element(By.ID, "version-go"), "#rows tbody tr")
     pages = {r.find_elements(By.TAG_NAME, "td")[0].text for r in css(page, "#rows tbody tr")}
     assert pages == {"/d"}
     shot(page, "04-table-filtered")
@@ -303,8 +313,7 @@ def test_the_chart_renders(page, airflow):
     wait_for(page, "#chart-svg")
     Select(page.find_element(By.ID, "metric-select")).select_by_value("total_ms")
     page.find_element(By.ID, "where").send_keys("page IN ('/b', '/c', '/d')")
-    page.find_element(By.ID, "chart-go").click()
-    svg = wait_for(page, "#chart-svg")
+    svg = click_and_load(page, page.find_element(By.ID, "chart-go"), "#chart-svg")
     assert "metric=total_ms" in page.current_url
     assert svg.size["width"] > 400 and svg.size["height"] > 200
     labels = [g.get_attribute("data-label") for g in css(page, "#chart-svg g.series")]
