@@ -22,6 +22,7 @@ __all__ = [
     "AggregateSpec",
     "Duration",
     "PipelineSpec",
+    "RollupSpec",
     "SourceSpec",
     "StreamSpec",
     "WindowSpec",
@@ -69,9 +70,9 @@ PARTITION_COLUMN = "event_date"
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _DURATION = re.compile(
-    r"^\s*(\d+)\s*(s|sec|secs|second|seconds|m|min|mins|minute|minutes|h|hour|hours|d|day|days)\s*$"
+    r"^\s*(\d+)\s*(s|sec|secs|second|seconds|m|min|mins|minute|minutes|h|hour|hours|d|day|days|w|week|weeks)\s*$"
 )
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ class Duration:
         return f"{self.seconds} seconds"
 
     def __str__(self) -> str:
-        for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        for unit, size in (("week", 604800), ("day", 86400), ("hour", 3600), ("minute", 60)):
             if self.seconds % size == 0:
                 n = self.seconds // size
                 return f"{n} {unit}{'s' if n != 1 else ''}"
@@ -98,7 +99,7 @@ def parse_duration(text: object) -> Duration:
     if not match or int(match.group(1)) <= 0:
         raise ValueError(
             f"bad duration {text!r}; write a positive whole number and a unit, "
-            "e.g. '30 seconds', '10 minutes', '1 hour', '1 day'"
+            "e.g. '30 seconds', '10 minutes', '1 hour', '1 day', '1 week'"
         )
     unit = match.group(2)
     key = "m" if unit.startswith("min") or unit == "m" else unit[0]
@@ -150,6 +151,20 @@ class AggregateSpec:
 
 
 @dataclass(frozen=True)
+class RollupSpec:
+    """A declared rollup: ``aggregates`` merged into buckets of ``grain`` per ``by`` keys, kept in
+    the table ``rollup_<name>`` by reduce and the stream."""
+
+    name: str
+    grain: Duration
+    by: tuple[str, ...]
+
+    @property
+    def table(self) -> str:
+        return f"rollup_{self.name}"
+
+
+@dataclass(frozen=True)
 class StreamSpec:
     max_files_per_batch: int = 100
     trigger: Duration = Duration(5)
@@ -167,6 +182,7 @@ class PipelineSpec:
     lake: str
     window: WindowSpec | None = None
     stream: StreamSpec = StreamSpec()
+    rollups: tuple[RollupSpec, ...] = ()
     origin: str = "<memory>"
 
     @property
@@ -236,7 +252,7 @@ def parse_spec(raw: Any, *, origin: str = "<memory>", base_dir: Path | None = No
     the order below, so every problem of the spec is reported at once.
     """
     c = _Checker()
-    top = c.mapping(raw, "", ("name", "source", "group_by", "window", "aggregates", "stream", "lake"),
+    top = c.mapping(raw, "", ("name", "source", "group_by", "window", "aggregates", "stream", "rollups", "lake"),
                     ("name", "source", "group_by", "aggregates", "lake"))
     name = top.get("name")
     _check_name(c, name)
@@ -246,6 +262,7 @@ def parse_spec(raw: Any, *, origin: str = "<memory>", base_dir: Path | None = No
     window = _check_window(c, top.get("window"))
     aggregates = _check_aggregates(c, top.get("aggregates"), schema, op_column)
     stream = _check_stream(c, top.get("stream"))
+    rollups = _check_rollups(c, top.get("rollups"), keys, window)
     lake = top.get("lake")
     _check_paths(c, lake=lake, source_path=src.get("path"))
 
@@ -265,6 +282,7 @@ def parse_spec(raw: Any, *, origin: str = "<memory>", base_dir: Path | None = No
         lake=_abs(cast(str, lake), base_dir),
         window=window,
         stream=stream,
+        rollups=tuple(rollups),
         origin=origin,
     )
 
@@ -417,6 +435,46 @@ def _check_stream(c: _Checker, raw: Any) -> StreamSpec:
             except ValueError as exc:
                 c.add(f"stream.{key}", str(exc))
     return StreamSpec(**kwargs)
+
+
+def _check_rollups(c: _Checker, raw: Any, keys: tuple[str, ...], window: WindowSpec | None) -> list[RollupSpec]:
+    """``rollups``: each a name, a grain that is a whole number of windows, and a subset of the group keys."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        c.add("rollups", f"expected a list, e.g. [{{name: daily, grain: 1 day, by: [page]}}], got {raw!r}")
+        return []
+    if raw and (window is None or window.hopping):
+        c.add("rollups", "rollups merge whole tumbling windows; declare a window without a slide (hopping windows "
+                         "overlap, so merging them would count rows several times)")
+        return []
+    out: list[RollupSpec] = []
+    for i, item in enumerate(raw):
+        field = f"rollups[{i}]"
+        r = c.mapping(item, field, ("name", "grain", "by"), ("name", "grain"))
+        name, by = r.get("name"), r.get("by", list(keys))
+        if name is not None and (not isinstance(name, str) or not _NAME.match(name)):
+            c.add(f"{field}.name", f"bad name {name!r}; use lower-case letters, digits and '_', e.g. daily")
+        elif name in {x.name for x in out}:
+            c.add(f"{field}.name", f"rollup {name!r} is declared twice; give each rollup its own name")
+        grain = None
+        if r.get("grain") is not None:
+            try:
+                grain = parse_duration(r["grain"])
+            except ValueError as exc:
+                c.add(f"{field}.grain", str(exc))
+        if grain is not None and window is not None and grain.seconds % window.size.seconds:
+            c.add(f"{field}.grain", f"grain {grain} is not a whole number of {window.size} windows; a window would "
+                                    "fall in two buckets")
+        if not isinstance(by, list) or not all(isinstance(k, str) for k in by):
+            c.add(f"{field}.by", f"expected a list of group keys, got {by!r}")
+            by = []
+        for k in by:
+            if k not in keys:
+                c.add(f"{field}.by", f"{k!r} is not a group key; use a subset of group_by {list(keys)}")
+        if isinstance(name, str) and _NAME.match(name) and grain is not None:
+            out.append(RollupSpec(name, grain, tuple(by)))
+    return out
 
 
 def _check_paths(c: _Checker, *, lake: Any, source_path: Any) -> None:

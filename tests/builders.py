@@ -32,7 +32,7 @@ ALL_AGGREGATES: list[dict[str, Any]] = [
 
 def make_spec(root: Path, *, name: str = "views", window: dict[str, str] | None = None,
               group_by: list[str] | None = None, aggregates: list[dict[str, Any]] | None = None,
-              fmt: str = "parquet") -> PipelineSpec:
+              fmt: str = "parquet", rollups: list[dict[str, Any]] | None = None) -> PipelineSpec:
     raw: dict[str, Any] = {
         "name": name,
         "source": {"path": str(root / "landing"), "format": fmt, "event_time": "event_time", "schema": SCHEMA},
@@ -42,6 +42,8 @@ def make_spec(root: Path, *, name: str = "views", window: dict[str, str] | None 
     }
     if window is not None:
         raw["window"] = window
+    if rollups is not None:
+        raw["rollups"] = rollups
     path = root / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw))
     return load_spec(path)

@@ -28,7 +28,7 @@ from spark_jobs.inspection.where import parse_where
 from spark_jobs.lake import GUARD_PREFIX
 from spark_jobs.lake.reader import Snapshot, commit_time, is_table, open_table
 from spark_jobs.lake.runs import dead_letter_rows_by_run, read_runs
-from spark_jobs.lake.tables import TABLES
+from spark_jobs.lake.tables import TABLES, is_table_name
 
 if TYPE_CHECKING:
     from spark_jobs.spec import PipelineSpec
@@ -59,7 +59,7 @@ __all__ = [
 LAKE_ENV = "SPARK_JOBS_LAKE"
 BOOKKEEPING = ("run_id", "created_at", "updated_at")
 _PIPELINE = r"[a-z][a-z0-9_]*"
-_QUALIFIED = re.compile(rf"^({_PIPELINE})\.([a-z_]+)$")
+_QUALIFIED = re.compile(rf"^({_PIPELINE})\.([a-z][a-z0-9_]*)$")
 _TIME = re.compile(r"^\d{4}-\d{2}-\d{2}(?:[ T]\d{2}:\d{2}(?::\d{2}(?:\.\d{1,6})?)?)?(?:Z|[+-]\d{2}:?\d{2})?$")
 
 
@@ -107,8 +107,9 @@ def resolve_table(name: str, lake: str | None, *, confined: bool = False) -> Tab
     match = _QUALIFIED.match(name)
     if match and (confined or not Path(name).exists()):
         pipeline, table = match.groups()
-        if table not in TABLES:
-            raise LakeError(f"unknown table {table!r} in {name!r}; tables are {', '.join(TABLES)}")
+        if not is_table_name(table):
+            raise LakeError(f"unknown table {table!r} in {name!r}; tables are {', '.join(TABLES)} and the "
+                            "declared rollups' rollup_<name>")
         if lake is None:
             raise LakeError(f"{name!r} needs the lake root: pass --lake DIR or --pipeline SPEC, or set ${LAKE_ENV}")
         path = os.path.join(lake, pipeline, table)
@@ -126,7 +127,7 @@ def resolve_table(name: str, lake: str | None, *, confined: bool = False) -> Tab
         raise LakeError(f"no Delta table at {name}; name a table as <pipeline>.<table> (e.g. page_views.aggregates) "
                         "or give the path of a Delta table; list them with: python -m spark_jobs inspect tables")
     parts = Path(os.path.abspath(name)).parts
-    table = parts[-1] if parts[-1] in TABLES else None
+    table = parts[-1] if is_table_name(parts[-1]) else None
     pipeline = parts[-2] if table and len(parts) > 1 else None
     return TableRef(name, name, pipeline, table)
 
@@ -218,7 +219,9 @@ def _pipelines(lake: str) -> list[dict[str, str]]:
     for pipeline in sorted(p for p in root.iterdir() if p.is_dir() and re.fullmatch(_PIPELINE, p.name)):
         if not _inside(pipeline, root):
             continue  # a symlink out of the lake: never followed
-        for table in TABLES:
+        rollups = sorted(p.name for p in pipeline.iterdir() if p.is_dir() and is_table_name(p.name)
+                         and p.name not in TABLES)
+        for table in (*TABLES, *rollups):
             path = pipeline / table
             if _inside(path, root) and _is_delta(str(path)):
                 out.append({"table": f"{pipeline.name}.{table}", "path": str(path)})

@@ -15,6 +15,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from spark_jobs.errors import LakeError
+from spark_jobs.jobs import rollups
 from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.jobs.runs import RunRecord, recorded_run
 from spark_jobs.lake import AppTxn, Lake, PipelineTables, open_lake
@@ -55,6 +56,8 @@ def run(spark: SparkSession, spec: PipelineSpec, *, lake: Lake | None = None, ru
             _merge(lake, spec, tables, compiled, record, full=full)
 
         retry_conflicts(attempt, what="reduce")
+        if spec.rollups:  # also after a no-op: a crash may have left them behind aggregates
+            record.versions_written.update(rollups.refresh(lake, spec, run_id=record.run_id))
     return record
 
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs.errors import InputError, LakeError, PipelineError
+from spark_jobs.jobs import rollups
 from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.jobs.landing import CORRUPT, classify, spark_read_error, with_raw
 from spark_jobs.jobs.runs import new_run_id, recorded_run
@@ -256,6 +257,8 @@ class MiniBatchAggregator:
                 return committed
 
             committed = retry_conflicts(step, what=f"mini-batch {batch_id}")
+            if spec.rollups:
+                committed.written.update(rollups.refresh(lake, spec, run_id=record.run_id))
             bad.unpersist()
             outcome.state_writes, outcome.changes = committed.state_writes, committed.changes
             outcome.visible_at, self._high = committed.visible_at, high
@@ -340,6 +343,7 @@ def run(spark: SparkSession, spec: PipelineSpec, *, available_now: bool = False,
     lake = lake or open_lake(spark)
     tables = PipelineTables(spec.lake, spec.name)
     _check_checkpoint(lake, tables, spec)
+    rollups.refresh(lake, spec, run_id=run_id or "stream-start")  # after a crash between commits
     aggregator = MiniBatchAggregator(spark, spec, lake, run_id or new_run_id("stream"), driver_max_keys)
     writer = (source_stream(spark, spec).writeStream.foreachBatch(aggregator)
               .option("checkpointLocation", tables.stream_checkpoint).queryName(f"{spec.name}_stream"))

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 from spark_jobs.lake._types import Cluster, DataFile
 
 if TYPE_CHECKING:
-    from spark_jobs.spec import PipelineSpec
+    from spark_jobs.spec import PipelineSpec, RollupSpec
 
 __all__ = [
     "BATCH", "DAY", "DAY_MARGIN", "DEAD_LETTER_PARTITIONS", "PARTIALS_PARTITIONS", "STREAM", "batch_days",
-    "batch_files_in", "counted_files", "day_bounds", "in_days", "is_batch", "reduce_app_id", "sort_keys",
+    "batch_files_in", "counted_files", "day_bounds", "in_days", "is_batch", "reduce_app_id", "rollup_app_id", "sort_keys",
     "stream_app_id", "stream_layout", "window_cluster",
 ]
 
@@ -34,6 +34,11 @@ DAY_MARGIN = dt.timedelta(days=1)
 def reduce_app_id(spec: PipelineSpec) -> str:
     """The app transaction on ``aggregates``: the ``partials`` version reduce merged."""
     return f"{spec.name}.reduce"
+
+
+def rollup_app_id(spec: PipelineSpec, rollup: RollupSpec) -> str:
+    """The app transaction on a rollup table: the ``aggregates`` version it reflects."""
+    return f"{spec.name}.{rollup.table}"
 
 
 def stream_app_id(spec: PipelineSpec) -> str:

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["TABLES", "TableName", "PipelineTables"]
+__all__ = ["TABLES", "TableName", "PipelineTables", "is_table_name"]
 
 TableName = Literal["partials", "aggregates", "changelog", "dead_letter", "runs"]
 TABLES: tuple[TableName, ...] = ("partials", "aggregates", "changelog", "dead_letter", "runs")
+_ROLLUP = re.compile(r"rollup_[a-z][a-z0-9_]*")  # a declared rollup's table
+
+
+def is_table_name(table: str) -> bool:
+    """One of the five tables, or a declared rollup's ``rollup_<name>``."""
+    return table in TABLES or _ROLLUP.fullmatch(table) is not None
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,10 @@ class PipelineTables:
     @property
     def runs(self) -> str:
         return self.path("runs")
+
+    def rollup(self, name: str) -> str:
+        """A declared rollup's table, ``rollup_<name>``."""
+        return f"{self.lake.rstrip('/')}/{self.pipeline}/rollup_{name}"
 
     @property
     def stream_state(self) -> str:

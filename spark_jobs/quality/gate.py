@@ -256,10 +256,38 @@ def _outputs(spark: SparkSession, spec: PipelineSpec, rules: QualityRules, date:
     df = df.persist(StorageLevel.MEMORY_AND_DISK)  # one computation for all of GX's metric jobs
     try:
         checks = _run_suite(df, f"{spec.name}_outputs", output_expectations(spec, rules, reconcile=reconcile))
+        if date is None:
+            checks += _rollup_checks(spec, lake)
     except BaseException:
         df.unpersist()
         raise
     return checks, df, target
+
+
+def _rollup_checks(spec: PipelineSpec, lake: Lake) -> list[Check]:
+    """Each declared rollup table: keys present, no empty or negative counts, and ``sum(n_rows)`` equal
+    to that of the ``aggregates`` version it reflects (it merges every window exactly once)."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs.lake import PipelineTables
+    from spark_jobs.lake.rules import rollup_app_id
+    from spark_jobs.quality.suites import output_expectations
+
+    tables = PipelineTables(spec.lake, spec.name)
+    checks: list[Check] = []
+    for rollup in spec.rollups:
+        path = tables.rollup(rollup.name)
+        if lake.version(path) is None:
+            continue  # not refreshed yet: reduce writes it
+        source = lake.txn_version(path, rollup_app_id(spec, rollup))
+        total = lake.read(tables.aggregates, version=source).agg(F.sum("n_rows")).first()
+        reconcile = {f"n_rows of aggregates version {source}": int(total[0] or 0) if total else 0}
+        expectations = output_expectations(spec, None, reconcile=reconcile,
+                                           keys=[*rollup.by, "window_start", "window_end"])
+        for e in expectations:
+            e.description = f"{rollup.table}: {e.description}"
+        checks += _run_suite(lake.read(path), f"{spec.name}_{rollup.table}", expectations)
+    return checks
 
 
 def _rollback_day(spec: PipelineSpec, lake: Lake, date: str, run_id: str) -> tuple[int, int | None]:

@@ -12,6 +12,7 @@ runs them against a Spark DataFrame. Names of derived columns the suites read:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs.quality.rules import QualityRules, Range
@@ -75,13 +76,17 @@ def input_expectations(spec: PipelineSpec, rules: QualityRules, date: str) -> li
     return out
 
 
-def output_expectations(spec: PipelineSpec, rules: QualityRules, *, reconcile: dict[str, int]) -> list[Expectation]:
-    """No empty or negative counts, values within bounds, ``sum(n_rows)`` equal to each ``reconcile`` total."""
+def output_expectations(spec: PipelineSpec, rules: QualityRules | None, *, reconcile: dict[str, int],
+                        keys: Sequence[str] | None = None) -> list[Expectation]:
+    """No empty or negative counts, values within bounds, ``sum(n_rows)`` equal to each ``reconcile`` total.
+
+    A rollup table passes its own ``keys`` and no ``rules``: the bounds are set for one window's values.
+    """
     import great_expectations.expectations as gxe
 
     out: list[Expectation] = [
         gxe.ExpectColumnValuesToNotBeNull(column=k, description=f"group key {k} present")
-        for k in spec.key_columns
+        for k in (spec.key_columns if keys is None else keys)
     ]
     out.append(gxe.ExpectColumnValuesToBeBetween(column="n_rows", min_value=1,
                                                  description="counts: every key aggregates at least one row"))
@@ -89,7 +94,7 @@ def output_expectations(spec: PipelineSpec, rules: QualityRules, *, reconcile: d
                                               description=f"counts: {a.name} ({a.fn}) is not negative")
             for a in spec.aggregates if a.fn in COUNT_FNS]
     names = {a.name for a in spec.aggregates}
-    for col, rng in rules.output_ranges.items():
+    for col, rng in (rules.output_ranges if rules else {}).items():
         if col in names or col == "n_rows":
             out.append(_between(col, rng, f"range: {col} within {rng.describe()}"))
     for what, total in reconcile.items():

@@ -1,0 +1,150 @@
+"""Declared rollups: ``aggregates`` merged into coarser buckets, kept up to date by reduce and the stream.
+
+A rollup table (``rollup_<name>``) holds, per ``by`` keys and bucket of ``grain``, the merge of
+the stored accumulators of every window in the bucket, and the values, as ``aggregates`` holds
+them per key and window. It is derived from ``aggregates`` alone, so the hybrid rule holds in it
+as it holds there.
+
+Exactly once: the app transaction ``<pipeline>.rollup_<name>`` on the rollup table records the
+``aggregates`` version it reflects. A refresh compares the ``aggregates`` files of that version
+with those of the latest: the window statistics of every file added or removed since say which
+buckets changed, and those buckets are recomputed from the latest version's rows, in one commit.
+Recomputing is idempotent, so a crash between the ``aggregates`` commit and the rollup's leaves
+the rollup behind only until the next reduce or mini-batch refreshes it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Iterable
+from functools import partial
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_jobs.jobs.conflicts import retry_conflicts
+from spark_jobs.lake import AppTxn, Cluster, Lake, PipelineTables
+from spark_jobs.lake.reader import Snapshot, open_table
+from spark_jobs.lake.rules import rollup_app_id
+from spark_jobs.plan.buckets import bucket_floor, merge_buckets
+from spark_jobs.plan.phases import CompiledAggregates
+from spark_jobs.spec import PipelineSpec, RollupSpec
+
+__all__ = ["refresh"]
+
+log = logging.getLogger("spark_jobs")
+_US = 1_000_000
+MAX_FILES = 64  # files a refresh lays its rows out in: about one per bucket, so the next refresh rewrites few
+
+
+def refresh(lake: Lake, spec: PipelineSpec, *, run_id: str) -> dict[str, int | None]:
+    """Bring every declared rollup up to the latest ``aggregates`` version; their versions written
+    (None for a rollup that was already up to date)."""
+    written: dict[str, int | None] = {}
+    for rollup in spec.rollups:
+        written[rollup.table] = retry_conflicts(partial(_attempt, lake, spec, rollup, run_id),
+                                                what=f"rollup {rollup.name}")
+    return written
+
+
+def _attempt(lake: Lake, spec: PipelineSpec, rollup: RollupSpec, run_id: str, attempt: int) -> int | None:
+    """One plan and commit, from the tables as they are now."""
+    tables = PipelineTables(spec.lake, spec.name)
+    source = lake.version(tables.aggregates)
+    if source is None:
+        return None
+    path = tables.rollup(rollup.name)
+    app = rollup_app_id(spec, rollup)
+    planned = lake.version(path)
+    done = None if planned is None else lake.txn_version(path, app, planned)
+    if done is not None and done >= source:
+        return None
+    aggregates = open_table(tables.aggregates, source)
+    ranges = None if done is None else changed_buckets(aggregates, done, rollup.grain.seconds)
+    if ranges == []:  # the commits since changed no data file
+        return None
+    rows = rollup_rows(aggregates, spec, rollup, ranges, run_id=run_id)
+    keys = [*rollup.by, "window_start", "window_end"]
+    touched = None
+    if ranges is not None:
+        old = open_table(path, planned).read(keys, filter=_in_ranges(ranges)) if planned is not None else None
+        touched = pa.concat_tables([t for t in (old, rows.select(keys)) if t is not None]).group_by(keys).aggregate([])
+    buckets = len(pc.unique(rows.column("window_start"))) if rows.num_rows else 1
+    commit = lake.replace_keys(rows, path, keys=keys, touched=touched, app_txn=AppTxn(app, source),
+                               sort_by=["window_start", *rollup.by], read_version=planned,
+                               cluster=Cluster("window_start", min(buckets, MAX_FILES), by="hash"),
+                               metadata={"run_id": run_id, "job": "rollup", "aggregates_version": source,
+                                         "aggregates_consumed": done})
+    log.info("rollup %s: aggregates version %s merged (%s buckets), version %s", rollup.name, source,
+             "all" if ranges is None else len(ranges), commit.version)
+    return commit.version
+
+
+def changed_buckets(aggregates: Snapshot, since: int, grain_s: int) -> list[tuple[dt.datetime, dt.datetime]] | None:
+    """The [start, end) bucket ranges holding a window of a file added or removed after ``since``
+    (merged where they touch); None when that cannot be told (the old version's log is gone, a file
+    lacks statistics): then every bucket is recomputed."""
+    try:
+        before = aggregates.at(since).add_actions()
+    except Exception as exc:  # delta-rs raises its own errors for a cleaned-up log
+        log.warning("cannot load aggregates version %s (%s): recomputing every bucket", since, exc)
+        return None
+    now = aggregates.add_actions()
+    spans: list[tuple[int, int]] = []
+    for table, other in ((now, before), (before, now)):
+        kept = set(other.column("path").to_pylist())
+        for row in table.select(["path", "min.window_start", "max.window_start"]).to_pylist():
+            if row["path"] in kept:
+                continue
+            if row["min.window_start"] is None or row["max.window_start"] is None:
+                return None
+            lo, hi = (_us(bucket_floor(row[c], grain_s)) for c in ("min.window_start", "max.window_start"))
+            spans.append((lo, hi + grain_s * _US))
+    return [(_ts(lo), _ts(hi)) for lo, hi in _union(spans)]
+
+
+def rollup_rows(aggregates: Snapshot, spec: PipelineSpec, rollup: RollupSpec,
+                ranges: list[tuple[dt.datetime, dt.datetime]] | None, *, run_id: str) -> pa.Table:
+    """The rollup table's rows for the buckets in ``ranges`` (all when None), from ``aggregates``,
+    with its column order and types (``by`` keys, bucket bounds, values, ``n_rows``, accumulators)."""
+    entries = CompiledAggregates(spec).entries
+    schema = aggregates.schema()
+    acc = [c for e in entries for c in e.acc_columns]
+    rows = aggregates.read([*rollup.by, "window_start", "n_rows", *acc],
+                           filter=None if ranges is None else _in_ranges(ranges))
+    merged = merge_buckets(rows, rollup.by, entries, grain_s=rollup.grain.seconds)
+    now = pa.scalar(dt.datetime.now(dt.UTC), schema.field("updated_at").type)
+    merged = (merged.append_column("updated_at", pa.repeat(now, merged.num_rows))
+              .append_column("run_id", pa.repeat(pa.scalar(run_id), merged.num_rows)))
+    columns = [f for f in schema if f.name not in spec.group_by or f.name in rollup.by]
+    return pa.table([merged.column(f.name).cast(f.type) for f in columns], pa.schema(columns))
+
+
+def _in_ranges(ranges: Iterable[tuple[dt.datetime, dt.datetime]]) -> pc.Expression:
+    ts = pa.timestamp("us", tz="UTC")
+    terms = [(pc.field("window_start") >= pa.scalar(lo, ts)) & (pc.field("window_start") < pa.scalar(hi, ts))
+             for lo, hi in ranges]
+    expr = terms[0]
+    for term in terms[1:]:
+        expr = expr | term
+    return expr
+
+
+def _union(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(spans):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _us(t: dt.datetime) -> int:
+    return int(t.timestamp()) * _US + t.microsecond
+
+
+def _ts(us: int) -> dt.datetime:
+    return dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=us)
+

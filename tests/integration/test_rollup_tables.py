@@ -1,0 +1,157 @@
+"""Declared rollup tables: kept by reduce and the stream, equal to a rollup from scratch at every step.
+
+One lake walks through batch days, a backfill that changes a day, the stream (then a batch combine
+of a streamed day: the hybrid rule), and a ``kill -9`` between the ``aggregates`` commit and the
+rollup's. After each step every declared rollup table must equal ``inspect rollup`` of the whole
+range at its grain and keys (the ad-hoc merge, from scratch), its exact values must equal DuckDB
+over the raw rows, and its app transaction must name the latest ``aggregates`` version.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from spark_jobs.errors import SpecError
+from spark_jobs.inspection.rollup import Rollup, rollup
+from spark_jobs.jobs import combine, reduce, stream
+from spark_jobs.lake import PipelineTables
+from spark_jobs.lake.reader import open_table
+from spark_jobs.lake.rules import rollup_app_id
+from spark_jobs.quality import gate
+from spark_jobs.session import ensure_java_home
+from spark_jobs.spec import PipelineSpec, parse_spec
+from tests.builders import ALL_AGGREGATES, day_events, make_spec, write_day
+from tests.integration.test_rollup import assert_rollup, oracle
+from tests.oracle import read_landing, valid_rows
+
+pytestmark = pytest.mark.spark
+
+REPO = Path(__file__).resolve().parents[2]
+ROLLUPS = [{"name": "daily", "grain": "1 day", "by": ["page"]},
+           {"name": "six_hours", "grain": "6 hours", "by": ["page", "country"]},
+           {"name": "weekly_total", "grain": "1 week", "by": []}]
+
+
+def check(spec: PipelineSpec) -> None:
+    """Every rollup table equals a from-scratch rollup and the oracle, at the latest aggregates version."""
+    tables = PipelineTables(spec.lake, spec.name)
+    aggregates = open_table(tables.aggregates)
+    raw = valid_rows(read_landing(Path(spec.source.path)), spec).read_all()
+    for declared in spec.rollups:
+        table = open_table(tables.rollup(declared.name))
+        assert table.transaction_version(rollup_app_id(spec, declared)) == aggregates.version()
+        got = table.read().to_pandas()
+        assert not got.duplicated([*declared.by, "window_start"]).any()
+        assert (got["window_end"] - got["window_start"] == pd.Timedelta(seconds=declared.grain.seconds)).all()
+        lo, hi = got["window_start"].min().to_pydatetime(), got["window_end"].max().to_pydatetime()
+        request = Rollup(lo, hi, declared.by, declared.grain.seconds)
+        scratch = rollup(aggregates, spec, request).to_pandas()
+        got = got.rename(columns={"window_start": "start"})
+        assert_same(got, scratch, spec, declared.by)  # incremental == from scratch
+        assert_rollup(got, oracle(raw, spec, request), spec, declared.by)  # == DuckDB on the raw rows
+        assert got["n_rows"].sum() == raw.num_rows
+
+
+def assert_same(got: pd.DataFrame, scratch: pd.DataFrame, spec: PipelineSpec, by: tuple[str, ...]) -> None:
+    """Equal values, but for KLL quantiles: DataSketches' KLL merge compacts at random (checked by the oracle)."""
+    columns = [*by, "start", "n_rows", *(a.name for a in spec.aggregates if a.fn != "approx_percentile")]
+    got, scratch = (f.sort_values([*by, "start"]).reset_index(drop=True)[columns] for f in (got, scratch))
+    pd.testing.assert_frame_equal(got, scratch, check_dtype=False)
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory) -> PipelineSpec:
+    root = tmp_path_factory.mktemp("rollup_tables")
+    return make_spec(root, window={"size": "1 hour"}, group_by=["page", "country"], aggregates=ALL_AGGREGATES,
+                     rollups=ROLLUPS)
+
+
+def land(spec: PipelineSpec, day: str, seed: int, n: int = 600) -> None:
+    write_day(Path(spec.source.path), day, day_events(day, n, seed=seed, rejected=2), files=2)
+
+
+def test_batch_backfill_and_a_changed_day(spark, spec):
+    for i, day in enumerate(("2024-03-04", "2024-03-05")):
+        land(spec, day, i)
+        combine.run(spark, spec, day)
+    record = reduce.run(spark, spec)
+    assert {"rollup_daily", "rollup_six_hours", "rollup_weekly_total"} <= set(record.versions_written)
+    check(spec)
+    land(spec, "2024-03-02", 7)  # a backfilled day in the week before
+    combine.run(spark, spec, "2024-03-02")
+    reduce.run(spark, spec)
+    check(spec)
+    daily = open_table(PipelineTables(spec.lake, spec.name).rollup("daily"))
+    assert daily.history(1)[0].get("aggregates_consumed") is not None  # incremental, not rebuilt
+    land(spec, "2024-03-04", 11, n=300)  # a day re-landed: its buckets shrink
+    combine.run(spark, spec, "2024-03-04")
+    reduce.run(spark, spec)
+    check(spec)
+    assert reduce.run(spark, spec).versions_written.get("rollup_daily") is None  # nothing new: no commit
+
+
+def test_the_gate_checks_the_rollups(spark, spec):
+    report = gate.validate(spark, spec, "outputs")
+    mine = [c for c in report.checks if c.description.startswith("rollup_")]
+    assert len(mine) >= 3 * len(spec.rollups) and all(c.success for c in mine)
+    assert any("reconcile" in c.description for c in mine)
+
+
+def test_the_stream_then_a_batch_day(spark, spec):
+    land(spec, "2024-03-06", 21)  # a new day the stream picks up (the others are already in the checkpoint's
+    stream.run(spark, spec, available_now=True)  # first batch: it counts them too, as streaming partials)
+    check(spec)
+    combine.run(spark, spec, "2024-03-06")  # the batch day supersedes the stream's partials of it
+    reduce.run(spark, spec)
+    check(spec)
+
+
+def test_a_kill_between_the_aggregates_and_rollup_commits(spark, spec):
+    land(spec, "2024-03-07", 31)
+    combine.run(spark, spec, "2024-03-07")
+    ensure_java_home()
+    env = {**os.environ, "SPARK_JOBS_FAILPOINT": "commit:aggregates:after", "SPARK_JOBS_DELTA_BACKEND": "embedded",
+           "PYSPARK_PYTHON": sys.executable}
+    done = subprocess.run([sys.executable, "-m", "spark_jobs", "reduce", "--pipeline", spec.origin, "--master",
+                           "local[1]", "--shuffle-partitions", "2"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    tables = PipelineTables(spec.lake, spec.name)
+    behind = open_table(tables.rollup("daily")).transaction_version(rollup_app_id(spec, spec.rollups[0]))
+    assert behind is not None and behind < open_table(tables.aggregates).version()
+    record = reduce.run(spark, spec)
+    assert record.status == "noop" and record.versions_written["rollup_daily"] is not None
+    check(spec)
+
+
+@pytest.mark.parametrize(("rollups", "message"), [
+    ([{"name": "daily", "grain": "90 minutes"}], "not a whole number of 1 hour windows"),
+    ([{"name": "daily", "grain": "1 day", "by": ["user_id"]}], "'user_id' is not a group key"),
+    ([{"name": "Daily", "grain": "1 day"}], "bad name 'Daily'"),
+    ([{"name": "d", "grain": "1 day"}, {"name": "d", "grain": "1 week"}], "declared twice"),
+    ([{"name": "d", "grain": "soon"}], "bad duration 'soon'"),
+    ({"name": "d"}, "expected a list"),
+])
+def test_bad_rollup_declarations_are_named(tmp_path, rollups, message):
+    raw = {"name": "views", "source": {"path": str(tmp_path), "event_time": "t",
+                                       "schema": {"t": "timestamp", "page": "string", "user_id": "string"}},
+           "group_by": ["page"], "window": {"size": "1 hour"}, "aggregates": [{"name": "n", "fn": "count"}],
+           "rollups": rollups, "lake": str(tmp_path)}
+    with pytest.raises(SpecError, match=message):
+        parse_spec(raw)
+
+
+def test_rollups_need_tumbling_windows(tmp_path):
+    raw = {"name": "views", "source": {"path": str(tmp_path), "event_time": "t", "schema": {"t": "timestamp"}},
+           "group_by": [], "window": {"size": "1 hour", "slide": "30 minutes"},
+           "aggregates": [{"name": "n", "fn": "count"}], "rollups": [{"name": "d", "grain": "1 day"}],
+           "lake": str(tmp_path)}
+    with pytest.raises(SpecError, match="hopping windows overlap"):
+        parse_spec(raw)
