@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import urlencode
 
 import pyarrow as pa
@@ -35,9 +35,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from spark_jobs.errors import LakeError, PipelineError
 from spark_jobs.inspection import InspectError, views
 from spark_jobs.inspection.render import cell, diff_to_dict, human_bytes, jsonable
+from spark_jobs.inspection.rollup import rollup
+from spark_jobs.inspection.specs import find_spec
 
 from .auth import NotAuthenticated, airflow_user, login_url
 from .chart import svg_chart
+from .rollup_view import MAX_ROLLUP_ROWS, RollupForm, chart_metrics, rollup_series
+
+if TYPE_CHECKING:
+    from spark_jobs.lake.reader import Snapshot
+    from spark_jobs.spec import PipelineSpec
 
 __all__ = ["LAKE_CONF", "MAX_LIMIT", "app", "create_app"]
 
@@ -57,6 +64,12 @@ MetricQ = Annotated[str | None, Query(max_length=128, pattern=rf"^(|{_IDENT})$")
 PipelineQ = Annotated[str | None, Query(max_length=64, pattern=r"^(|[a-z][a-z0-9_]*)$")]
 AsOfQ = Annotated[str | None, Query(max_length=40, description="time travel: 'YYYY-MM-DD[ HH:MM:SS]' UTC")]
 FromQ = Annotated[int | None, Query(alias="from", ge=0, le=2**31, description="older version of a diff")]
+StartQ = Annotated[str | None, Query(alias="from", max_length=40,
+                                     description="rollup: first window start, 'YYYY-MM-DD[ HH:MM[:SS]]' UTC")]
+EndQ = Annotated[str | None, Query(max_length=40, description="rollup: end of the range (exclusive), a window boundary")]
+ByQ = Annotated[str | None, Query(max_length=2000, pattern=r"^[A-Za-z0-9_, ]*$",
+                                  description="rollup: group keys to keep, e.g. page,country ('' merges every key)")]
+GrainQ = Annotated[str | None, Query(max_length=40, description="rollup: all, or e.g. '1 hour', '1 day', '1 week'")]
 
 
 # ----------------------------------------------------------------------------- query parameters
@@ -163,6 +176,7 @@ def _table_view(r: views.TableRef, *, version: int | None, where: str | None, co
     return {"pipeline": r.pipeline, "version": v, "latest": vers[0]["version"], "versions": vers,
             "summary": summary, "diff_from": max(v - 1, 0),
             "windowed": "window_start" in schema_t["column"].to_pylist(), "rows": rows, "rows_error": rows_error,
+            "rollup": r.table == "aggregates" and "window_start" in schema_t["column"].to_pylist(),
             "history": history, "schema": _grid(schema_t), "partitions": _grid(parts)}
 
 
@@ -179,6 +193,24 @@ def _changed_grid(d: Any) -> dict[str, Any]:
 def _series_json(s: Any) -> Any:
     return jsonable({"table": s.table, "version": s.version, "metric": s.metric, "keys": s.keys,
                      "n_keys": s.n_keys, "lines": [{"label": lb, "points": pts} for lb, pts in s.lines]})
+
+
+def _rollup_spec(ctx: _Context, name: str) -> tuple[views.TableRef, PipelineSpec]:
+    """The aggregates table and its pipeline's spec (found by name in ``$SPARK_JOBS_PIPELINES``)."""
+    pipeline, _, table = name.partition(".")
+    if table != "aggregates":
+        raise InspectError(f"a rollup merges a pipeline's aggregates table, not its {table}; "
+                           f"open {pipeline}.aggregates")
+    return ctx.ref(name), find_spec(pipeline)
+
+
+def _rollup_rows(snapshot: Snapshot, spec: PipelineSpec, form: RollupForm) -> pa.Table:
+    """The rollup the form asks for, refused (400) when it is too big to send."""
+    result = rollup(snapshot, spec, form.request(spec))
+    if result.num_rows > MAX_ROLLUP_ROWS:
+        raise InspectError(f"the rollup has {result.num_rows} rows, more than {MAX_ROLLUP_ROWS}; use a coarser grain, "
+                           "fewer by keys, a shorter range or a where on the keys")
+    return result
 
 
 # ----------------------------------------------------------------------------- what the routes share
@@ -341,6 +373,37 @@ def _add_pages(router: APIRouter, ctx: _Context) -> None:
             return ctx.page(request, "chart.html", 400, error=str(exc), **common)
         return ctx.page(request, "chart.html", error=None, s=s, svg=Markup(svg_chart(s)), **common)
 
+    @router.get("/table/{name}/rollup", response_class=HTMLResponse)
+    def rollup_page(request: Request, name: NameParam, start: StartQ = None, to: EndQ = None, by: ByQ = None,
+                    grain: GrainQ = None, where: WhereQ = None, metric: MetricQ = None,
+                    version: VersionQ = None) -> HTMLResponse:
+        r, spec = _rollup_spec(ctx, name)
+        vers = _versions(r)
+        snapshot = views.open_version(r, version=version)
+        form = RollupForm.with_defaults(snapshot, spec, start=_blank(start), end=_blank(to), by=by,
+                                        grain=_blank(grain), where=_blank(where))
+        common: dict[str, Any] = {"name": name, "spec": spec, "versions": vers, "version": snapshot.version(),
+                                  "form": form, "metric": _blank(metric)}
+        try:
+            result = _rollup_rows(snapshot, spec, form)
+            metrics = chart_metrics(result, spec)
+            chosen = _blank(metric) or metrics[0]
+            if chosen not in metrics:
+                raise InspectError(f"metric {chosen!r} is not a numeric aggregate of {spec.name}; "
+                                   f"choose one of {', '.join(metrics)}")
+            s = rollup_series(result, table=name, version=snapshot.version(), keys=form.request(spec).by,
+                              metric=chosen)
+        except InspectError as exc:
+            return ctx.page(request, "rollup.html", 400, error=str(exc), metrics=chart_metrics(None, spec), **common)
+        shown = result.slice(0, MAX_LIMIT)
+        json_params = {"from": form.start, "to": form.end, "by": form.by, "grain": form.grain, "where": form.where,
+                       "version": snapshot.version()}  # by='' (merge every key) is kept: it is not "not given"
+        json_url = (f"{request.scope.get('root_path', '')}/api/table/{name}/rollup?"
+                    + urlencode({k: v for k, v in json_params.items() if v is not None}))
+        return ctx.page(request, "rollup.html", error=None, metrics=metrics, **{**common, "metric": chosen},
+                        rows=_grid(shown), n_rows=result.num_rows, n_shown=shown.num_rows, json_url=json_url, s=s,
+                        svg=Markup(svg_chart(s, x_label="bucket start")))
+
     @router.get("/runs", response_class=HTMLResponse)
     def runs_page(request: Request, pipeline: PipelineQ = None, limit: LimitQ = 200) -> HTMLResponse:
         pipeline = _blank(pipeline)
@@ -393,6 +456,15 @@ def _add_api(router: APIRouter, ctx: _Context) -> None:
                    version: VersionQ = None, where: WhereQ = None) -> JSONResponse:
         s = views.series(ctx.ref(name), metric=metric, version=version, where=_blank(where))
         return JSONResponse(_series_json(s))
+
+    @router.get("/api/table/{name}/rollup")
+    def api_rollup(name: NameParam, start: StartQ = None, to: EndQ = None, by: ByQ = None, grain: GrainQ = None,
+                   where: WhereQ = None, version: VersionQ = None) -> JSONResponse:
+        r, spec = _rollup_spec(ctx, name)
+        snapshot = views.open_version(r, version=version)
+        form = RollupForm.with_defaults(snapshot, spec, start=_blank(start), end=_blank(to), by=by,
+                                        grain=_blank(grain), where=_blank(where))
+        return JSONResponse(jsonable(_rollup_rows(snapshot, spec, form).to_pylist()))
 
     @router.get("/api/runs")
     def api_runs(pipeline: PipelineQ = None, limit: LimitQ = 200) -> JSONResponse:

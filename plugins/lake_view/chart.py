@@ -33,10 +33,13 @@ def _fmt(value: float) -> str:
     return f"{value:.4g}"
 
 
-def svg_chart(series: Series) -> str:
-    """The series as one ``<svg>`` element: axes, a polyline and point markers (with tooltips) per key."""
+def svg_chart(series: Series, *, x_label: str = "window_start") -> str:
+    """The series as one ``<svg>`` element: axes, a polyline and point markers (with tooltips) per key.
+
+    ``x_label`` names the time on the x axis (a rollup draws its buckets' ``start``).
+    """
     points = [(x, y) for _, line in series.lines for x, y in line if x is not None and y is not None]
-    title = f"{series.metric} by window_start, {series.table} version {series.version}"
+    title = f"{series.metric} by {x_label}, {series.table} version {series.version}"
     if not points:
         return (f'<svg id="chart-svg" role="img" aria-label="{escape(title)}" xmlns="http://www.w3.org/2000/svg" '
                 f'width="{WIDTH}" height="80"><text x="10" y="40">no points to draw</text></svg>')
@@ -73,7 +76,7 @@ def svg_chart(series: Series) -> str:
         out.append(f'<text x="{x:.1f}" y="{TOP + plot_h + 16}" text-anchor="middle">{t:%m-%d %H:%M}</text>')
     out.append(f'<line x1="{LEFT}" y1="{TOP + plot_h}" x2="{WIDTH - RIGHT}" y2="{TOP + plot_h}" stroke="#555"/>')
     out.append(f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{TOP + plot_h}" stroke="#555"/>')
-    out.append(f'<text x="{LEFT + plot_w / 2:.0f}" y="{TOP + plot_h + 34}" text-anchor="middle">window_start (UTC)</text>')
+    out.append(f'<text x="{LEFT + plot_w / 2:.0f}" y="{TOP + plot_h + 34}" text-anchor="middle">{escape(x_label)} (UTC)</text>')
     for n, (label, line) in enumerate(series.lines):
         color = COLORS[n % len(COLORS)]
         pts = [(sx(x), sy(y), x, y) for x, y in line if x is not None and y is not None]

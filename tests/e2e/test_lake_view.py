@@ -4,7 +4,7 @@ A tiny lake is built by the real jobs (``tests/inspect_lake.py``); ``airflow api
 starts with this repo's ``plugins/`` folder, the simple auth manager and a known user; headless
 Chromium (Debian's ``chromium`` + ``chromedriver``, driven by selenium) logs in through
 Airflow's login page and uses the page: tables, history, switching versions, filters, diff,
-runs, the chart, errors, and the page embedded in the Airflow UI. Screenshots are kept under
+runs, the chart, a rollup with its chart, errors, and the page embedded in the Airflow UI. Screenshots are kept under
 ``test-artifacts/lake_view/``.
 
 Without Chromium the browser tests skip, saying how to install it, unless
@@ -13,6 +13,7 @@ Without Chromium the browser tests skip, saying how to install it, unless
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import secrets
@@ -29,6 +30,9 @@ from typing import Any
 
 import pytest
 
+from spark_jobs.inspection import open_version, resolve_table
+from spark_jobs.inspection.render import cell
+from spark_jobs.inspection.rollup import Rollup, rollup
 from tests.inspect_lake import PIPELINE, shared_lake, snapshot
 
 pytestmark = pytest.mark.slow
@@ -71,13 +75,19 @@ def http(url: str, *, token: str | None = None, method: str = "GET", body: dict 
 
 
 @pytest.fixture(scope="module")
-def lake(spark, tmp_path_factory):
-    return shared_lake(spark, tmp_path_factory).lake
+def spec(spark, tmp_path_factory):
+    return shared_lake(spark, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
-def airflow(lake, tmp_path_factory):
-    """A real ``airflow api-server`` with the repo's plugins and SPARK_JOBS_LAKE pointing at the test lake."""
+def lake(spec):
+    return spec.lake
+
+
+@pytest.fixture(scope="module")
+def airflow(lake, spec, tmp_path_factory):
+    """A real ``airflow api-server`` with the repo's plugins, SPARK_JOBS_LAKE pointing at the test lake and
+    SPARK_JOBS_PIPELINES at the folder of its spec (the rollup page finds the spec there)."""
     home = tmp_path_factory.mktemp("airflow_home")
     (home / "dags").mkdir()
     password = secrets.token_urlsafe(12)
@@ -95,6 +105,7 @@ def airflow(lake, tmp_path_factory):
         "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32),
         "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
         "SPARK_JOBS_LAKE": lake,
+        "SPARK_JOBS_PIPELINES": str(Path(spec.origin).parent),
         "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
     })
     airflow_bin = str(VENV_BIN / "airflow")
@@ -320,6 +331,68 @@ def test_the_chart_renders(page, airflow):
     assert labels == ["page=/b", "page=/c", "page=/d"]
     assert all(len(p.get_attribute("points").split()) >= 2 for p in css(page, "#chart-svg polyline"))
     shot(page, "06-chart")
+
+
+def grid_rows(driver, table_css: str) -> list[dict[str, str]]:
+    """A grid's rows as {header: cell text}."""
+    from selenium.webdriver.common.by import By
+
+    header = [th.text for th in css(driver, f"{table_css} thead th")]
+    return [dict(zip(header, [td.text for td in tr.find_elements(By.TAG_NAME, "td")], strict=True))
+            for tr in css(driver, f"{table_css} tbody tr")]
+
+
+def test_a_rollup_by_hour_with_its_chart(page, airflow, lake, spec):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    before = snapshot(lake)
+    page.get(f"{airflow['base']}/lake/table/{AGG}")
+    click_and_load(page, wait_for(page, "#rollup-link"), "#rollup-rows")
+    # the first visit shows the last day of data, every key, one bucket
+    assert [page.find_element(By.ID, i).get_attribute("value") for i in ("from", "to", "by", "grain")] == [
+        "2024-03-02 00:00", "2024-03-03 00:00", "page", "all"]
+    assert [r["page"] for r in grid_rows(page, "#rollup-rows")] == ["/b", "/c", "/d"]
+
+    grain = page.find_element(By.ID, "grain")
+    grain.clear()
+    grain.send_keys("1 hour")
+    Select(page.find_element(By.ID, "metric-select")).select_by_value("total_ms")
+    click_and_load(page, page.find_element(By.ID, "rollup-go"), "#chart-svg")
+    assert "grain=1+hour" in page.current_url and "metric=total_ms" in page.current_url
+
+    expected = rollup(open_version(resolve_table(AGG, lake)), spec,
+                      Rollup(dt.datetime(2024, 3, 2, tzinfo=dt.UTC), dt.datetime(2024, 3, 3, tzinfo=dt.UTC), ("page",),
+                             3600))
+    assert expected.num_rows > 3 * 2  # several hours per page
+    # every cell as the grid formats it (times in UTC, floats to 6 digits, NULL for an empty sum)
+    assert grid_rows(page, "#rollup-rows") == [{k: cell(v) for k, v in r.items()} for r in expected.to_pylist()]
+    assert page.find_element(By.ID, "rollup-caption").text.startswith(f"{expected.num_rows} rows")
+    # the page's JSON link answers the same rollup
+    status, _, text = http(page.find_element(By.ID, "rollup-json").get_attribute("href"), token=token(airflow))
+    assert status == 200
+    assert [(r["page"], r["start"], r["total_ms"]) for r in json.loads(text)] == [
+        (r["page"], r["start"].isoformat(), r["total_ms"]) for r in expected.to_pylist()]
+
+    svg = page.find_element(By.ID, "chart-svg")
+    assert svg.size["width"] > 400 and svg.size["height"] > 200
+    assert "total_ms by bucket start" in svg.get_attribute("aria-label")
+    assert [g.get_attribute("data-label") for g in css(page, "#chart-svg g.series")] == ["page=/b", "page=/c",
+                                                                                          "page=/d"]
+    assert all(len(p.get_attribute("points").split()) >= 2 for p in css(page, "#chart-svg polyline"))
+    assert len(css(page, "#chart-svg circle")) == sum(v is not None for v in expected["total_ms"].to_pylist())
+    shot(page, "06b-rollup")
+
+    start = page.find_element(By.ID, "from")
+    start.clear()
+    start.send_keys("2024-03-02 00:30")
+    err = click_and_load(page, page.find_element(By.ID, "rollup-go"), "#rollup-error")
+    assert err.text == ("--from 2024-03-02 00:30:00 cuts a 1 hour window; use a window boundary such as "
+                        "2024-03-02 00:00:00 or 2024-03-02 01:00:00")
+    assert page.find_element(By.ID, "from").get_attribute("value") == "2024-03-02 00:30"  # the form keeps the text
+    assert css(page, "#rollup-rows") == [] and css(page, "#chart-svg") == []
+    shot(page, "06c-rollup-cut-window")
+    assert snapshot(lake) == before
 
 
 def test_runs_reconcile(page, airflow):

@@ -7,15 +7,18 @@ the tests of the unauthenticated path; the real Airflow login is tested in
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
 import warnings
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 from fastapi import FastAPI
+from markupsafe import escape
 
 with warnings.catch_warnings():  # "Using httpx with starlette.testclient is deprecated": not ours to fix
     warnings.simplefilter("ignore")
@@ -23,6 +26,10 @@ with warnings.catch_warnings():  # "Using httpx with starlette.testclient is dep
 
 from plugins.lake_view.app import create_app
 from spark_jobs.__main__ import main
+from spark_jobs.inspection import open_version, resolve_table
+from spark_jobs.inspection.render import jsonable
+from spark_jobs.inspection.rollup import Rollup, rollup
+from spark_jobs.inspection.specs import SPECS_ENV
 from tests.inspect_lake import PIPELINE, shared_lake, snapshot
 
 pytestmark = pytest.mark.spark
@@ -31,8 +38,21 @@ AGG = f"{PIPELINE}.aggregates"
 
 
 @pytest.fixture(scope="module")
-def lake(spark, tmp_path_factory):
-    return shared_lake(spark, tmp_path_factory).lake
+def spec(spark, tmp_path_factory):
+    return shared_lake(spark, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def lake(spec):
+    return spec.lake
+
+
+@pytest.fixture(scope="module", autouse=True)
+def pipelines(spec):
+    """``$SPARK_JOBS_PIPELINES`` is the folder of the test lake's spec (the rollup finds it there by name)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(SPECS_ENV, str(Path(spec.origin).parent))
+        yield Path(spec.origin).parent
 
 
 def client(lake_root: str, *, authenticate: bool = False) -> TestClient:
@@ -86,6 +106,100 @@ def test_diff_and_chart_pages(web):
     assert web.get("/lake/runs", params={"pipeline": PIPELINE}).status_code == 200
 
 
+# ----------------------------------------------------------------------------- rollup
+def direct_rollup(lake, spec, start, end, by, grain_s=None, where=None):
+    """What the routes must answer: :func:`rollup` called directly on the latest aggregates."""
+    request = Rollup(dt.datetime.fromisoformat(start).replace(tzinfo=dt.UTC),
+                     dt.datetime.fromisoformat(end).replace(tzinfo=dt.UTC), by, grain_s, where)
+    return rollup(open_version(resolve_table(AGG, lake)), spec, request)
+
+
+def rollup_cells(text: str) -> list[dict[str, str]]:
+    """The rollup page's grid, a dict of cell texts per row."""
+    table = text.split('id="rollup-rows"')[1].split("</table>")[0]
+    header = re.findall(r"<th>([^<]*)</th>", table)
+    return [dict(zip(header, re.findall(r"<td[^>]*>([^<]*)</td>", row), strict=True))
+            for row in table.split("<tr>")[2:]]
+
+
+def test_the_table_page_links_the_rollup_of_aggregates_only(web):
+    r = web.get(f"/lake/table/{AGG}")
+    assert f'id="rollup-link" href="/lake/table/{AGG}/rollup?version=1"' in r.text
+    assert 'id="rollup-link"' not in web.get(f"/lake/table/{PIPELINE}.partials").text
+
+
+def test_the_rollup_page_opens_on_the_last_day_of_data(web, lake, spec):
+    r = web.get(f"/lake/table/{AGG}/rollup")
+    assert r.status_code == 200, r.text
+    values = dict(re.findall(r'<input type="text" id="(\w+)" name="\w+" value="([^"]*)"', r.text))
+    assert values == {"from": "2024-03-02 00:00", "to": "2024-03-03 00:00", "by": "page", "grain": "all",
+                      "where": ""}
+    expected = direct_rollup(lake, spec, "2024-03-02", "2024-03-03", ("page",))
+    cells = rollup_cells(r.text)
+    assert [c["page"] for c in cells] == expected["page"].to_pylist() == ["/b", "/c", "/d"]
+    assert [int(c["views"]) for c in cells] == expected["views"].to_pylist()
+    assert {(c["start"], c["end"]) for c in cells} == {("2024-03-02 00:00:00", "2024-03-03 00:00:00")}
+    assert r.text.count('<g class="series"') == 3 and ">bucket start (UTC)<" in r.text
+    assert 'id="rollup-caption">3 rows' in r.text
+    r = web.get(f"/lake/table/{AGG}/rollup", params={"where": "page = '/nowhere'"})
+    assert r.status_code == 200 and 'id="rollup-rows">(no rows)' in r.text and "no points to draw" in r.text
+    assert web.get(f"/lake/api/table/{AGG}/rollup", params={"where": "page = '/nowhere'"}).json() == []
+
+
+def test_the_rollup_page_draws_a_grain_and_a_chosen_metric(web, lake, spec):
+    r = web.get(f"/lake/table/{AGG}/rollup", params={"from": "2024-03-01", "to": "2024-03-03", "by": "page",
+                                                      "grain": "1 day", "metric": "total_ms", "where": "page != '/a'"})
+    assert r.status_code == 200, r.text
+    expected = direct_rollup(lake, spec, "2024-03-01", "2024-03-03", ("page",), 86_400, "page != '/a'")
+    cells = rollup_cells(r.text)
+    assert [(c["page"], c["start"], int(c["total_ms"])) for c in cells] == [
+        (p, f"{t:%Y-%m-%d %H:%M:%S}", v) for p, t, v in
+        zip(expected["page"].to_pylist(), expected["start"].to_pylist(), expected["total_ms"].to_pylist(), strict=True)]
+    assert '<option value="total_ms" selected>' in r.text
+    assert 'aria-label="total_ms by bucket start, views.aggregates version 1"' in r.text
+    points = {g: len(re.findall("<circle", body)) for g, body in
+              re.findall(r'<g class="series" data-label="([^"]+)">(.*?)</g>', r.text)}
+    assert points == {"page=/b": 2, "page=/c": 2, "page=/d": 1}  # /d only landed on the second day
+
+
+def test_the_rollup_api_answers_what_rollup_and_the_cli_answer(web, lake, spec, capsys):
+    params = {"from": "2024-03-01", "to": "2024-03-03 00:00", "by": "page", "grain": "1 day"}
+    api = web.get(f"/lake/api/table/{AGG}/rollup", params=params)
+    assert api.status_code == 200, api.text
+    expected = jsonable(direct_rollup(lake, spec, "2024-03-01", "2024-03-03", ("page",), 86_400).to_pylist())
+    assert api.json() == expected
+    assert api.json() == cli_json(capsys, "rollup", AGG, "--pipeline", spec.origin, "--from", "2024-03-01",
+                                  "--to", "2024-03-03", "--by", "page", "--grain", "1 day")
+    # by='' merges every key; no from/to is the last day of data, as on the page
+    merged = web.get(f"/lake/api/table/{AGG}/rollup", params={"by": ""}).json()
+    assert merged == jsonable(direct_rollup(lake, spec, "2024-03-02", "2024-03-03", ()).to_pylist())
+    assert len(merged) == 1 and "page" not in merged[0]
+    # version 0 still has page /a on the second day
+    v0 = web.get(f"/lake/api/table/{AGG}/rollup", params={"version": 0}).json()
+    assert {row["page"] for row in v0} == {"/a", "/b", "/c"}
+
+
+def test_rollup_errors_on_the_page_keep_the_form(web):
+    r = web.get(f"/lake/table/{AGG}/rollup", params={"from": "2024-03-02 00:30", "to": "2024-03-03"})
+    assert r.status_code == 400
+    assert 'id="rollup-error">--from 2024-03-02 00:30:00 cuts a 1 hour window' in r.text
+    assert 'id="from" name="from" value="2024-03-02 00:30"' in r.text and 'id="rollup-rows"' not in r.text
+    r = web.get(f"/lake/table/{AGG}/rollup", params={"metric": "page"})
+    assert r.status_code == 400 and "metric &#39;page&#39; is not a numeric aggregate of views" in r.text
+    r = web.get(f"/lake/table/{PIPELINE}.runs/rollup")
+    assert r.status_code == 400 and 'id="error">a rollup merges a pipeline&#39;s aggregates table' in r.text
+
+
+def test_rollup_without_a_spec_says_where_it_looked(web, tmp_path, monkeypatch):
+    (tmp_path / "other.yaml").write_text("name: other\n")
+    monkeypatch.setenv(SPECS_ENV, str(tmp_path))
+    for url in (f"/lake/api/table/{AGG}/rollup", f"/lake/table/{AGG}/rollup"):
+        r = web.get(url)
+        assert r.status_code == 400
+        message = f"no pipeline spec named 'views' in {tmp_path} (specs there: other); set ${SPECS_ENV}"
+        assert (message in r.json()["error"]) if "/api/" in url else (escape(message) in r.text), r.text
+
+
 # ----------------------------------------------------------------------------- JSON API = the CLI's views
 def test_the_json_api_answers_what_the_cli_answers(web, lake, capsys):
     assert web.get(f"/lake/api/table/{AGG}/history").json() == cli_json(capsys, "history", AGG, "--lake", lake)
@@ -129,6 +243,25 @@ BAD = [
     ("/lake/api/table/VIEWS.aggregates/rows", 400, "name: String should match pattern"),
     ("/lake/api/table/views..aggregates/rows", 400, "name: String should match pattern"),
     ("/lake/api/runs?pipeline=..%2Fetc", 400, "pipeline: String should match pattern"),
+    (f"/lake/api/table/{AGG}/rollup?from=2024-03-02%2000:30&to=2024-03-03", 400,
+     "--from 2024-03-02 00:30:00 cuts a 1 hour window; use a window boundary such as 2024-03-02 00:00:00 or "
+     "2024-03-02 01:00:00"),
+    (f"/lake/api/table/{AGG}/rollup?from=yesterday", 400, "bad time 'yesterday'; use 'YYYY-MM-DD'"),
+    (f"/lake/api/table/{AGG}/rollup?from=2024-03-02&to=2024-03-01", 400,
+     "--to 2024-03-01 00:00:00 is not after --from 2024-03-02 00:00:00"),
+    (f"/lake/api/table/{AGG}/rollup?by=country", 400,
+     "unknown key 'country' in --by; views is grouped by page (drop a key to merge across it)"),
+    (f"/lake/api/table/{AGG}/rollup?by=page,,page", 400, "bad by 'page,,page'; use comma-separated group keys"),
+    (f"/lake/api/table/{AGG}/rollup?by=page;x", 400, "by: String should match pattern"),
+    (f"/lake/api/table/{AGG}/rollup?grain=fortnight", 400,
+     "bad grain 'fortnight'; use all, or a duration such as '1 hour', '1 day', '1 week'"),
+    (f"/lake/api/table/{AGG}/rollup?grain=90%20minutes", 400,
+     "grain of 5400 s is not a whole number of 1 hour windows"),
+    (f"/lake/api/table/{AGG}/rollup?where=views%20%3E%201", 400, "unknown column 'views'"),
+    (f"/lake/api/table/{PIPELINE}.partials/rollup", 400,
+     "a rollup merges a pipeline's aggregates table, not its partials; open views.aggregates"),
+    (f"/lake/api/table/{AGG}/rollup?metric=views", 400, "unknown query parameter 'metric'"),
+    ("/lake/api/table/nope.aggregates/rollup", 404, "no Delta table nope.aggregates"),
 ]
 
 

@@ -1,0 +1,121 @@
+"""What the rollup page and its JSON route share: the form's defaults, its ``by`` text, and the chart's lines.
+
+The rollup itself is :func:`spark_jobs.inspection.rollup.rollup`; the spec comes from
+:func:`spark_jobs.inspection.specs.find_spec`. Nothing here reads more than the newest window's start.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_jobs.inspection import InspectError, Series
+from spark_jobs.inspection.rollup import ORIGIN, Rollup, parse_grain
+from spark_jobs.inspection.views import parse_time
+
+from .chart import COLORS
+
+if TYPE_CHECKING:
+    from spark_jobs.lake.reader import Snapshot
+    from spark_jobs.spec import PipelineSpec
+
+__all__ = ["MAX_ROLLUP_ROWS", "MAX_SERIES", "RollupForm", "chart_metrics", "default_range", "fmt_time", "parse_by",
+           "rollup_series"]
+
+MAX_ROLLUP_ROWS = 10_000  # a bigger answer is refused: a coarser grain, fewer keys or a where makes it smaller
+MAX_SERIES = len(COLORS)  # lines drawn: the key combinations with the largest totals, a colour each
+_DAY = 86_400
+
+
+def fmt_time(t: dt.datetime) -> str:
+    """A time as the form shows it (UTC, seconds only when there are some)."""
+    t = t.astimezone(dt.UTC)
+    return f"{t:%Y-%m-%d %H:%M:%S}" if t.second or t.microsecond else f"{t:%Y-%m-%d %H:%M}"
+
+
+def default_range(snapshot: Snapshot, spec: PipelineSpec) -> tuple[dt.datetime, dt.datetime]:
+    """The last day of data: the UTC day of the newest window (or the last whole day of windows before its end,
+    when windows do not divide a day; or the newest window, when windows are longer than a day)."""
+    size = spec.window.size.seconds if spec.window else _DAY
+    last = None
+    if "window_start" in snapshot.schema().names:
+        last = pc.max(snapshot.read(["window_start"]).column("window_start")).as_py()
+    if last is None:  # no windows yet: today
+        last = dt.datetime.now(dt.UTC)
+    last = last if last.tzinfo else last.replace(tzinfo=dt.UTC)
+    if _DAY % size == 0:
+        start = last.replace(hour=0, minute=0, second=0, microsecond=0)
+        return start, start + dt.timedelta(days=1)
+    offset = int((last - ORIGIN).total_seconds()) % size
+    end = last - dt.timedelta(seconds=offset, microseconds=last.microsecond) + dt.timedelta(seconds=size)
+    return end - dt.timedelta(seconds=max(1, _DAY // size) * size), end
+
+
+def parse_by(text: str | None, spec: PipelineSpec) -> tuple[str, ...]:
+    """``page,country`` as keys; None (not given) is every key of the spec, an empty text none (merge them all)."""
+    if text is None:
+        return spec.group_by
+    if not text.strip():
+        return ()
+    keys = tuple(k.strip() for k in text.split(","))
+    if not all(keys):
+        raise InspectError(f"bad by {text[:200]!r}; use comma-separated group keys, e.g. "
+                           f"{','.join(spec.group_by) or 'page'} (empty: merge across every key)")
+    return keys
+
+
+@dataclass(frozen=True)
+class RollupForm:
+    """The request as text, as the form shows it: defaults filled in, the user's own text kept."""
+
+    start: str
+    end: str
+    by: str
+    grain: str
+    where: str | None
+
+    @classmethod
+    def with_defaults(cls, snapshot: Snapshot, spec: PipelineSpec, *, start: str | None, end: str | None,
+                      by: str | None, grain: str | None, where: str | None) -> RollupForm:
+        """Blank from/to are the last day of data, by not given is every key, a blank grain is ``all``."""
+        if not start or not end:
+            first, last = default_range(snapshot, spec)
+            start, end = start or fmt_time(first), end or fmt_time(last)
+        return cls(start, end, ", ".join(spec.group_by) if by is None else by, grain or "all", where or None)
+
+    def request(self, spec: PipelineSpec) -> Rollup:
+        """The :class:`Rollup` to run; :class:`InspectError` for bad time, key or grain text."""
+        return Rollup(parse_time(self.start), parse_time(self.end), parse_by(self.by, spec), parse_grain(self.grain),
+                      self.where)
+
+
+def _numeric(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t) or pa.types.is_null(t)
+
+
+def chart_metrics(result: pa.Table | None, spec: PipelineSpec) -> list[str]:
+    """The columns a chart can draw: the numeric aggregates (all of them when the result has no rows), ``n_rows``."""
+    names = [a.name for a in spec.aggregates]
+    if result is not None:
+        names = [n for n in names if n in result.column_names and _numeric(result.schema.field(n).type)]
+    return [*names, "n_rows"]
+
+
+def rollup_series(result: pa.Table, *, table: str, version: int, keys: tuple[str, ...], metric: str) -> Series:
+    """One line per ``keys`` combination of ``metric`` over the bucket ``start`` (the largest totals first)."""
+    columns = [result.column(k).to_pylist() for k in keys]
+    labels = ([", ".join(f"{k}={v}" for k, v in zip(keys, vals, strict=True)) for vals in zip(*columns, strict=True)]
+              if keys else ["all"] * result.num_rows)
+    by_label: dict[str, list[tuple[dt.datetime, float | None]]] = {}
+    totals: dict[str, float] = {}
+    for label, x, y in zip(labels, result.column("start").to_pylist(), result.column(metric).to_pylist(), strict=True):
+        value = None if y is None else float(y)
+        by_label.setdefault(label, []).append((x, value))
+        totals[label] = totals.get(label, 0.0) + (value or 0.0)
+    chosen = sorted(by_label, key=lambda lb: (-totals[lb], lb))[:MAX_SERIES]
+    lines = [(lb, sorted(by_label[lb], key=lambda p: p[0])) for lb in sorted(chosen)]
+    return Series(table, version, metric, list(keys), lines, len(by_label))

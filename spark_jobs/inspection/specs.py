@@ -1,0 +1,78 @@
+"""Pipeline specs by name, from the specs folder the DAGs are built from.
+
+The web view serves a lake, not a spec; a view that needs a pipeline's definition (the rollup: which
+aggregate each accumulator column holds, the window) finds the spec by the pipeline's name among
+``*.yaml``/``*.yml`` in ``$SPARK_JOBS_PIPELINES`` (default: the repo's ``pipelines/``), the folder
+``dags/pipelines_dag_factory.py`` reads.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import yaml
+
+from spark_jobs.errors import InspectError, SpecError
+from spark_jobs.spec import PipelineSpec, load_spec
+
+__all__ = ["SPECS_ENV", "find_spec", "specs_folder"]
+
+SPECS_ENV = "SPARK_JOBS_PIPELINES"
+_REPO_SPECS = Path(__file__).resolve().parents[2] / "pipelines"
+
+
+def specs_folder() -> Path:
+    """``$SPARK_JOBS_PIPELINES``, else the repo's ``pipelines/``."""
+    return Path(os.environ.get(SPECS_ENV) or _REPO_SPECS)
+
+
+def _spec_files(folder: Path) -> list[Path]:
+    return sorted(p for pattern in ("*.yaml", "*.yml") for p in folder.glob(pattern) if p.is_file())
+
+
+def find_spec(pipeline: str, folder: Path | None = None) -> PipelineSpec:
+    """The validated spec named ``pipeline`` in ``folder`` (default :func:`specs_folder`).
+
+    A file is fully validated only when its ``name`` is ``pipeline``; files that cannot be read or
+    validated are skipped, and named in the error when no spec matches.
+
+    Raises:
+        InspectError: no such folder, no valid spec of that name, or two of them.
+    """
+    where = folder if folder is not None else specs_folder()
+    hint = f"set ${SPECS_ENV} to the folder of the pipeline specs (default: the repo's pipelines/)"
+    if not where.is_dir():
+        raise InspectError(f"no pipeline specs folder {where}; {hint}")
+    matches: list[PipelineSpec] = []
+    skipped: list[str] = []
+    others: list[str] = []
+    for path in _spec_files(where):
+        try:
+            raw = yaml.safe_load(path.read_text())
+        except OSError as exc:
+            skipped.append(f"{path.name} (unreadable: {exc.strerror})")
+            continue
+        except yaml.YAMLError:
+            skipped.append(f"{path.name} (not valid YAML)")
+            continue
+        name = raw.get("name") if isinstance(raw, dict) else None
+        if name != pipeline:
+            if isinstance(name, str):
+                others.append(name)
+            else:
+                skipped.append(f"{path.name} (no name)")
+            continue
+        try:
+            matches.append(load_spec(path))
+        except SpecError as exc:
+            more = f" and {len(exc.problems) - 1} more problems" if len(exc.problems) > 1 else ""
+            skipped.append(f"{path.name} (invalid: {exc.problems[0] if exc.problems else exc}{more})")
+    if len(matches) > 1:
+        raise InspectError(f"{len(matches)} specs in {where} are named {pipeline!r}: "
+                           f"{', '.join(Path(s.origin).name for s in matches)}; keep one")
+    if matches:
+        return matches[0]
+    message = (f"no pipeline spec named {pipeline!r} in {where} (specs there: {', '.join(sorted(set(others))) or 'none'}"
+               f"{'; skipped: ' + ', '.join(skipped) if skipped else ''}); {hint}")
+    raise InspectError(message)
