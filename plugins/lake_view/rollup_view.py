@@ -14,8 +14,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs.inspection import InspectError, Series
-from spark_jobs.inspection.rollup import ORIGIN, Rollup, parse_grain
+from spark_jobs.inspection.rollup import Rollup, parse_grain
 from spark_jobs.inspection.views import parse_time
+from spark_jobs.plan.buckets import EPOCH
 
 from .chart import COLORS
 
@@ -50,7 +51,7 @@ def default_range(snapshot: Snapshot, spec: PipelineSpec) -> tuple[dt.datetime, 
     if _DAY % size == 0:
         start = last.replace(hour=0, minute=0, second=0, microsecond=0)
         return start, start + dt.timedelta(days=1)
-    offset = int((last - ORIGIN).total_seconds()) % size
+    offset = int((last - EPOCH).total_seconds()) % size  # windows count from the epoch
     end = last - dt.timedelta(seconds=offset, microseconds=last.microsecond) + dt.timedelta(seconds=size)
     return end - dt.timedelta(seconds=max(1, _DAY // size) * size), end
 

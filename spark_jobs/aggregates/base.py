@@ -17,12 +17,16 @@ Spark's phases read and write the same columns, so either can continue from the 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import pyarrow as pa
 
 from spark_jobs.errors import MergeNotSupportedError, RetractNotSupportedError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["ACC", "OUT", "AggregateFunction", "BoundAggregate"]
 
@@ -102,6 +106,15 @@ class AggregateFunction(ABC, Generic[ACC, OUT]):
         if len(accs) == 1:
             return accs[0]
         return self.merge_batch(accs[0], accs[1:])
+
+    def merge_groups(self, columns: Sequence[pa.Array], offsets: np.ndarray) -> list[ACC] | None:
+        """Optional: merge many groups' stored accumulators at once, column-wise where it can.
+
+        ``columns`` are the stored ``acc_fields`` columns with each group's rows together: group ``g``
+        is rows ``offsets[g]:offsets[g + 1]`` (at least one), in stored order. Returns each group's
+        accumulator, equal to ``merge_all`` of its rows' ``decode``. None (the default, or for inputs
+        an override does not handle) leaves it to the caller: ``decode`` and ``merge_all`` row by row."""
+        return None
 
     # storage encoding ---------------------------------------------------------
     def encode(self, acc: ACC) -> list[Any]:

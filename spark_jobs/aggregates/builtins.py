@@ -401,6 +401,30 @@ class ApproxCountDistinct(Builtin):
     def get_value(self, acc: ds.hll_sketch) -> int:
         return round(acc.get_estimate())
 
+    def merge_groups(self, columns: Sequence[pa.Array], offsets: np.ndarray) -> list[ds.hll_sketch]:
+        """One union per group, fed every row's sketch in order: the same sketch as folding ``merge``
+        (a union of two per step), without a union and a result per row. A group holding a sketch of
+        another ``lg_k`` (the union downsamples it, and then the fold can differ) folds ``merge``."""
+        blobs = _Blobs(columns[0])
+        start, size = blobs.offsets[:-1], np.diff(blobs.offsets)
+        sized = blobs.valid & (size >= 8)
+        lg_k = np.zeros(len(size), dtype=np.int64)
+        lg_k[sized] = np.frombuffer(blobs.view, dtype=np.uint8)[start[sized] + 3]  # the header's lg_k byte
+        other_k = blobs.valid & ~(sized & (lg_k == self.lg_k))
+        fold = np.add.reduceat(other_k, offsets[:-1]) > 0 if len(size) else np.zeros(len(offsets) - 1, dtype=bool)
+        cells = blobs.array.to_numpy(zero_copy_only=False)  # bytes (or None) per row, no Python list of scalars
+        deserialize, out = ds.hll_sketch.deserialize, []
+        for lo, hi, by_merge in zip(offsets[:-1].tolist(), offsets[1:].tolist(), fold.tolist(), strict=True):
+            if hi - lo == 1 or by_merge:
+                out.append(self.merge_all([self.decode([cell]) for cell in cells[lo:hi]]))
+                continue
+            union = ds.hll_union(self.lg_k)
+            for cell in cells[lo:hi]:
+                if cell is not None:  # NULL is the empty sketch: a no-op in a union
+                    union.update(deserialize(cell))
+            out.append(union.get_result(ds.tgt_hll_type.HLL_8))
+        return out
+
     def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
         from pyspark.sql import functions as F
 
@@ -476,6 +500,40 @@ class ApproxPercentile(Builtin):
         acc.merge(other)
         return acc
 
+    def merge_groups(self, columns: Sequence[pa.Array], offsets: np.ndarray) -> list[ds.kll_doubles_sketch]:
+        """``merge_all`` per group, without deserialising the sketches that hold their items in level 0 only.
+
+        DataSketches' merge of such a sketch is an ``update`` with each of its items in stored order
+        (the same count, minimum, maximum and compactions), so their items are cut straight from the
+        serialised bytes and fed to the group's accumulator by vectorised ``update``; the first row of a
+        group, and any other sketch (compacted, or not in that layout), go through ``decode`` and ``merge``.
+        """
+        blobs = _Blobs(columns[0])
+        header = _kll_level0_header(blobs)
+        feed = header >= 0
+        feed[offsets[:-1]] = False
+        others = np.flatnonzero(~feed).tolist()  # the groups' first rows and the sketches merged as objects
+        at = np.zeros(len(header) + 1, dtype=np.int64)  # fed rows i..j-1 hold items[at[i]:at[j]], in row order
+        np.cumsum(np.where(feed, blobs.offsets[1:] - blobs.offsets[:-1] - header, 0) // 8, out=at[1:])
+        items = _kll_items(blobs, np.where(feed, blobs.offsets[:-1] + header, 0), at)
+        out = []
+        k = 0
+        for lo, hi in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True):
+            acc = self.decode([blobs.cell(lo)])
+            i = lo + 1
+            while k < len(others) and others[k] <= lo:
+                k += 1
+            while True:
+                j = others[k] if k < len(others) and others[k] < hi else hi
+                if at[j] > at[i]:
+                    acc.update(items[at[i]:at[j]])
+                if j == hi:
+                    break
+                acc.merge(self.decode([blobs.cell(j)]))
+                i, k = j + 1, k + 1
+            out.append(acc)
+        return out
+
     def get_value(self, acc: ds.kll_doubles_sketch) -> float | int | None:
         if acc.is_empty():
             return None
@@ -534,6 +592,47 @@ class _ByEventTime(Builtin):
 
     def get_value(self, acc: tuple[Any, Any] | None) -> Any:
         return None if acc is None else acc[1]
+
+    def merge_groups(self, columns: Sequence[pa.Array], offsets: np.ndarray) -> list[tuple[Any, Any] | None] | None:
+        """Column-wise: per group the earliest (latest) time, then the smallest (largest) value at it.
+
+        The same order as the tuples' ``min``/``max``, for times as timestamps and values Arrow and
+        Python order alike (integers, strings, binary, booleans, dates, times, timestamps); else None.
+        """
+        acc = columns[0]
+        if isinstance(acc, pa.ChunkedArray):
+            acc = acc.combine_chunks()
+        if (not pa.types.is_struct(acc.type) or [f.name for f in acc.type] != ["at", "value"]
+                or not (pa.types.is_timestamp(acc.type.field("at").type) and _orders_as_python(acc.type.field("at").type))
+                or not _orders_as_python(acc.type.field("value").type)):
+            return None
+        groups = len(offsets) - 1
+        if groups == 0:
+            return []
+        at, value = acc.flatten()
+        valid = np.asarray(acc.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+        at_valid = np.asarray(at.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+        if (valid & ~(at_valid & np.asarray(value.is_valid().to_numpy(zero_copy_only=False), dtype=bool))).any():
+            return None  # a stored (time, NULL) or (NULL, value): leave it to the tuples
+        earliest = type(self)._pick is min
+        sentinel = np.iinfo(np.int64).max if earliest else np.iinfo(np.int64).min
+        ticks = np.where(valid, at.cast(pa.int64()).fill_null(0).to_numpy(), sentinel)
+        starts = offsets[:-1]
+        best = (np.minimum if earliest else np.maximum).reduceat(ticks, starts)
+        present = np.add.reduceat(valid.astype(np.int64), starts) > 0
+        group = np.repeat(np.arange(groups, dtype=np.int64), np.diff(offsets))
+        tied = valid & (ticks == best[group])
+        how = "min" if earliest else "max"
+        try:
+            picked = (pa.table({"g": group[tied], "v": value.filter(pa.array(tied))})
+                      .group_by("g", use_threads=False).aggregate([("v", how)]))
+        except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            return None
+        values: list[Any] = [None] * groups
+        for g, v in zip(picked.column("g").to_pylist(), picked.column(f"v_{how}").to_pylist(), strict=True):
+            values[g] = v
+        times = pa.array(best, pa.int64(), mask=~present).cast(acc.type.field("at").type).to_pylist()
+        return [(t, v) if has else None for t, v, has in zip(times, values, present.tolist(), strict=True)]
 
     def _struct(self, value: Column, event_time: Column) -> Column:
         from pyspark.sql import functions as F
@@ -656,3 +755,77 @@ class MinMapView(_ExtremeMapView):
 class MaxMapView(_ExtremeMapView):
     fn = "max"
     _pick = max
+
+
+class _Blobs:
+    """A binary column's bytes: the values buffer, each row's offsets and validity, without a Python
+    object per row."""
+
+    def __init__(self, array: pa.Array) -> None:
+        if isinstance(array, pa.ChunkedArray):
+            array = array.combine_chunks()
+        if not pa.types.is_binary(array.type):
+            array = array.cast(pa.binary())
+        n, base = len(array), array.offset
+        validity, offsets, data = array.buffers()
+        self.offsets = np.frombuffer(offsets, dtype=np.int32)[base:base + n + 1].astype(np.int64) if n else (
+            np.zeros(1, dtype=np.int64))
+        self.valid = (np.ones(n, dtype=bool) if validity is None or array.null_count == 0
+                      else np.asarray(array.is_valid().to_numpy(zero_copy_only=False), dtype=bool))
+        self.view = memoryview(data if data is not None else b"")
+        self.array = array
+
+    def cell(self, i: int) -> bytes | None:
+        return bytes(self.view[self.offsets[i]:self.offsets[i + 1]]) if self.valid[i] else None
+
+
+def _kll_items(blobs: _Blobs, begin: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The float64 items that start at byte ``begin[i]`` of ``blobs.view``, ``at[i + 1] - at[i]`` of them
+    for row ``i``, concatenated in row order: gathered per byte alignment of ``begin`` by NumPy."""
+    items = np.empty(int(at[-1]), dtype=np.float64)
+    counts = np.diff(at)
+    shift = begin % 8
+    for s in range(8):
+        rows = np.flatnonzero((shift == s) & (counts > 0))
+        if not len(rows):
+            continue
+        n = counts[rows]
+        rel = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)  # each item's place in its row
+        aligned = np.frombuffer(blobs.view, dtype="<f8", count=(len(blobs.view) - s) // 8, offset=s)
+        items[np.repeat(at[rows], n) + rel] = aligned[np.repeat((begin[rows] - s) // 8, n) + rel]
+    return items
+
+
+def _kll_level0_header(blobs: _Blobs) -> np.ndarray:
+    """Per row, the bytes before its items when its KLL doubles sketch holds them in level 0 only, as
+    DataSketches serialises it: the full layout with one level (preamble ints 5, serial version 1,
+    family 15, m 8, ``n`` at byte 8, one level at byte 18, the items from byte 40) or one item
+    (preamble 2, serial version 2, flag 4, the item at byte 8); 8 for an empty sketch and 0 for NULL
+    (no items). -1 for any other row (compacted, or another layout).
+    """
+    start, stop = blobs.offsets[:-1], blobs.offsets[1:]
+    size = stop - start
+    header = np.full(len(size), -1, dtype=np.int64)
+    header[~blobs.valid] = 0
+    data = np.frombuffer(blobs.view, dtype=np.uint8)
+    rows = np.flatnonzero(blobs.valid & (size >= 8))
+    h = data[start[rows][:, None] + np.arange(8)]  # the 8 header bytes of each non-NULL row
+    common = (h[:, 2] == 15) & (h[:, 6] == 8)
+    short = common & (h[:, 0] == 2)
+    empty = rows[short & (h[:, 1] == 1) & ((h[:, 3] & 1) == 1) & (size[rows] == 8)]
+    single = rows[short & (h[:, 1] == 2) & (h[:, 3] == 4) & (size[rows] == 16)]
+    full = rows[common & (h[:, 0] == 5) & (h[:, 1] == 1) & ((h[:, 3] & 5) == 0) & (size[rows] >= 40)]
+    n = data[start[full][:, None] + np.arange(8, 16)].copy().view("<u8").ravel()
+    full = full[(data[start[full] + 18] == 1) & (n < 2**31) & (size[full] == 40 + 8 * n.astype(np.int64))]
+    header[empty], header[single], header[full] = 8, 8, 40
+    return header
+
+
+def _orders_as_python(type_: pa.DataType) -> bool:
+    """Whether Arrow's min/max order values of this type as Python's comparisons order their Python
+    values: not floats (NaN), nor nanosecond times or ``date64`` (their Python values are truncated)."""
+    if pa.types.is_timestamp(type_) or pa.types.is_time(type_):
+        return type_.unit != "ns"
+    return (pa.types.is_integer(type_) or pa.types.is_string(type_) or pa.types.is_large_string(type_)
+            or pa.types.is_binary(type_) or pa.types.is_large_binary(type_) or pa.types.is_boolean(type_)
+            or pa.types.is_date32(type_))

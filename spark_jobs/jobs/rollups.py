@@ -27,7 +27,7 @@ from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.lake import AppTxn, Cluster, Lake, PipelineTables
 from spark_jobs.lake.reader import Snapshot, open_table
 from spark_jobs.lake.rules import rollup_app_id
-from spark_jobs.plan.buckets import bucket_floor, merge_buckets
+from spark_jobs.plan.buckets import TS, bucket_floor, bucket_starts, encoded_columns, merge_groups, value_columns
 from spark_jobs.plan.phases import CompiledAggregates
 from spark_jobs.spec import PipelineSpec, RollupSpec
 
@@ -113,12 +113,17 @@ def rollup_rows(aggregates: Snapshot, spec: PipelineSpec, rollup: RollupSpec,
     acc = [c for e in entries for c in e.acc_columns]
     rows = aggregates.read([*rollup.by, "window_start", "n_rows", *acc],
                            filter=None if ranges is None else _in_ranges(ranges))
-    merged = merge_buckets(rows, rollup.by, entries, grain_s=rollup.grain.seconds)
-    now = pa.scalar(dt.datetime.now(dt.UTC), schema.field("updated_at").type)
-    merged = (merged.append_column("updated_at", pa.repeat(now, merged.num_rows))
-              .append_column("run_id", pa.repeat(pa.scalar(run_id), merged.num_rows)))
+    grain = rollup.grain.seconds
+    rows = rows.drop_columns(["window_start"]).append_column(
+        "window_start", bucket_starts(rows.column("window_start"), grain))
+    merged, accs = merge_groups(rows, [*rollup.by, "window_start"], entries)
+    end = pc.add(merged.column("window_start").cast(pa.int64()), grain * _US).cast(TS)
+    now = pa.scalar(dt.datetime.now(dt.UTC), TS)
+    out = {**{k: merged.column(k) for k in [*rollup.by, "window_start", "n_rows"]}, "window_end": end,
+           **value_columns(merged, accs, entries), **encoded_columns(merged, accs, entries, schema),
+           "updated_at": pa.repeat(now, merged.num_rows), "run_id": pa.repeat(pa.scalar(run_id), merged.num_rows)}
     columns = [f for f in schema if f.name not in spec.group_by or f.name in rollup.by]
-    return pa.table([merged.column(f.name).cast(f.type) for f in columns], pa.schema(columns))
+    return pa.table([out[f.name].cast(f.type) for f in columns], pa.schema(columns))
 
 
 def _in_ranges(ranges: Iterable[tuple[dt.datetime, dt.datetime]]) -> pc.Expression:

@@ -23,10 +23,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spark_jobs.errors import InspectError
-from spark_jobs.inspection.rollup import ORIGIN, Rollup, rollup
+from spark_jobs.inspection.rollup import Rollup, rollup
 from spark_jobs.jobs import combine, reduce
 from spark_jobs.lake import PipelineTables
 from spark_jobs.lake.reader import open_table
+from spark_jobs.plan.buckets import bucket_origin
 from spark_jobs.spec import PipelineSpec
 from tests.builders import ALL_AGGREGATES, day_events, make_spec, write_day
 from tests.oracle import EXACT_SQL, rank_ok, read_landing, valid_rows
@@ -56,8 +57,9 @@ def oracle(rows: Any, spec: PipelineSpec, request: Rollup) -> pd.DataFrame:
     con.register("rows", rows)
     et = spec.source.event_time
     start, end = (f"TIMESTAMPTZ '{t.isoformat()}'" for t in (request.start, request.end))
+    origin = "" if request.grain_s is None else f"TIMESTAMPTZ '{bucket_origin(request.grain_s).isoformat()}'"
     bucket = start if request.grain_s is None else (
-        f"greatest(time_bucket(INTERVAL {request.grain_s} SECOND, {et}, TIMESTAMPTZ '{ORIGIN.isoformat()}'), {start})")
+        f"greatest(time_bucket(INTERVAL {request.grain_s} SECOND, {et}, {origin}), {start})")
     select = [*request.by, f"{bucket} AS start"]
     for agg in spec.aggregates:
         col = agg.columns[0] if agg.columns else None

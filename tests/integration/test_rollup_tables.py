@@ -9,6 +9,7 @@ over the raw rows, and its app transaction must name the latest ``aggregates`` v
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import signal
 import subprocess
@@ -52,9 +53,12 @@ def check(spec: PipelineSpec) -> None:
         assert (got["window_end"] - got["window_start"] == pd.Timedelta(seconds=declared.grain.seconds)).all()
         lo, hi = got["window_start"].min().to_pydatetime(), got["window_end"].max().to_pydatetime()
         request = Rollup(lo, hi, declared.by, declared.grain.seconds)
-        scratch = rollup(aggregates, spec, request).to_pandas()
+        scratch = rollup(aggregates, spec, request, declared=False).to_pandas()
         got = got.rename(columns={"window_start": "start"})
         assert_same(got, scratch, spec, declared.by)  # incremental == from scratch
+        routed = rollup(aggregates, spec, request)  # inspect rollup reads the declared table when it tiles
+        assert routed.schema.metadata[b"source"] == declared.table.encode()
+        assert_same(routed.to_pandas(), scratch, spec, declared.by)
         assert_rollup(got, oracle(raw, spec, request), spec, declared.by)  # == DuckDB on the raw rows
         assert got["n_rows"].sum() == raw.num_rows
 
@@ -126,6 +130,9 @@ def test_a_kill_between_the_aggregates_and_rollup_commits(spark, spec):
     tables = PipelineTables(spec.lake, spec.name)
     behind = open_table(tables.rollup("daily")).transaction_version(rollup_app_id(spec, spec.rollups[0]))
     assert behind is not None and behind < open_table(tables.aggregates).version()
+    aggregates = open_table(tables.aggregates)
+    day = Rollup(dt.datetime(2024, 3, 7, tzinfo=dt.UTC), dt.datetime(2024, 3, 8, tzinfo=dt.UTC), ("page",), 86_400)
+    assert rollup(aggregates, spec, day).schema.metadata[b"source"] == b"aggregates"  # a stale rollup is not read
     record = reduce.run(spark, spec)
     assert record.status == "noop" and record.versions_written["rollup_daily"] is not None
     check(spec)

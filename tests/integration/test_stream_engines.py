@@ -22,6 +22,7 @@ and once with the driver engine taking every batch it accepts. Every table the s
 from __future__ import annotations
 
 import datetime as dt
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,10 @@ from tests.integration.test_stream import cdc_rows, cdc_spec, land, with_stream
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 DAY = "2024-03-01"
-UNORDERED = ("__set", "__counts")  # count_distinct's set, the map view's value counts
+UNORDERED = ("__set", "__counts")
+# Random runs per kind: each streams every batch twice through Spark (minutes with a UDAF); CI takes one,
+# ENGINE_EXAMPLES=n takes more
+EXAMPLES = int(os.environ.get("ENGINE_EXAMPLES", "1"))  # count_distinct's set, the map view's value counts
 
 
 def _cdc_batches(sizes: list[int], seed: int) -> list[list[tuple[str, str, int]]]:
@@ -158,7 +162,7 @@ def _tables(spec: PipelineSpec) -> dict[str, list[dict[str, Any]]]:
 
 
 @pytest.mark.parametrize("kind", ["windowed", "cdc"])
-@settings(max_examples=2, deadline=None, database=None, phases=[Phase.generate],
+@settings(max_examples=EXAMPLES, deadline=None, database=None, phases=[Phase.generate],
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(sizes=st.lists(st.integers(1, 400), min_size=2, max_size=4), combine_after=st.integers(1, 4),
        seed=st.integers(0, 10_000))

@@ -83,11 +83,11 @@ class FakeSnapshot:
      (dt.datetime(2024, 3, 2, tzinfo=UTC), dt.datetime(2024, 3, 3, tzinfo=UTC))),
     ("1 day", dt.datetime(2024, 3, 2, tzinfo=UTC),
      (dt.datetime(2024, 3, 2, tzinfo=UTC), dt.datetime(2024, 3, 3, tzinfo=UTC))),
-    # 7 hours do not divide a day: the last three windows (whole windows, aligned like the rollup's)
-    ("7 hours", dt.datetime(2024, 3, 4, 14, tzinfo=UTC),
-     (dt.datetime(2024, 3, 4, 0, tzinfo=UTC), dt.datetime(2024, 3, 4, 21, tzinfo=UTC))),
-    ("1 week", dt.datetime(2024, 3, 4, tzinfo=UTC),
-     (dt.datetime(2024, 3, 4, tzinfo=UTC), dt.datetime(2024, 3, 11, tzinfo=UTC))),
+    # 7 hours do not divide a day: the last three windows (whole windows, from the epoch as Spark counts them)
+    ("7 hours", dt.datetime(2024, 3, 4, 9, tzinfo=UTC),
+     (dt.datetime(2024, 3, 3, 19, tzinfo=UTC), dt.datetime(2024, 3, 4, 16, tzinfo=UTC))),
+    ("1 week", dt.datetime(2024, 3, 7, tzinfo=UTC),  # Spark's week windows start on Thursdays, as the epoch did
+     (dt.datetime(2024, 3, 7, tzinfo=UTC), dt.datetime(2024, 3, 14, tzinfo=UTC))),
 ])
 def test_the_default_range_is_the_last_day_of_whole_windows(tmp_path, size, last, expected):
     spec = make_spec(tmp_path, aggregates=FAST_AGGREGATES, window={"size": size})
