@@ -466,6 +466,10 @@ def _check_rollups(c: _Checker, raw: Any, keys: tuple[str, ...], window: WindowS
         if grain is not None and window is not None and grain.seconds % window.size.seconds:
             c.add(f"{field}.grain", f"grain {grain} is not a whole number of {window.size} windows; a window would "
                                     "fall in two buckets")
+        if grain is not None and window is not None and grain.seconds % (7 * 86400) == 0 and (
+                4 * 86400) % window.size.seconds:  # weeks start on Monday, 4 days after the epoch's windows
+            c.add(f"{field}.grain", f"weekly buckets start on Monday, which cuts a {window.size} window (windows "
+                                    "count from Thursday 1970-01-01); use a grain of whole days")
         if not isinstance(by, list) or not all(isinstance(k, str) for k in by):
             c.add(f"{field}.by", f"expected a list of group keys, got {by!r}")
             by = []

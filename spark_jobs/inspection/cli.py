@@ -7,6 +7,7 @@ mapping (``error: ...`` and a non-zero exit code), and nothing is ever written.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs.errors import InspectError, LakeError
@@ -141,7 +142,10 @@ def _rollup(args: argparse.Namespace, spec: PipelineSpec | None, ref: Any) -> An
     by = tuple(spec.group_by) if args.by is None else () if not args.by.strip() else tuple(
         _columns(args.by, "--by") or ())
     request = Rollup(views.parse_time(args.start), views.parse_time(args.end), by, parse_grain(args.grain), args.where)
-    return rollup(views.open_version(ref), spec, request)
+    result = rollup(views.open_version(ref), spec, request)
+    if not args.json:
+        print(f"merged from {spec.name}.{result.schema.metadata[b'source'].decode()}", file=sys.stderr)
+    return result
 
 
 def run_inspect(args: argparse.Namespace) -> int:

@@ -108,6 +108,17 @@ def test_the_gate_checks_the_rollups(spark, spec):
     assert any("reconcile" in c.description for c in mine)
 
 
+def test_the_cli_reads_the_daily_table_and_says_so(spec):
+    argv = [sys.executable, "-m", "spark_jobs", "inspect", "rollup", f"{spec.name}.aggregates", "--pipeline",
+            spec.origin, "--from", "2024-03-04", "--to", "2024-03-06", "--by", "page", "--grain", "1 day"]
+    daily = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    hourly = subprocess.run([*argv[:-1], "3 hours"], cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    assert daily.returncode == hourly.returncode == 0, daily.stderr + hourly.stderr
+    assert f"merged from {spec.name}.rollup_daily" in daily.stderr
+    assert f"merged from {spec.name}.aggregates" in hourly.stderr  # no declared table has 3-hour buckets
+    assert "/a" in daily.stdout and "2024-03-05" in daily.stdout
+
+
 def test_the_stream_then_a_batch_day(spark, spec):
     land(spec, "2024-03-06", 21)  # a new day the stream picks up (the others are already in the checkpoint's
     stream.run(spark, spec, available_now=True)  # first batch: it counts them too, as streaming partials)
@@ -145,11 +156,14 @@ def test_a_kill_between_the_aggregates_and_rollup_commits(spark, spec):
     ([{"name": "d", "grain": "1 day"}, {"name": "d", "grain": "1 week"}], "declared twice"),
     ([{"name": "d", "grain": "soon"}], "bad duration 'soon'"),
     ({"name": "d"}, "expected a list"),
+    ([{"name": "w", "grain": "1 week"}], None),  # with 1-week windows: they start on Thursdays
 ])
 def test_bad_rollup_declarations_are_named(tmp_path, rollups, message):
+    window = {"size": "1 week" if message is None else "1 hour"}
+    message = message or "weekly buckets start on Monday, which cuts a 1 week window"
     raw = {"name": "views", "source": {"path": str(tmp_path), "event_time": "t",
                                        "schema": {"t": "timestamp", "page": "string", "user_id": "string"}},
-           "group_by": ["page"], "window": {"size": "1 hour"}, "aggregates": [{"name": "n", "fn": "count"}],
+           "group_by": ["page"], "window": window, "aggregates": [{"name": "n", "fn": "count"}],
            "rollups": rollups, "lake": str(tmp_path)}
     with pytest.raises(SpecError, match=message):
         parse_spec(raw)
