@@ -65,25 +65,32 @@ def expected(raw: pa.Table, spec: PipelineSpec) -> pd.DataFrame:
             f" WHERE ws <= {et} AND {et} < ws + INTERVAL {size} SECOND)"
         )
         keys += ["window_start", "window_end"]
-    select = [*keys]
-    for agg in spec.aggregates:
-        col = agg.columns[0] if agg.columns else None
-        if agg.fn in EXACT_SQL:
-            select.append(f"{EXACT_SQL[agg.fn](col)} AS {agg.name}")
-        elif agg.fn in ("first", "last"):
-            pick = "arg_min" if agg.fn == "first" else "arg_max"
-            select.append(f"{pick}({col}, ({et}, {col})) FILTER (WHERE {col} IS NOT NULL) AS {agg.name}")
-        elif agg.fn.endswith(":WeightedAvg"):
-            v, w = agg.columns
-            both = f"{v} IS NOT NULL AND {w} IS NOT NULL"
-            select.append(f"sum({v} * {w}) FILTER (WHERE {both}) / NULLIF(sum({w}) FILTER (WHERE {both}), 0) "
-                          f"AS {agg.name}")
-        else:
-            raise ValueError(f"no oracle for {agg.fn}")
+    select = [*keys, *aggregate_sql(spec)]
     select.append("count(*) AS n_rows")
     group = f"GROUP BY {', '.join(keys)}" if keys else ""
     df = con.sql(f"SELECT {', '.join(select)} FROM {source} {group}").df()
     return _normalise(df, keys)
+
+
+def aggregate_sql(spec: PipelineSpec) -> list[str]:
+    """DuckDB's select expressions for the spec's aggregates over raw rows (``<expr> AS <name>``)."""
+    et = spec.source.event_time
+    out = []
+    for agg in spec.aggregates:
+        col = agg.columns[0] if agg.columns else None
+        if agg.fn in EXACT_SQL:
+            out.append(f"{EXACT_SQL[agg.fn](col)} AS {agg.name}")
+        elif agg.fn in ("first", "last"):
+            pick = "arg_min" if agg.fn == "first" else "arg_max"
+            out.append(f"{pick}({col}, ({et}, {col})) FILTER (WHERE {col} IS NOT NULL) AS {agg.name}")
+        elif agg.fn.endswith(":WeightedAvg"):
+            v, w = agg.columns
+            both = f"{v} IS NOT NULL AND {w} IS NOT NULL"
+            out.append(f"sum({v} * {w}) FILTER (WHERE {both}) / NULLIF(sum({w}) FILTER (WHERE {both}), 0) "
+                       f"AS {agg.name}")
+        else:
+            raise ValueError(f"no oracle for {agg.fn}")
+    return out
 
 
 def _normalise(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:

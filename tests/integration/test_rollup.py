@@ -30,7 +30,7 @@ from spark_jobs.lake.reader import open_table
 from spark_jobs.plan.buckets import bucket_origin
 from spark_jobs.spec import PipelineSpec
 from tests.builders import ALL_AGGREGATES, day_events, make_spec, write_day
-from tests.oracle import EXACT_SQL, rank_ok, read_landing, valid_rows
+from tests.oracle import aggregate_sql, rank_ok, read_landing, valid_rows
 
 pytestmark = pytest.mark.spark
 
@@ -60,19 +60,7 @@ def oracle(rows: Any, spec: PipelineSpec, request: Rollup) -> pd.DataFrame:
     origin = "" if request.grain_s is None else f"TIMESTAMPTZ '{bucket_origin(request.grain_s).isoformat()}'"
     bucket = start if request.grain_s is None else (
         f"greatest(time_bucket(INTERVAL {request.grain_s} SECOND, {et}, {origin}), {start})")
-    select = [*request.by, f"{bucket} AS start"]
-    for agg in spec.aggregates:
-        col = agg.columns[0] if agg.columns else None
-        if agg.fn in EXACT_SQL:
-            select.append(f"{EXACT_SQL[agg.fn](col)} AS {agg.name}")
-        elif agg.fn in ("first", "last"):
-            pick = "arg_min" if agg.fn == "first" else "arg_max"
-            select.append(f"{pick}({col}, ({et}, {col})) FILTER (WHERE {col} IS NOT NULL) AS {agg.name}")
-        else:  # WeightedAvg
-            v, w = agg.columns
-            both = f"{v} IS NOT NULL AND {w} IS NOT NULL"
-            select.append(f"sum({v} * {w}) FILTER (WHERE {both}) / NULLIF(sum({w}) FILTER (WHERE {both}), 0) "
-                          f"AS {agg.name}")
+    select = [*request.by, f"{bucket} AS start", *aggregate_sql(spec)]
     select.append("count(*) AS n_rows")
     group = ", ".join([*request.by, "start"])
     sql = f"SELECT {', '.join(select)} FROM rows WHERE {et} >= {start} AND {et} < {end} GROUP BY {group}"
