@@ -27,7 +27,16 @@ from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.lake import AppTxn, Cluster, Lake, PipelineTables
 from spark_jobs.lake.reader import Snapshot, open_table
 from spark_jobs.lake.rules import rollup_app_id
-from spark_jobs.plan.buckets import TS, bucket_floor, bucket_starts, encoded_columns, merge_groups, value_columns
+from spark_jobs.plan.buckets import (
+    EPOCH,
+    TS,
+    bucket_floor,
+    bucket_starts,
+    encoded_columns,
+    merge_groups,
+    micros,
+    value_columns,
+)
 from spark_jobs.plan.phases import CompiledAggregates
 from spark_jobs.spec import PipelineSpec, RollupSpec
 
@@ -99,9 +108,9 @@ def changed_buckets(aggregates: Snapshot, since: int, grain_s: int) -> list[tupl
                 continue
             if row["min.window_start"] is None or row["max.window_start"] is None:
                 return None
-            lo, hi = (_us(bucket_floor(row[c], grain_s)) for c in ("min.window_start", "max.window_start"))
+            lo, hi = (micros(bucket_floor(row[c], grain_s)) for c in ("min.window_start", "max.window_start"))
             spans.append((lo, hi + grain_s * _US))
-    return [(_ts(lo), _ts(hi)) for lo, hi in _union(spans)]
+    return [(EPOCH + dt.timedelta(microseconds=lo), EPOCH + dt.timedelta(microseconds=hi)) for lo, hi in _union(spans)]
 
 
 def rollup_rows(aggregates: Snapshot, spec: PipelineSpec, rollup: RollupSpec,
@@ -144,12 +153,4 @@ def _union(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
         else:
             out.append((lo, hi))
     return out
-
-
-def _us(t: dt.datetime) -> int:
-    return int(t.timestamp()) * _US + t.microsecond
-
-
-def _ts(us: int) -> dt.datetime:
-    return dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=us)
 

@@ -13,7 +13,8 @@ Needs no Spark. What it does to each table of a pipeline:
   never below it unless ``enforce_retention=False``) are deleted. Time travel to versions older
   than the retention stops working; reduce, finding replaced partial files vacuumed, falls back
   to a full merge (correct, slower). The stream's state table (``_stream/state``), rewritten by
-  every mini-batch, is vacuumed and checkpointed too.
+  every mini-batch, is vacuumed and checkpointed too, as are the declared rollup tables
+  (``rollup_<name>``: clustered by bucket like ``aggregates``, so not compacted).
 - **checkpoint**: a Parquet checkpoint of the log, so readers replay fewer JSON commits.
 """
 
@@ -21,10 +22,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from spark_jobs.errors import LakeError
-from spark_jobs.lake.tables import TABLES, PipelineTables, TableName
+from spark_jobs.lake.tables import TABLES, PipelineTables, TableName, is_table_name
 
 __all__ = ["COMPACTED", "DEFAULT_RETENTION_HOURS", "TableMaintenance", "maintain"]
 
@@ -69,7 +71,10 @@ def maintain(lake: str, pipeline: str, *, retention_hours: int = DEFAULT_RETENTI
     tables = PipelineTables(lake, pipeline)
     out: list[TableMaintenance] = []
     # the stream's state is rewritten by every mini-batch: it is never compacted, but vacuumed
-    for name, path in [*((n, tables.path(n)) for n in TABLES), ("stream_state", tables.stream_state)]:
+    root = Path(tables.path("runs")).parent
+    rollups = [(p.name, str(p)) for p in sorted(root.iterdir()) if is_table_name(p.name) and p.name not in TABLES] \
+        if root.is_dir() else []
+    for name, path in [*((n, tables.path(n)) for n in TABLES), *rollups, ("stream_state", tables.stream_state)]:
         if not DeltaTable.is_deltatable(path):
             continue
         try:

@@ -21,7 +21,8 @@ DAYS = ("2024-03-01", "2024-03-02")
 
 def small_files_lake(spark, tmp_path):
     """Two days combined and reduced, each day's partials then spread over 4 small files (as streaming leaves them)."""
-    spec = make_spec(tmp_path, window={"size": "1 hour"}, aggregates=FAST_AGGREGATES)
+    spec = make_spec(tmp_path, window={"size": "1 hour"}, aggregates=FAST_AGGREGATES,
+                     rollups=[{"name": "daily", "grain": "1 day", "by": ["page"]}])
     tables = PipelineTables(spec.lake, spec.name)
     for i, day in enumerate(DAYS):
         write_day(tmp_path / "landing", day, day_events(day, 400, seed=i, rejected=2), files=4)
@@ -49,12 +50,14 @@ def test_maintenance_keeps_the_tables_and_the_next_reduce_is_unchanged(spark, tm
     assert_matches(actual(tables.aggregates, spec), oracle, spec)
     keys = ["event_date", "source", "page", "window_start"]
     partials_before = content(tables.partials, keys)
+    daily = tables.rollup("daily")
+    counts_before = [(r["page"], r["window_start"], r["n_rows"]) for r in content(daily, ["page", "window_start"])]
     report = {m.table: m for m in maintain(spec.lake, spec.name, retention_hours=retention,
                                            enforce_retention=retention >= 168)}
     aggregates_version = DeltaTable(tables.aggregates).version()  # a vacuum that deletes files logs commits
-    assert set(report) == {"partials", "aggregates", "dead_letter", "runs"}
+    assert set(report) == {"partials", "aggregates", "dead_letter", "runs", "rollup_daily"}
     assert report["partials"].compacted["numFilesRemoved"] > report["partials"].compacted["numFilesAdded"] > 0
-    assert report["aggregates"].compacted == {}  # reduce keeps its own layout
+    assert report["aggregates"].compacted == report["rollup_daily"].compacted == {}  # reduce keeps their layout
     assert all(m.checkpoint for m in report.values())
     assert (len(report["partials"].vacuumed) > 0) == (retention == 0)
     assert content(tables.partials, keys) == partials_before  # the same rows, in fewer files
@@ -65,6 +68,8 @@ def test_maintenance_keeps_the_tables_and_the_next_reduce_is_unchanged(spark, tm
         assert record.message == "full merge"
     assert DeltaTable(tables.aggregates).version() == aggregates_version + 1
     assert_matches(actual(tables.aggregates, spec), oracle, spec)
+    assert [(r["page"], r["window_start"], r["n_rows"]) for r in content(daily, ["page", "window_start"])] == \
+        counts_before
     assert reduce.run(spark, spec).status == "noop"
 
 
