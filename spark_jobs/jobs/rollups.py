@@ -71,8 +71,6 @@ def _attempt(lake: Lake, spec: PipelineSpec, rollup: RollupSpec, run_id: str, at
         return None
     aggregates = open_table(tables.aggregates, source)
     ranges = None if done is None else changed_buckets(aggregates, done, rollup.grain.seconds)
-    if ranges == []:  # the commits since changed no data file
-        return None
     rows = rollup_rows(aggregates, spec, rollup, ranges, run_id=run_id)
     keys = [*rollup.by, "window_start", "window_end"]
     touched = None
@@ -139,6 +137,8 @@ def _in_ranges(ranges: Iterable[tuple[dt.datetime, dt.datetime]]) -> pc.Expressi
     ts = pa.timestamp("us", tz="UTC")
     terms = [(pc.field("window_start") >= pa.scalar(lo, ts)) & (pc.field("window_start") < pa.scalar(hi, ts))
              for lo, hi in ranges]
+    if not terms:  # the commits since changed no data file: nothing to recompute, the version to record
+        return pc.scalar(False)
     expr = terms[0]
     for term in terms[1:]:
         expr = expr | term

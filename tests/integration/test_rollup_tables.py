@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 from spark_jobs.errors import SpecError
@@ -27,7 +28,7 @@ from spark_jobs.lake.reader import open_table
 from spark_jobs.lake.rules import rollup_app_id
 from spark_jobs.quality import gate
 from spark_jobs.session import ensure_java_home
-from spark_jobs.spec import PipelineSpec, parse_spec
+from spark_jobs.spec import PipelineSpec, RollupSpec, parse_spec
 from tests.builders import ALL_AGGREGATES, day_events, make_spec, write_day
 from tests.integration.test_rollup import assert_rollup, oracle
 from tests.oracle import read_landing, valid_rows
@@ -126,6 +127,28 @@ def test_the_stream_then_a_batch_day(spark, spec):
     combine.run(spark, spec, "2024-03-06")  # the batch day supersedes the stream's partials of it
     reduce.run(spark, spec)
     check(spec)
+
+
+def test_commits_that_change_no_rows_still_advance_the_rollups(spark, spec):
+    """A file streamed into a batch day counts for nothing (the hybrid rule), yet the stream and reduce
+    commit ``aggregates``: the rollups must record those versions, or they would look stale."""
+    tables = PipelineTables(spec.lake, spec.name)
+    def counts(r: RollupSpec) -> list[dict]:
+        return open_table(tables.rollup(r.name)).read([*r.by, "window_start", "n_rows"]).sort_by(
+            [(c, "ascending") for c in [*r.by, "window_start"]]).to_pylist()
+
+    before = {r.name: counts(r) for r in spec.rollups}
+    late = Path(spec.source.path) / "event_date=2024-03-06" / "late.parquet"
+    pq.write_table(day_events("2024-03-06", 50, seed=99), late)
+    try:
+        stream.run(spark, spec, available_now=True)
+        reduce.run(spark, spec)
+        version = open_table(tables.aggregates).version()
+        for r in spec.rollups:
+            assert open_table(tables.rollup(r.name)).transaction_version(rollup_app_id(spec, r)) == version
+            assert counts(r) == before[r.name]
+    finally:
+        late.unlink()
 
 
 def test_a_kill_between_the_aggregates_and_rollup_commits(spark, spec):
