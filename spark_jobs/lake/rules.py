@@ -37,8 +37,10 @@ def reduce_app_id(spec: PipelineSpec) -> str:
 
 
 def rollup_app_id(spec: PipelineSpec, rollup: RollupSpec) -> str:
-    """The app transaction on a rollup table: the ``aggregates`` version it reflects."""
-    return f"{spec.name}.{rollup.table}"
+    """The app transaction on a rollup table: the ``aggregates`` version it reflects. It names the grain
+    and keys, so a table built for another declaration counts as never refreshed: it is rebuilt, and
+    never read as this one."""
+    return f"{spec.name}.{rollup.table}:{rollup.grain.seconds}s:{','.join(rollup.by)}"
 
 
 def stream_app_id(spec: PipelineSpec) -> str:

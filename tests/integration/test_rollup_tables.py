@@ -9,6 +9,7 @@ over the raw rows, and its app transaction must name the latest ``aggregates`` v
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import signal
@@ -28,7 +29,7 @@ from spark_jobs.lake.reader import open_table
 from spark_jobs.lake.rules import rollup_app_id
 from spark_jobs.quality import gate
 from spark_jobs.session import ensure_java_home
-from spark_jobs.spec import PipelineSpec, RollupSpec, parse_spec
+from spark_jobs.spec import Duration, PipelineSpec, RollupSpec, parse_spec
 from tests.builders import ALL_AGGREGATES, day_events, make_spec, write_day
 from tests.integration.test_rollup import assert_rollup, oracle
 from tests.oracle import read_landing, valid_rows
@@ -170,6 +171,13 @@ def test_a_kill_between_the_aggregates_and_rollup_commits(spark, spec):
     record = reduce.run(spark, spec)
     assert record.status == "noop" and record.versions_written["rollup_daily"] is not None
     check(spec)
+
+
+def test_a_changed_declaration_rebuilds_the_table(spark, spec):
+    two_days = dataclasses.replace(spec, rollups=(dataclasses.replace(spec.rollups[0], grain=Duration(2 * 86_400)),))
+    record = reduce.run(spark, two_days)  # nothing new to merge, but the daily table is not a 2-day one
+    assert record.status == "noop" and record.versions_written["rollup_daily"] is not None
+    check(two_days)
 
 
 @pytest.mark.parametrize(("rollups", "message"), [
