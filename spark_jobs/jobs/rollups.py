@@ -5,7 +5,7 @@ the stored accumulators of every window in the bucket, and the values, as ``aggr
 them per key and window. It is derived from ``aggregates`` alone, so the hybrid rule holds in it
 as it holds there.
 
-Exactly once: the app transaction ``<pipeline>.rollup_<name>`` on the rollup table records the
+Exactly once: the app transaction ``<pipeline>.rollup_<name>:<grain>s:<keys>`` on the rollup table records the
 ``aggregates`` version it reflects. A refresh compares the ``aggregates`` files of that version
 with those of the latest: the window statistics of every file added or removed since say which
 buckets changed, and those buckets are recomputed from the latest version's rows, in one commit.
