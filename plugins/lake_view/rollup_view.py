@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_jobs.inspection import InspectError, Series
-from spark_jobs.inspection.rollup import Rollup, parse_grain
+from spark_jobs.inspection import Series
+from spark_jobs.inspection.rollup import Rollup, parse_by, parse_grain
 from spark_jobs.inspection.views import parse_time
 from spark_jobs.plan.buckets import EPOCH
 
@@ -24,8 +24,7 @@ if TYPE_CHECKING:
     from spark_jobs.lake.reader import Snapshot
     from spark_jobs.spec import PipelineSpec
 
-__all__ = ["MAX_ROLLUP_ROWS", "MAX_SERIES", "RollupForm", "chart_metrics", "default_range", "fmt_time", "parse_by",
-           "rollup_series"]
+__all__ = ["MAX_ROLLUP_ROWS", "MAX_SERIES", "RollupForm", "chart_metrics", "default_range", "fmt_time", "rollup_series"]
 
 MAX_ROLLUP_ROWS = 10_000  # a bigger answer is refused: a coarser grain, fewer keys or a where makes it smaller
 MAX_SERIES = len(COLORS)  # lines drawn: the key combinations with the largest totals, a colour each
@@ -54,19 +53,6 @@ def default_range(snapshot: Snapshot, spec: PipelineSpec) -> tuple[dt.datetime, 
     offset = int((last - EPOCH).total_seconds()) % size  # windows count from the epoch
     end = last - dt.timedelta(seconds=offset, microseconds=last.microsecond) + dt.timedelta(seconds=size)
     return end - dt.timedelta(seconds=max(1, _DAY // size) * size), end
-
-
-def parse_by(text: str | None, spec: PipelineSpec) -> tuple[str, ...]:
-    """``page,country`` as keys; None (not given) is every key of the spec, an empty text none (merge them all)."""
-    if text is None:
-        return spec.group_by
-    if not text.strip():
-        return ()
-    keys = tuple(k.strip() for k in text.split(","))
-    if not all(keys):
-        raise InspectError(f"bad by {text[:200]!r}; use comma-separated group keys, e.g. "
-                           f"{','.join(spec.group_by) or 'page'} (empty: merge across every key)")
-    return keys
 
 
 @dataclass(frozen=True)

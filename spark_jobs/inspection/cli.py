@@ -133,15 +133,14 @@ def _limit(n: int) -> int:
 
 def _rollup(args: argparse.Namespace, spec: PipelineSpec | None, ref: Any) -> Any:
     from spark_jobs.inspection import views
-    from spark_jobs.inspection.rollup import Rollup, parse_grain, rollup
+    from spark_jobs.inspection.rollup import Rollup, parse_by, parse_grain, rollup
 
     if spec is None:
         raise InspectError("rollup needs --pipeline SPEC: the spec says which aggregate each accumulator column holds")
     if ref.name != f"{spec.name}.aggregates":
         raise InspectError(f"rollup reads {spec.name}.aggregates, not {ref.name}")
-    by = tuple(spec.group_by) if args.by is None else () if not args.by.strip() else tuple(
-        _columns(args.by, "--by") or ())
-    request = Rollup(views.parse_time(args.start), views.parse_time(args.end), by, parse_grain(args.grain), args.where)
+    request = Rollup(views.parse_time(args.start), views.parse_time(args.end), parse_by(args.by, spec),
+                     parse_grain(args.grain), args.where)
     result = rollup(views.open_version(ref), spec, request)
     if not args.json:
         print(f"merged from {spec.name}.{result.schema.metadata[b'source'].decode()}", file=sys.stderr)

@@ -27,7 +27,7 @@ from spark_jobs.plan.buckets import EPOCH, TS, bucket_origin, bucket_starts, mer
 from spark_jobs.plan.phases import CompiledAggregates
 from spark_jobs.spec import PipelineSpec, RollupSpec, parse_duration
 
-__all__ = ["Rollup", "parse_grain", "rollup"]
+__all__ = ["Rollup", "parse_by", "parse_grain", "rollup"]
 
 _US = 1_000_000
 SOURCE = b"source"  # the result's schema metadata: the table it merged
@@ -52,6 +52,19 @@ def parse_grain(text: str | None) -> int | None:
         return parse_duration(text.strip().lower()).seconds
     except ValueError:
         raise InspectError(f"bad grain {text!r}; use all, or a duration such as '1 hour', '1 day', '1 week'") from None
+
+
+def parse_by(text: str | None, spec: PipelineSpec) -> tuple[str, ...]:
+    """``page,country`` as keys; None (not given) is every key of the spec, an empty text none (merge them all)."""
+    if text is None:
+        return spec.group_by
+    if not text.strip():
+        return ()
+    keys = tuple(k.strip() for k in text.split(","))
+    if not all(keys):
+        raise InspectError(f"bad by {text[:200]!r}; use comma-separated group keys, e.g. "
+                           f"{','.join(spec.group_by) or 'page'} (empty: merge across every key)")
+    return keys
 
 
 def _check(spec: PipelineSpec, request: Rollup) -> int:

@@ -9,8 +9,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from plugins.lake_view.rollup_view import RollupForm, default_range, parse_by
+from plugins.lake_view.rollup_view import RollupForm, default_range
 from spark_jobs.errors import InspectError
+from spark_jobs.inspection.rollup import parse_by
 from spark_jobs.inspection.specs import SPECS_ENV, find_spec, specs_folder
 from tests.builders import FAST_AGGREGATES, make_spec
 
