@@ -159,6 +159,30 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Compare the spec with the lake's recorded one: each change, its cost, the days to recombine. No Spark."""
+    import json
+
+    from spark_jobs.lake.spec_record import read_records
+    from spark_jobs.plan.evolution import make_plan
+
+    spec = _spec(args)
+    plan = make_plan(spec, read_records(spec.lake, spec.name))
+    print(json.dumps(plan.to_json(), indent=2, default=str) if args.json else plan.text())
+    return 2 if plan.diff.refused else 0
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    """Make the lake match the spec: schema changes, re-derivations from the stored accumulators, the record."""
+    from spark_jobs.jobs.apply import apply
+
+    spec = _spec(args)
+    result = apply(spec, spark=lambda: _session(args, "apply", connect=False), engine=args.engine, run_id=args.run_id)
+    print(result.plan.text())
+    print(result.summary())
+    return 0
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from spark_jobs.inspection.cli import run_inspect
 
@@ -251,6 +275,21 @@ def build_parser(commands: Sequence[Command] = ()) -> argparse.ArgumentParser:
     ex.add_argument("--mode", default="simple", choices=["simple", "extended", "formatted", "cost", "codegen"],
                     help="Spark's explain mode (default simple)")
     ex.set_defaults(func=cmd_explain)
+
+    pl = sub.add_parser("plan", help="compare a spec with the lake's: each change, its cost, the days to recombine "
+                                     "(no Spark, changes nothing)")
+    pl.add_argument("--pipeline", required=True, help="the new pipeline spec YAML")
+    pl.add_argument("--lake", help="override the spec's lake root")
+    pl.add_argument("--source-path", help="override the spec's source.path")
+    pl.add_argument("--json", action="store_true", help="JSON output for scripts")
+    pl.set_defaults(func=cmd_plan)
+
+    ap = sub.add_parser("apply", help="make the lake match a changed spec: schemas, re-derivations from the stored "
+                                      "accumulators, the spec record (exactly once; rerun after a crash)")
+    spec_opts(ap)
+    ap.add_argument("--engine", default="auto", choices=["auto", "arrow", "spark"],
+                    help="where merges run: arrow on the driver, spark, or auto (spark for tables over 2M rows)")
+    ap.set_defaults(func=cmd_apply)
 
     from spark_jobs.inspection.cli import add_inspect_parser
 

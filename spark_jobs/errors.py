@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "PipelineError",
     "SpecError",
+    "SpecChangedError",
     "UsageError",
     "InputError",
     "SchemaMismatchError",
@@ -38,6 +39,13 @@ class SpecError(PipelineError):
         self.problems = list(problems)
         lines = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"invalid pipeline spec {origin}:\n{lines}")
+
+
+class SpecChangedError(PipelineError):
+    """The spec given is not the one the lake records (or a change of it is half applied): a job would
+    write tables of two layouts. Exit code 2, before any work; ``plan`` shows the change, ``apply`` makes it."""
+
+    exit_code = 2
 
 
 class UsageError(PipelineError):

@@ -125,6 +125,19 @@ class AggregateFunction(ABC, Generic[ACC, OUT]):
         """A fresh accumulator from stored column values (merges may mutate it); NULL is empty."""
         return cells[0] if cells[0] is not None else self.create_accumulator()
 
+    # stored types ----------------------------------------------------------------
+    def acc_types(self) -> list[pa.DataType]:
+        """The Arrow types of its ``acc_fields`` columns, as the tables store them: what a schema change
+        adds for a new aggregate without running Spark. Spark's phases must produce these types (a test
+        holds the built-ins to it)."""
+        assert self.accumulator_type is not None, f"{type(self).__name__} sets no accumulator_type"
+        return [self.accumulator_type]
+
+    def value_type(self) -> pa.DataType:
+        """The Arrow type of ``get_value``, as the ``aggregates`` table stores it."""
+        assert self.result_type is not None, f"{type(self).__name__} sets no result_type"
+        return self.result_type
+
     @property
     def supports_retract(self) -> bool:
         return type(self).retract is not AggregateFunction.retract

@@ -50,6 +50,11 @@ __all__ = [
 ]
 
 NUMERIC = ("int", "bigint", "float", "double")
+# Spark SQL type of a source column (spec.TYPES' values) -> the Arrow type its values are stored as
+ARROW_TYPES: dict[str, pa.DataType] = {
+    "string": pa.string(), "int": pa.int32(), "bigint": pa.int64(), "float": pa.float32(), "double": pa.float64(),
+    "boolean": pa.bool_(), "date": pa.date32(), "timestamp": pa.timestamp("us", tz="UTC"),
+}
 
 
 class Builtin(AggregateFunction[Any, Any]):
@@ -71,6 +76,18 @@ class Builtin(AggregateFunction[Any, Any]):
 
     def arg(self, key: str, default: Any = None) -> Any:
         return self.args.get(key, default)
+
+    # stored types: Spark's phases produce these (tests/integration/test_stored_types.py holds them to it)
+    @property
+    def input_arrow(self) -> pa.DataType:
+        """The Arrow type of the input column (double when there is none)."""
+        return ARROW_TYPES.get(self.input_type or "double", pa.float64())
+
+    def acc_types(self) -> list[pa.DataType]:
+        return [self.input_arrow]
+
+    def value_type(self) -> pa.DataType:
+        return self.input_arrow
 
     @classmethod
     def check_args(cls, args: dict[str, Any]) -> list[tuple[str, str]]:
@@ -128,6 +145,12 @@ class Count(Builtin):
 
     fn = "count"
     acc_fields = ("count",)
+
+    def acc_types(self) -> list[pa.DataType]:
+        return [pa.int64()]
+
+    def value_type(self) -> pa.DataType:
+        return pa.int64()
     arrow_merge = ("sum",)
     column_required = False
 
@@ -178,6 +201,12 @@ class Sum(Builtin):
 
     def decode(self, cells: list[Any]) -> list[Any]:
         return [cells[0], cells[1] or 0]  # (sum or NULL, non-NULL count)
+
+    def acc_types(self) -> list[pa.DataType]:
+        return [self.value_type(), pa.int64()]
+
+    def value_type(self) -> pa.DataType:  # Spark sums integers as bigint, floats as double
+        return pa.int64() if pa.types.is_integer(self.input_arrow) else pa.float64()
 
     def create_accumulator(self) -> list[Any]:
         return [0, 0]
@@ -231,6 +260,12 @@ class Avg(Sum):
     """``avg``: the same (sum, count) accumulator as ``sum``, summed as double."""
 
     fn = "avg"
+
+    def acc_types(self) -> list[pa.DataType]:
+        return [pa.float64(), pa.int64()]
+
+    def value_type(self) -> pa.DataType:
+        return pa.float64()
 
     def get_value(self, acc: list[Any]) -> float | None:
         return acc[0] / acc[1] if acc[1] > 0 else None
@@ -313,6 +348,12 @@ class CountDistinct(Builtin):
     fn = "count_distinct"
     acc_fields = ("set",)
 
+    def acc_types(self) -> list[pa.DataType]:
+        return [pa.list_(pa.field("element", self.input_arrow))]
+
+    def value_type(self) -> pa.DataType:
+        return pa.int64()
+
     def encode(self, acc: set[Any]) -> list[Any]:
         return [sorted(acc, key=lambda v: (type(v).__name__, v))]
 
@@ -365,6 +406,12 @@ class ApproxCountDistinct(Builtin):
     fn = "approx_count_distinct"
     acc_fields = ("hll",)
     args_allowed = ("lg_k",)
+
+    def acc_types(self) -> list[pa.DataType]:
+        return [pa.binary()]
+
+    def value_type(self) -> pa.DataType:
+        return pa.int64()
 
     def encode(self, acc: ds.hll_sketch) -> list[Any]:
         return [acc.serialize_updatable()]
@@ -456,6 +503,9 @@ class ApproxPercentile(Builtin):
     acc_fields = ("kll",)
     numeric_only = True
     args_allowed = ("q", "k")
+
+    def acc_types(self) -> list[pa.DataType]:
+        return [pa.binary()]
 
     def encode(self, acc: ds.kll_doubles_sketch) -> list[Any]:
         return [acc.serialize()]
@@ -569,6 +619,9 @@ class _ByEventTime(Builtin):
     acc_fields = ("acc",)
     uses_event_time = True
     _pick: ClassVar[Any]
+
+    def acc_types(self) -> list[pa.DataType]:
+        return [pa.struct([("at", pa.timestamp("us", tz="UTC")), ("value", self.input_arrow)])]
 
     def encode(self, acc: tuple[Any, Any] | None) -> list[Any]:
         return [None if acc is None else {"at": acc[0], "value": acc[1]}]
@@ -686,6 +739,9 @@ class _ExtremeMapView(Builtin):
     acc_fields = ("counts",)
     map_view = True
     _pick: ClassVar[Any]
+
+    def acc_types(self) -> list[pa.DataType]:
+        return [pa.map_(self.input_arrow, pa.int64())]
 
     def encode(self, acc: dict[Any, int]) -> list[Any]:  # no counts left: NULL, as the Spark merge leaves it
         return [sorted(acc.items(), key=lambda kv: (type(kv[0]).__name__, kv[0]))] if acc else [None]

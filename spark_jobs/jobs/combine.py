@@ -15,7 +15,9 @@ from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.jobs.landing import classify, read_partition, spark_read_error
 from spark_jobs.jobs.runs import RunRecord, recorded_run
 from spark_jobs.lake import Commit, Lake, PipelineTables, open_lake
+from spark_jobs.lake.layout import SPEC_VERSION
 from spark_jobs.lake.rules import BATCH, DEAD_LETTER_PARTITIONS, PARTIALS_PARTITIONS
+from spark_jobs.lake.spec_record import ensure_applied
 from spark_jobs.plan.phases import CompiledAggregates, assign_windows, partial_aggregate
 from spark_jobs.spec import PipelineSpec
 
@@ -38,8 +40,8 @@ def batch_columns(partials: DataFrame, *, batch: str, source: str, event_date: C
 
     return partials.select(
         F.lit(batch).alias("batch"), F.lit(source).alias("source"), event_date.alias("event_date"),
-        *(c for c in partials.columns if c != "event_date"), F.lit(run_id).alias("run_id"),
-        F.current_timestamp().alias("created_at"),
+        *(c for c in partials.columns if c not in ("event_date", SPEC_VERSION)), F.lit(run_id).alias("run_id"),
+        F.current_timestamp().alias("created_at"), SPEC_VERSION,
     )
 
 
@@ -79,7 +81,7 @@ def run(spark: SparkSession, spec: PipelineSpec, date: str, *, lake: Lake | None
     date = parse_date(date)
     lake = lake or open_lake(spark)
     tables = PipelineTables(spec.lake, spec.name)
-    compiled = CompiledAggregates(spec)
+    compiled = CompiledAggregates(spec, ensure_applied(lake, spec, run_id=run_id or ""))
     with recorded_run(lake, tables, job="combine", batch=date, run_id=run_id) as record:
         source = spec.source.partition_path(date)
         record.inputs = [source]

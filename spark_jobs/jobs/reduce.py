@@ -19,7 +19,9 @@ from spark_jobs.jobs import rollups
 from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.jobs.runs import RunRecord, recorded_run
 from spark_jobs.lake import AppTxn, Lake, PipelineTables, open_lake
+from spark_jobs.lake.layout import SPEC_VERSION
 from spark_jobs.lake.rules import counted_files, day_bounds, in_days, reduce_app_id, sort_keys, window_cluster
+from spark_jobs.lake.spec_record import ensure_applied
 from spark_jobs.plan.phases import CompiledAggregates, final_aggregate
 from spark_jobs.spec import PipelineSpec
 
@@ -36,7 +38,8 @@ def reduce(partials: DataFrame, compiled: CompiledAggregates, *, run_id: str) ->
     from pyspark.sql import functions as F
 
     out = final_aggregate(partials, compiled)
-    return out.select(*out.columns, F.current_timestamp().alias("updated_at"), F.lit(run_id).alias("run_id"))
+    return out.select(*(c for c in out.columns if c != SPEC_VERSION), F.current_timestamp().alias("updated_at"),
+                      F.lit(run_id).alias("run_id"), *([SPEC_VERSION] if SPEC_VERSION in out.columns else []))
 
 
 def run(spark: SparkSession, spec: PipelineSpec, *, lake: Lake | None = None, run_id: str | None = None,
@@ -48,7 +51,7 @@ def run(spark: SparkSession, spec: PipelineSpec, *, lake: Lake | None = None, ru
     """
     lake = lake or open_lake(spark)
     tables = PipelineTables(spec.lake, spec.name)
-    compiled = CompiledAggregates(spec)
+    compiled = CompiledAggregates(spec, ensure_applied(lake, spec, run_id=run_id or ""))
     with recorded_run(lake, tables, job="reduce", batch=None, run_id=run_id) as record:
 
         def attempt(n: int) -> None:
@@ -57,7 +60,7 @@ def run(spark: SparkSession, spec: PipelineSpec, *, lake: Lake | None = None, ru
 
         retry_conflicts(attempt, what="reduce")
         if spec.rollups:  # also after a no-op: a crash may have left them behind aggregates
-            record.versions_written.update(rollups.refresh(lake, spec, run_id=record.run_id))
+            record.versions_written.update(rollups.refresh(lake, compiled, run_id=record.run_id))
     return record
 
 

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 
 from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.lake import AppTxn, Cluster, Lake, PipelineTables
+from spark_jobs.lake.layout import SPEC_VERSION, table_schema
 from spark_jobs.lake.reader import Snapshot, open_table
 from spark_jobs.lake.rules import rollup_app_id
 from spark_jobs.plan.buckets import (
@@ -38,7 +39,7 @@ from spark_jobs.plan.buckets import (
     value_columns,
 )
 from spark_jobs.plan.phases import CompiledAggregates
-from spark_jobs.spec import PipelineSpec, RollupSpec
+from spark_jobs.spec import RollupSpec
 
 __all__ = ["refresh"]
 
@@ -47,18 +48,19 @@ _US = 1_000_000
 MAX_FILES = 64  # files a refresh lays its rows out in: about one per bucket, so the next refresh rewrites few
 
 
-def refresh(lake: Lake, spec: PipelineSpec, *, run_id: str) -> dict[str, int | None]:
+def refresh(lake: Lake, compiled: CompiledAggregates, *, run_id: str) -> dict[str, int | None]:
     """Bring every declared rollup up to the latest ``aggregates`` version; their versions written
     (None for a rollup that was already up to date)."""
     written: dict[str, int | None] = {}
-    for rollup in spec.rollups:
-        written[rollup.table] = retry_conflicts(partial(_attempt, lake, spec, rollup, run_id),
+    for rollup in compiled.spec.rollups:
+        written[rollup.table] = retry_conflicts(partial(_attempt, lake, compiled, rollup, run_id),
                                                 what=f"rollup {rollup.name}")
     return written
 
 
-def _attempt(lake: Lake, spec: PipelineSpec, rollup: RollupSpec, run_id: str, attempt: int) -> int | None:
+def _attempt(lake: Lake, compiled: CompiledAggregates, rollup: RollupSpec, run_id: str, attempt: int) -> int | None:
     """One plan and commit, from the tables as they are now."""
+    spec = compiled.spec
     tables = PipelineTables(spec.lake, spec.name)
     source = lake.version(tables.aggregates)
     if source is None:
@@ -71,7 +73,7 @@ def _attempt(lake: Lake, spec: PipelineSpec, rollup: RollupSpec, run_id: str, at
         return None
     aggregates = open_table(tables.aggregates, source)
     ranges = None if done is None else changed_buckets(aggregates, done, rollup.grain.seconds)
-    rows = rollup_rows(aggregates, spec, rollup, ranges, run_id=run_id)
+    rows = rollup_rows(aggregates, compiled, rollup, ranges, run_id=run_id)
     keys = [*rollup.by, "window_start", "window_end"]
     touched = None
     if ranges is not None:
@@ -111,14 +113,16 @@ def changed_buckets(aggregates: Snapshot, since: int, grain_s: int) -> list[tupl
     return [(EPOCH + dt.timedelta(microseconds=lo), EPOCH + dt.timedelta(microseconds=hi)) for lo, hi in _union(spans)]
 
 
-def rollup_rows(aggregates: Snapshot, spec: PipelineSpec, rollup: RollupSpec,
+def rollup_rows(aggregates: Snapshot, compiled: CompiledAggregates, rollup: RollupSpec,
                 ranges: list[tuple[dt.datetime, dt.datetime]] | None, *, run_id: str) -> pa.Table:
     """The rollup table's rows for the buckets in ``ranges`` (all when None), from ``aggregates``,
-    with its column order and types (``by`` keys, bucket bounds, values, ``n_rows``, accumulators)."""
-    entries = CompiledAggregates(spec).entries
+    with its column order and types (``by`` keys, bucket bounds, values, ``n_rows``, accumulators,
+    ``spec_version``)."""
+    spec, entries = compiled.spec, compiled.entries
     schema = aggregates.schema()
     acc = [c for e in entries for c in e.acc_columns]
-    rows = aggregates.read([*rollup.by, "window_start", "n_rows", *acc],
+    versions = [SPEC_VERSION] if SPEC_VERSION in schema.names else []
+    rows = aggregates.read([*rollup.by, "window_start", "n_rows", *acc, *versions],
                            filter=None if ranges is None else _in_ranges(ranges))
     grain = rollup.grain.seconds
     rows = rows.drop_columns(["window_start"]).append_column(
@@ -126,10 +130,11 @@ def rollup_rows(aggregates: Snapshot, spec: PipelineSpec, rollup: RollupSpec,
     merged, accs = merge_groups(rows, [*rollup.by, "window_start"], entries)
     end = pc.add(merged.column("window_start").cast(pa.int64()), grain * _US).cast(TS)
     now = pa.scalar(dt.datetime.now(dt.UTC), TS)
-    out = {**{k: merged.column(k) for k in [*rollup.by, "window_start", "n_rows"]}, "window_end": end,
-           **value_columns(merged, accs, entries), **encoded_columns(merged, accs, entries, schema),
+    out = {**{k: merged.column(k) for k in [*rollup.by, "window_start", "n_rows", *versions]}, "window_end": end,
+           **value_columns(merged, accs, entries, compiled.coverage),
+           **encoded_columns(merged, accs, entries, schema, compiled.coverage),
            "updated_at": pa.repeat(now, merged.num_rows), "run_id": pa.repeat(pa.scalar(run_id), merged.num_rows)}
-    columns = [f for f in schema if f.name not in spec.group_by or f.name in rollup.by]
+    columns = [f for f in table_schema(spec, rollup.table, rollup) if f.name in out]
     return pa.table([out[f.name].cast(f.type) for f in columns], pa.schema(columns))
 
 

@@ -51,7 +51,9 @@ from spark_jobs.jobs.stream_driver import DRIVER_MAX_KEYS, DriverEngine
 from spark_jobs.jobs.stream_spark import SparkEngine
 from spark_jobs.jobs.stream_step import Committed, MergeEngine, MiniBatch, commit_outputs
 from spark_jobs.lake import AppTxn, Lake, PipelineTables, open_lake
+from spark_jobs.lake.layout import SPEC_VERSION
 from spark_jobs.lake.rules import DAY, batch_days, batch_files_in, day_bounds, stream_app_id
+from spark_jobs.lake.spec_record import ensure_applied
 from spark_jobs.plan import CompiledAggregates, assign_windows, partial_aggregate
 from spark_jobs.spec import PipelineSpec
 
@@ -143,7 +145,9 @@ class MiniBatchAggregator:
                  driver_max_keys: int = DRIVER_MAX_KEYS) -> None:
         self.spark, self.spec, self.lake, self.run_id = spark, spec, lake, run_id
         self.tables = PipelineTables(spec.lake, spec.name)
-        self.compiled = CompiledAggregates(spec)
+        # the spec the lake records; each mini-batch checks it again (an ``apply`` stops the stream)
+        self.record = ensure_applied(lake, spec, run_id=run_id)
+        self.compiled = CompiledAggregates(spec, self.record)
         # the first engine that accepts a batch merges it
         self.engines: list[MergeEngine] = [DriverEngine(self.compiled, lake, driver_max_keys),
                                            SparkEngine(spark, self.compiled, lake)]
@@ -192,6 +196,7 @@ class MiniBatchAggregator:
         if done is not None and done >= batch_id:
             log.info("mini-batch %d is already committed (state at %d): skipped", batch_id, done)
             return BatchOutcome(batch_id, replayed=True)
+        ensure_applied(lake, spec, run_id=self.run_id)  # a spec applied since the stream started stops it here
         files = sorted(r["path"] for r in landed.collect())
         if not files:
             return BatchOutcome(batch_id)
@@ -225,6 +230,9 @@ class MiniBatchAggregator:
             # local pre-aggregation: one row per (day, key, window) of the batch
             delta = partial_aggregate(assign_windows(valid, spec), self.compiled, extra_keys=[DAY], extra_aggs=[
                 F.max(et).alias("max_event_time"), F.min(et).alias("_first_seen"), F.count(F.lit(1)).alias("_rows")])
+            if self.record.uncovered_through is not None:  # days whose earlier rows a spec change dropped
+                delta = delta.withColumn(SPEC_VERSION, F.when(F.col(DAY) <= F.lit(self.record.uncovered_through),
+                                                              F.lit(0).cast("bigint")).otherwise(F.col(SPEC_VERSION)))
             delta = delta.persist(StorageLevel.MEMORY_AND_DISK)
             span = delta.agg(F.sum("_rows").alias("rows"), F.min("_first_seen").alias("low"),
                              F.max("max_event_time").alias("high"), F.count(F.lit(1)).alias("keys")).first()
@@ -258,7 +266,7 @@ class MiniBatchAggregator:
 
             committed = retry_conflicts(step, what=f"mini-batch {batch_id}")
             if spec.rollups:
-                committed.written.update(rollups.refresh(lake, spec, run_id=record.run_id))
+                committed.written.update(rollups.refresh(lake, self.compiled, run_id=record.run_id))
             bad.unpersist()
             outcome.state_writes, outcome.changes = committed.state_writes, committed.changes
             outcome.visible_at, self._high = committed.visible_at, high
@@ -343,8 +351,8 @@ def run(spark: SparkSession, spec: PipelineSpec, *, available_now: bool = False,
     lake = lake or open_lake(spark)
     tables = PipelineTables(spec.lake, spec.name)
     _check_checkpoint(lake, tables, spec)
-    rollups.refresh(lake, spec, run_id=run_id or "stream-start")  # after a crash between commits
     aggregator = MiniBatchAggregator(spark, spec, lake, run_id or new_run_id("stream"), driver_max_keys)
+    rollups.refresh(lake, aggregator.compiled, run_id=run_id or "stream-start")  # after a crash between commits
     writer = (source_stream(spark, spec).writeStream.foreachBatch(aggregator)
               .option("checkpointLocation", tables.stream_checkpoint).queryName(f"{spec.name}_stream"))
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=spec.stream.trigger.spark)

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 from spark_jobs.jobs.stream_step import BatchOutputs, MiniBatch
 from spark_jobs.lake import Lake, PipelineTables
 from spark_jobs.lake.arrow import key_mask
+from spark_jobs.lake.layout import SPEC_VERSION
 from spark_jobs.lake.rules import DAY, STREAM
 from spark_jobs.plan import CompiledAggregates
 from spark_jobs.plan.local import LocalAggregates
@@ -61,9 +62,11 @@ def merge_on_driver(delta: pa.Table, state: pa.Table, local: LocalAggregates, ke
             merged.append({c: row[c] for c in columns})
             continue
         accs = local.merge_rows([prev, row])
+        version = local.version([prev, row])
         times = [t for t in (prev["max_event_time"], row["max_event_time"]) if t is not None]
         merged.append({**dict(zip(state_keys, skey, strict=True)), "n_rows": prev["n_rows"] + row["n_rows"],
-                       **local.encode(accs), "max_event_time": max(times) if times else None})
+                       **local.encode(accs, version), "max_event_time": max(times) if times else None,
+                       SPEC_VERSION: version})
 
     written = {tuple(r[k] for k in state_keys) for r in merged}
     before: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
@@ -86,9 +89,10 @@ def merge_on_driver(delta: pa.Table, state: pa.Table, local: LocalAggregates, ke
     for key in sorted(after, key=lambda k: (first_seen[k], k)):
         new_accs = local.merge_rows(after[key])
         new_n = sum(r["n_rows"] for r in after[key])
-        new = local.values(new_accs)
+        new_version = local.version(after[key])
+        new = local.values(new_accs, new_version)
         was = bool(before.get(key)) and sum(r["n_rows"] for r in before[key]) != 0
-        prev_values = local.values(local.merge_rows(before[key])) if was else None
+        prev_values = local.values(local.merge_rows(before[key]), local.version(before[key])) if was else None
         key_cols = dict(zip(keys, key, strict=True))
         gone = new_n == 0
         if not was and not gone:
@@ -101,10 +105,11 @@ def merge_on_driver(delta: pa.Table, state: pa.Table, local: LocalAggregates, ke
         if inputs:  # the key's aggregates row, from the partials that count (its state, unless the hybrid rule)
             same = len(inputs) == len(after[key]) and not counted[key]
             accs = new_accs if same else local.merge_rows(inputs)
+            version = new_version if same else local.version(inputs)
             n = sum(r["n_rows"] for r in inputs)
             if not (retracting and n == 0):
-                rows_out.append({**key_cols, **local.values(accs), "n_rows": n, **local.encode(accs),
-                                 "updated_at": now, "run_id": run_id})
+                rows_out.append({**key_cols, **local.values(accs, version), "n_rows": n, **local.encode(accs, version),
+                                 "updated_at": now, "run_id": run_id, SPEC_VERSION: version})
     for seq, change in enumerate(changes):
         change.update(batch_id=batch_id, seq=seq)
 
@@ -183,7 +188,7 @@ class DriverEngine:
             pa.schema([*state_schema, first_seen]))
         batch_rows = None
         if batch.batch_files:
-            columns = [*self.keys, "n_rows", *self.local.compiled.acc_columns]
+            columns = [*self.keys, "n_rows", *self.local.compiled.acc_columns, SPEC_VERSION]
             partials = schemas["partials"]
             batch_rows = (self.lake.read_files(self.tables.partials, list(batch.batch_files)).select(*columns)
                           .toArrow().cast(pa.schema([partials.field(c) for c in columns])))

@@ -12,6 +12,7 @@ from spark_jobs.jobs.combine import batch_columns
 from spark_jobs.jobs.reduce import reduce
 from spark_jobs.jobs.stream_step import BatchOutputs, MiniBatch
 from spark_jobs.lake import Lake, PipelineTables
+from spark_jobs.lake.layout import SPEC_VERSION
 from spark_jobs.lake.rules import DAY, STREAM
 from spark_jobs.plan import CompiledAggregates, final_aggregate
 
@@ -69,7 +70,7 @@ class SparkEngine:
         self.tables = PipelineTables(spec.lake, spec.name)
         self.keys = list(spec.key_columns)
         self.state_keys = [DAY, *self.keys]
-        self.state_columns = [*self.state_keys, "n_rows", *compiled.acc_columns, "max_event_time"]
+        self.state_columns = [*self.state_keys, "n_rows", *compiled.acc_columns, "max_event_time", SPEC_VERSION]
         self._cached: list[DataFrame] = []
 
     def accepts(self, keys: int) -> bool:
@@ -125,7 +126,7 @@ class SparkEngine:
         combine, and the batch partials of days with one."""
         from pyspark.sql import functions as F
 
-        columns = [*self.keys, "n_rows", *self.compiled.acc_columns]
+        columns = [*self.keys, "n_rows", *self.compiled.acc_columns, SPEC_VERSION]
         if not batch.batch_days:
             return key_rows.select(*columns)
         live = key_rows.where(~F.col(DAY).isin(sorted(batch.batch_days))).select(*columns)

@@ -105,7 +105,8 @@ def commit_outputs(lake: Lake, spec: PipelineSpec, txn: AppTxn, *, run_id: str, 
             sort_by=sort_keys(spec), cluster=cluster, prune=prune).version
         done.visible_at = time.time()
     if pending(lake, t.changelog, txn):
-        commit = lake.append(out.changelog, t.changelog, app_txn=txn, metadata=meta)
+        # a log: the columns of an aggregate or key a spec change dropped stay, NULL from then on
+        commit = lake.append(out.changelog, t.changelog, app_txn=txn, metadata=meta, conform=True)
         done.written["changelog"] = commit.version
         done.changes = commit.rows_added
     if pending(lake, t.partials, txn):

@@ -27,6 +27,7 @@ BACKENDS: tuple[str, ...] = ("embedded", "delta-spark")
 
 class Lake(Protocol):
     name: str
+    spec_txn: AppTxn | None  # set by ``spec_record.ensure_applied``: commits to spec-shaped tables carry it
 
     def version(self, path: str) -> int | None: ...
     def schema(self, path: str) -> pa.Schema | None: ...
@@ -37,10 +38,16 @@ class Lake(Protocol):
              partitions: Sequence[tuple[str, str, Any]] | None = None) -> DataFrame: ...
     def read_files(self, path: str, files: Sequence[str], *, version: int | None = None) -> DataFrame: ...
     def append(self, df: DataFrame | pa.Table, path: str, *, partition_by: Sequence[str] = (),
-               app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None) -> Commit: ...
+               app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None,
+               conform: bool = False) -> Commit: ...
+    def rewrite(self, rows: DataFrame | pa.Table, path: str, *, partition_by: Sequence[str] = (),
+                read_version: int | None = None, app_txns: Sequence[AppTxn] = (),
+                metadata: Mapping[str, Any] | None = None, sort_by: Sequence[str] = (),
+                cluster: Cluster | None = None) -> Commit: ...
+    def add_columns(self, path: str, fields: Sequence[pa.Field], *, app_txns: Sequence[AppTxn] = ()) -> Commit: ...
     def replace_partition(self, df: DataFrame, path: str, *, partition_by: Sequence[str],
                           partition: Mapping[str, str], app_txn: AppTxn | None = None,
-                          metadata: Mapping[str, Any] | None = None) -> Commit: ...
+                          metadata: Mapping[str, Any] | None = None, conform: bool = False) -> Commit: ...
     def replace_keys(self, rows: DataFrame | pa.Table, path: str, *, keys: Sequence[str],
                      touched: DataFrame | pa.Table | None,
                      app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None,
@@ -49,11 +56,16 @@ class Lake(Protocol):
     def append_rows(self, table: pa.Table, path: str, *, metadata: Mapping[str, Any] | None = None) -> Commit: ...
 
 
-def open_lake(spark: SparkSession, backend: str | None = None) -> Lake:
-    """The backend named by ``backend`` or ``$SPARK_JOBS_DELTA_BACKEND``, else by classpath."""
+def open_lake(spark: SparkSession | None, backend: str | None = None) -> Lake:
+    """The backend named by ``backend`` or ``$SPARK_JOBS_DELTA_BACKEND``, else by classpath. Without a
+    session, the embedded backend for Arrow writes from the driver (``apply`` of a small lake)."""
     from spark_jobs.errors import LakeError
     from spark_jobs.session import delta_jars_available
 
+    if spark is None:
+        from spark_jobs.lake._embedded import EmbeddedLake
+
+        return EmbeddedLake(None)
     choice = backend or os.environ.get("SPARK_JOBS_DELTA_BACKEND") or "auto"
     if choice not in (*BACKENDS, "auto"):
         raise LakeError(f"unknown Delta backend {choice!r}; use one of auto, {', '.join(BACKENDS)}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import shutil
 import time
 import uuid
@@ -39,9 +40,10 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction, create_table_with_add_actions
 
 from spark_jobs._failpoints import failpoint
-from spark_jobs.errors import ConflictError, LakeError
+from spark_jobs.errors import ConflictError, LakeError, SpecChangedError
 from spark_jobs.lake._types import GUARD_PREFIX, AppTxn, Cluster, Commit, DataFile
 from spark_jobs.lake.arrow import key_mask, split_by
+from spark_jobs.lake.tables import is_spec_shaped
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -50,6 +52,9 @@ __all__ = ["EmbeddedLake"]
 
 _STAGING = "_staging"
 _HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+# A commit not planned from a snapshot (an append, a partition's replacement) that loses a race is retried
+# against the new snapshot with the files it staged, this many times, before the job re-plans.
+_COMMIT_TRIES = 4
 
 
 def _local(path: str) -> str:
@@ -78,7 +83,17 @@ def _nullable(schema: pa.Schema) -> pa.Schema:
 
 
 def _same_columns(a: pa.Schema, b: pa.Schema) -> bool:
-    return [(f.name, f.type) for f in a] == [(f.name, f.type) for f in b]
+    """Same names and types, in any order: readers match columns by name, and a column added to a table
+    by a spec change comes last in it, not where a new table would have it."""
+    return sorted((f.name, str(f.type)) for f in a) == sorted((f.name, str(f.type)) for f in b)
+
+
+def _with_missing(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with a NULL column for each of ``schema``'s it lacks (a column the table kept for history)."""
+    for f in schema:
+        if f.name not in table.column_names:
+            table = table.append_column(f, pa.nulls(table.num_rows, f.type))
+    return table
 
 
 def _stat_value(value: Any, *, upper: bool) -> Any:
@@ -169,8 +184,16 @@ class EmbeddedLake:
 
     name = "embedded"
 
-    def __init__(self, spark: SparkSession) -> None:
-        self.spark = spark
+    def __init__(self, spark: SparkSession | None) -> None:
+        self._spark = spark  # None: driver-only (Arrow writes, metadata); a Spark read or write then fails
+        # the spec version a job runs with (``spec_record.ensure_applied``): its commits to spec-shaped tables carry it
+        self.spec_txn: AppTxn | None = None
+
+    @property
+    def spark(self) -> SparkSession:
+        if self._spark is None:
+            raise LakeError("this Delta lake was opened without Spark: it writes Arrow tables from the driver only")
+        return self._spark
 
     # ---------------------------------------------------------------- metadata
     def table(self, path: str, version: int | None = None) -> DeltaTable | None:
@@ -247,17 +270,74 @@ class EmbeddedLake:
 
     # ------------------------------------------------------------------ writes
     def append(self, df: DataFrame | pa.Table, path: str, *, partition_by: Sequence[str] = (),
-               app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None) -> Commit:
+               app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None,
+               conform: bool = False) -> Commit:
+        """Add rows. ``conform``: the rows take the table's columns, those they lack as NULL (a log such as
+        ``changelog`` keeps the columns of a dropped aggregate for its history)."""
+        if conform:
+            df = self._conform(df, path)
         data = [df] if isinstance(df, pa.Table) else df
         return self._commit_df(data, path, partition_by=partition_by, app_txn=app_txn, metadata=metadata)
 
+    def _conform(self, df: DataFrame | pa.Table, path: str) -> DataFrame | pa.Table:
+        """``df`` with the table's columns: NULL for those it lacks, without those the table lacks."""
+        schema = self.schema(path)
+        if schema is None:
+            return df
+        if isinstance(df, pa.Table):
+            return _with_missing(df, schema).select(schema.names)
+        from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import from_arrow_type
+
+        return df.select(*(F.col(f.name) if f.name in df.columns else F.lit(None).cast(from_arrow_type(f.type)).alias(f.name)
+                           for f in schema))
+
+    def rewrite(self, rows: DataFrame | pa.Table, path: str, *, partition_by: Sequence[str] = (),
+                read_version: int | None = None, app_txns: Sequence[AppTxn] = (),
+                metadata: Mapping[str, Any] | None = None, sort_by: Sequence[str] = (),
+                cluster: Cluster | None = None) -> Commit:
+        """Replace every row of the table with ``rows``, whose columns may differ from the table's (a spec
+        change): one commit against ``read_version``, which a concurrent writer makes conflict."""
+        snapshot = self.table(path, read_version)
+        if snapshot is None:
+            raise LakeError(f"no Delta table at {path} to rewrite")
+        data: DataFrame | list[pa.Table]
+        if isinstance(rows, pa.Table):
+            data = split_by(rows, cluster.column, cluster.files) if cluster and rows.num_rows else [rows]
+        else:
+            data = _clustered(rows, cluster)
+        return self._commit_df(data, path, partition_by=partition_by, snapshot=snapshot, app_txns=app_txns,
+                               metadata=metadata, sort_by=sort_by, overwrite=True)
+
+    def add_columns(self, path: str, fields: Sequence[pa.Field], *, app_txns: Sequence[AppTxn] = ()) -> Commit:
+        """Add nullable columns, without rewriting a file: the rows already written read them as NULL."""
+        dt = self.table(path)
+        if dt is None:
+            raise LakeError(f"no Delta table at {path} to add columns to")
+        have = set(pa.schema(dt.schema().to_arrow()).names)
+        new = [f for f in fields if f.name not in have]
+        txns = [Transaction(t.app_id, t.version) for t in app_txns]
+        if new:
+            props = CommitProperties(app_transactions=txns or None)
+            try:
+                dt.alter.add_columns(list(DeltaSchema.from_arrow(pa.schema(new)).fields), commit_properties=props)
+            except CommitFailedError as exc:
+                raise ConflictError(f"adding columns to Delta table {path} lost to a concurrent writer: {exc}") from exc
+        elif txns:  # nothing to add: record the app transactions alone
+            dt.create_write_transaction([], "append", pa.schema(dt.schema().to_arrow()),
+                                        partition_by=list(dt.metadata().partition_columns) or None,
+                                        commit_properties=CommitProperties(app_transactions=txns))
+        return Commit(DeltaTable(_local(path)).version())
+
     def replace_partition(self, df: DataFrame, path: str, *, partition_by: Sequence[str],
                           partition: Mapping[str, str], app_txn: AppTxn | None = None,
-                          metadata: Mapping[str, Any] | None = None) -> Commit:
-        """Replace exactly the rows of one partition with ``df`` in one commit."""
+                          metadata: Mapping[str, Any] | None = None, conform: bool = False) -> Commit:
+        """Replace exactly the rows of one partition with ``df`` in one commit (``conform``: see ``append``)."""
         bad = [k for k in partition if k not in partition_by]
         if bad:
             raise ValueError(f"{bad} are not partition columns of {path} ({list(partition_by)})")
+        if conform:
+            df = self._conform(df, path)  # type: ignore[assignment]
         return self._commit_df(df, path, partition_by=partition_by, replace=partition, app_txn=app_txn,
                                metadata=metadata)
 
@@ -329,8 +409,14 @@ class EmbeddedLake:
         root = _local(path)
 
         def read(file: str, columns: list[str]) -> pa.Table:
-            return pq.read_table(os.path.join(root, file), columns=columns).cast(
-                pa.schema([rows.schema.field(c) for c in columns]))
+            target = pa.schema([rows.schema.field(c) for c in columns])
+            try:
+                table = pq.read_table(os.path.join(root, file), columns=columns)
+            except (pa.ArrowInvalid, KeyError):  # a file from before a column was added: NULL there
+                have = set(pq.read_schema(os.path.join(root, file)).names)
+                table = _with_missing(pq.read_table(os.path.join(root, file), columns=[c for c in columns if c in have]),
+                                      target).select(columns)
+            return table.cast(target)
 
         if prune is not None:
             affected = _overlapping(snapshot, *prune)
@@ -354,12 +440,14 @@ class EmbeddedLake:
     # ---------------------------------------------------------------- internal
     def _commit_df(self, df: DataFrame | list[pa.Table], path: str, *, partition_by: Sequence[str] = (),
                    replace: Mapping[str, str] | None = None, removes: Sequence[DataFile] = (),
-                   app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None,
-                   sort_by: Sequence[str] = (), snapshot: DeltaTable | Literal["latest"] | None = "latest") -> Commit:
+                   app_txn: AppTxn | None = None, app_txns: Sequence[AppTxn] = (),
+                   metadata: Mapping[str, Any] | None = None, sort_by: Sequence[str] = (),
+                   snapshot: DeltaTable | Literal["latest"] | None = "latest", overwrite: bool = False) -> Commit:
         """Stage the files and commit them in one transaction. A ``snapshot`` (None: the table did not
         exist) is what the write was planned from: it commits against that version, and a table created
-        meanwhile is a conflict too. Without one, the latest version is used and a table created
-        meanwhile (by a combine of another day) is joined."""
+        meanwhile is a conflict too. Without one, the latest version after staging is used, a table created
+        meanwhile (by a combine of another day) is joined, and a lost race is retried with the same files.
+        ``overwrite`` replaces every row and may change the columns (a spec change)."""
         from pyspark.sql.pandas.types import to_arrow_schema
 
         if isinstance(df, list):
@@ -368,51 +456,76 @@ class EmbeddedLake:
             schema = _nullable(to_arrow_schema(df.schema, timezone="UTC"))
         table_name = Path(_local(path)).name
         planned = not isinstance(snapshot, str)
-        existing = snapshot if not isinstance(snapshot, str) else self.table(path)
-        if existing is not None:
-            current = _nullable(pa.schema(existing.schema().to_arrow()))
-            if not _same_columns(current, schema):
-                raise LakeError(
-                    f"Delta table {path} has columns {current.names} ({_types(current)}) but the job writes "
-                    f"{schema.names} ({_types(schema)}); the pipeline spec changed: write to a new lake or "
-                    "remove the table and recompute it"
-                )
-            if list(existing.metadata().partition_columns) != list(partition_by):
-                raise LakeError(f"Delta table {path} is partitioned by {existing.metadata().partition_columns}, "
-                                f"expected {list(partition_by)}; remove the table and recompute it")
+        txns = [Transaction(t.app_id, t.version) for t in ([app_txn] if app_txn else [])]
+        txns += [Transaction(t.app_id, t.version) for t in app_txns]
+        spec_txn = self.spec_txn if self.spec_txn is not None and is_spec_shaped(path) else None
+        if spec_txn is not None and all(t.app_id != spec_txn.app_id for t in app_txns):
+            txns.append(Transaction(spec_txn.app_id, spec_txn.version))
+        self._check_target(self.table(path) if isinstance(snapshot, str) else snapshot, path, schema, partition_by,
+                           overwrite=overwrite)
         if isinstance(df, list):
             tables = [t.sort_by([(c, "ascending") for c in sort_by]) if sort_by else t for t in df]
             adds = self._stage(tables, path, partition_by)
         else:
             adds = self._stage(df.sortWithinPartitions(*sort_by) if sort_by else df, path, partition_by)
         rows = sum(a_rows for _, a_rows in adds)
-        now = int(time.time() * 1000)
-        txns = [Transaction(app_txn.app_id, app_txn.version)] if app_txn else []
-        if replace is not None or planned:
-            txns.append(Transaction(_guard(replace), now))
-        props = CommitProperties(custom_metadata=_meta(metadata), app_transactions=txns or None)
-        remove_actions = [RemoveAction(f.path, True, now, f.size, dict(f.partition_values)) for f in removes]
-        failpoint(f"commit:{table_name}:before")
-        try:
-            if existing is None:
-                existing = self._create(path, schema, [a for a, _ in adds], partition_by, props, join=not planned)
-            if existing is not None and replace is not None:
-                filters = [(k, "=", v) for k, v in replace.items()]
-                existing.create_write_transaction([a for a, _ in adds], "overwrite", schema,
-                                                  partition_by=list(partition_by) or None,
-                                                  partition_filters=filters, commit_properties=props)
-            elif existing is not None:
-                existing.create_write_transaction([*(a for a, _ in adds), *remove_actions], "append", schema,
-                                                  partition_by=list(partition_by) or None, commit_properties=props)
-        except CommitFailedError as exc:
-            raise ConflictError(f"commit to Delta table {path} lost to a concurrent writer: {exc}") from exc
-        except ConflictError:
-            raise
-        except Exception as exc:
-            raise LakeError(f"commit to Delta table {path} failed: {exc}") from exc
+        for attempt in range(1, 2 if planned else _COMMIT_TRIES + 1):
+            existing = snapshot if not isinstance(snapshot, str) else self.table(path)
+            self._check_target(existing, path, schema, partition_by, overwrite=overwrite)
+            now = int(time.time() * 1000)
+            guards = [Transaction(_guard(replace), now)] if replace is not None or planned else []
+            props = CommitProperties(custom_metadata=_meta(metadata), app_transactions=(txns + guards) or None)
+            remove_actions = [RemoveAction(f.path, True, now, f.size, dict(f.partition_values)) for f in removes]
+            failpoint(f"commit:{table_name}:before")
+            try:
+                if existing is None:
+                    existing = self._create(path, schema, [a for a, _ in adds], partition_by, props, join=not planned)
+                if existing is not None and (replace is not None or overwrite):
+                    filters = [(k, "=", v) for k, v in replace.items()] if replace is not None else None
+                    existing.create_write_transaction([a for a, _ in adds], "overwrite", schema,
+                                                      partition_by=list(partition_by) or None,
+                                                      partition_filters=filters, commit_properties=props)
+                elif existing is not None:
+                    existing.create_write_transaction([*(a for a, _ in adds), *remove_actions], "append", schema,
+                                                      partition_by=list(partition_by) or None, commit_properties=props)
+            except CommitFailedError as exc:
+                if planned or attempt == _COMMIT_TRIES:
+                    raise ConflictError(f"commit to Delta table {path} lost to a concurrent writer: {exc}") from exc
+                time.sleep(random.uniform(0, 0.05 * 2 ** attempt))  # re-check and commit against the new snapshot
+                continue
+            except ConflictError:
+                raise
+            except Exception as exc:
+                raise LakeError(f"commit to Delta table {path} failed: {exc}") from exc
+            break
         failpoint(f"commit:{table_name}:after")
         dt = DeltaTable(_local(path))
         return Commit(dt.version(), files_added=len(adds), files_removed=len(removes), rows_added=rows)
+
+    def _check_target(self, existing: DeltaTable | None, path: str, schema: pa.Schema, partition_by: Sequence[str],
+                      *, overwrite: bool) -> None:
+        """The table takes these columns, and is not at a newer spec version than this job's."""
+        if existing is None:
+            return
+        if self.spec_txn is not None and is_spec_shaped(path):
+            at = existing.transaction_version(self.spec_txn.app_id)
+            if at is not None and at > self.spec_txn.version:
+                raise SpecChangedError(
+                    f"Delta table {path} follows spec version {at} of the pipeline, this job version "
+                    f"{self.spec_txn.version}: the spec was changed (`apply`) while it ran, and nothing was written; "
+                    "run the job again with the spec the lake records")
+        if overwrite:
+            return
+        current = _nullable(pa.schema(existing.schema().to_arrow()))
+        if not _same_columns(current, schema):
+            raise LakeError(
+                f"Delta table {path} has columns {current.names} ({_types(current)}) but the job writes "
+                f"{schema.names} ({_types(schema)}); its spec does not match the table: see "
+                "`python -m spark_jobs plan --pipeline SPEC` and make the change with `apply`"
+            )
+        if list(existing.metadata().partition_columns) != list(partition_by):
+            raise LakeError(f"Delta table {path} is partitioned by {existing.metadata().partition_columns}, "
+                            f"expected {list(partition_by)}; remove the table and recompute it")
 
     def _create(self, path: str, schema: pa.Schema, adds: list[AddAction], partition_by: Sequence[str],
                 props: CommitProperties, *, join: bool) -> DeltaTable | None:

@@ -20,6 +20,7 @@ from spark_jobs._failpoints import failpoint
 from spark_jobs.errors import ConflictError
 from spark_jobs.lake._embedded import EmbeddedLake
 from spark_jobs.lake._types import AppTxn, Cluster, Commit
+from spark_jobs.lake.tables import is_spec_shaped
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, DataFrameWriter
@@ -91,17 +92,64 @@ class SparkDeltaLake(EmbeddedLake):
         """Driver-held Arrow rows go through Spark here: MERGE and the Delta writer need a DataFrame."""
         return self.spark.createDataFrame(data) if isinstance(data, pa.Table) else data
 
+    def _check_spec(self, path: str) -> None:
+        """delta-spark commits carry one app transaction: the spec version is checked before the write
+        instead of carried by it (a race with ``apply`` inside that window is not caught here)."""
+        if self.spec_txn is None or not is_spec_shaped(path) or self.version(path) is None:
+            return
+        table = self.table(path)
+        assert table is not None
+        self._check_target(table, path, pa.schema([]), (), overwrite=True)
+
     def append(self, df: DataFrame | pa.Table, path: str, *, partition_by: Sequence[str] = (),
-               app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None) -> Commit:
+               app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None,
+               conform: bool = False) -> Commit:
+        if conform:
+            df = self._conform(df, path)
+        self._check_spec(path)
         failpoint(f"commit:{Path(path).name}:before")
         with _conflicts(path):
             self._writer(self._df(df), "append", partition_by, app_txn, metadata).save(path)
         return self._done(path)
 
+    def rewrite(self, rows: DataFrame | pa.Table, path: str, *, partition_by: Sequence[str] = (),
+                read_version: int | None = None, app_txns: Sequence[AppTxn] = (),
+                metadata: Mapping[str, Any] | None = None, sort_by: Sequence[str] = (),
+                cluster: Cluster | None = None) -> Commit:
+        """An overwrite that may change the columns. Only the first app transaction (the spec version) is
+        recorded: without the others, the next reduce or rollup refresh merges everything once."""
+        current = self.version(path)
+        if read_version is not None and current != read_version:
+            raise ConflictError(f"Delta table {path} moved from version {read_version} to {current} while "
+                                "this job planned its rewrite")
+        writer = self._writer(self._df(rows), "overwrite", partition_by, app_txns[0] if app_txns else None, metadata)
+        failpoint(f"commit:{Path(path).name}:before")
+        with _conflicts(path):
+            writer.option("overwriteSchema", "true").save(path)
+        return self._done(path)
+
+    def add_columns(self, path: str, fields: Sequence[pa.Field], *, app_txns: Sequence[AppTxn] = ()) -> Commit:
+        from pyspark.sql.pandas.types import from_arrow_type
+
+        have = set((self.schema(path) or pa.schema([])).names)
+        new = [f for f in fields if f.name not in have]
+        if new:
+            columns = ", ".join(f"`{f.name}` {from_arrow_type(f.type).simpleString()}" for f in new)
+            with _conflicts(path):
+                self.spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})")
+        if app_txns:  # an empty commit records the spec version
+            empty = self.spark.createDataFrame([], self.read(path).schema)
+            with _conflicts(path):
+                self._writer(empty, "append", (), app_txns[0], None).save(path)
+        return self._done(path)
+
     def replace_partition(self, df: DataFrame, path: str, *, partition_by: Sequence[str],
                           partition: Mapping[str, str], app_txn: AppTxn | None = None,
-                          metadata: Mapping[str, Any] | None = None) -> Commit:
+                          metadata: Mapping[str, Any] | None = None, conform: bool = False) -> Commit:
+        if conform:
+            df = self._df(self._conform(df, path))
         where = " AND ".join(f"`{k}` = {_quote(v)}" for k, v in partition.items())
+        self._check_spec(path)
         failpoint(f"commit:{Path(path).name}:before")
         writer = self._writer(df, "overwrite", partition_by, app_txn, metadata)
         with _conflicts(path):
@@ -125,6 +173,7 @@ class SparkDeltaLake(EmbeddedLake):
         if read_version is not None and current != read_version:
             raise ConflictError(f"Delta table {path} moved from version {read_version} to {current} while "
                                 "this job planned its write")
+        self._check_spec(path)
         if current is None:
             return self.append(rows, path, app_txn=app_txn, metadata=metadata)
         if touched is None:

@@ -6,21 +6,28 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["TABLES", "TableName", "PipelineTables", "is_table_name"]
+__all__ = ["SPEC_SHAPED", "TABLES", "TableName", "PipelineTables", "is_spec_shaped", "is_table_name"]
 
-TableName = Literal["partials", "aggregates", "changelog", "dead_letter", "runs"]
-TABLES: tuple[TableName, ...] = ("partials", "aggregates", "changelog", "dead_letter", "runs")
+TableName = Literal["partials", "aggregates", "changelog", "dead_letter", "runs", "specs"]
+TABLES: tuple[TableName, ...] = ("partials", "aggregates", "changelog", "dead_letter", "runs", "specs")
+SPEC_SHAPED = ("partials", "aggregates", "changelog", "state")  # and rollups: their columns follow the spec
 _ROLLUP = re.compile(r"rollup_[a-z][a-z0-9_]*")  # a declared rollup's table
 
 
 def is_table_name(table: str) -> bool:
-    """One of the five tables, or a declared rollup's ``rollup_<name>``."""
+    """One of the pipeline's tables, or a declared rollup's ``rollup_<name>``."""
     return table in TABLES or _ROLLUP.fullmatch(table) is not None
+
+
+def is_spec_shaped(path: str) -> bool:
+    """Whether the table at ``path`` has columns that follow the spec (its writers carry ``<pipeline>.spec``)."""
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    return name in SPEC_SHAPED or _ROLLUP.fullmatch(name) is not None
 
 
 @dataclass(frozen=True)
 class PipelineTables:
-    """The five Delta tables of one pipeline, under ``<lake>/<pipeline>/``."""
+    """The Delta tables of one pipeline, under ``<lake>/<pipeline>/``."""
 
     lake: str
     pipeline: str
@@ -47,6 +54,11 @@ class PipelineTables:
     @property
     def runs(self) -> str:
         return self.path("runs")
+
+    @property
+    def specs(self) -> str:
+        """The spec record: one row per step of each spec version (see ``lake.spec_record``)."""
+        return self.path("specs")
 
     def rollup(self, name: str) -> str:
         """A declared rollup's table, ``rollup_<name>``."""

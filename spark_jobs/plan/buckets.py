@@ -11,14 +11,16 @@ Arrow sort), or its ``decode``/``merge_all`` per group (sets, a user-defined agg
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from spark_jobs.aggregates.base import AggregateFunction, BoundAggregate
 from spark_jobs.aggregates.builtins import Builtin
+from spark_jobs.lake.layout import ADOPTED, SPEC_VERSION
 
 __all__ = ["EPOCH", "MONDAY", "TS", "bucket_floor", "bucket_origin", "bucket_starts", "encoded_columns", "merge_groups",
            "micros", "value_columns"]
@@ -54,21 +56,27 @@ def bucket_starts(window_start: pa.ChunkedArray | pa.Array, grain_s: int) -> pa.
     return pa.array((ticks - origin) // grain * grain + origin).cast(TS)
 
 
-def merge_groups(rows: pa.Table, keys: list[str], entries: Sequence[BoundAggregate]) -> tuple[pa.Table, dict[str, list[Any]]]:
+def merge_groups(rows: pa.Table, keys: list[str], entries: Sequence[BoundAggregate],
+                 extra: Sequence[tuple[str, str]] = ()) -> tuple[pa.Table, dict[str, list[Any]]]:
     """One row per ``keys``, and the merged accumulators of each aggregate.
 
     The table holds the keys, ``n_rows`` summed and the accumulator columns of the ``arrow_merge``
-    aggregates (merged by Arrow's hash aggregation). Every other aggregate's merged accumulators
-    (Python values, one per row of the table, in its order) are in the dict by aggregate name: the
-    aggregate's ``merge_groups`` where it has one, else ``decode`` and ``merge_all`` per group.
+    aggregates (merged by Arrow's hash aggregation), ``spec_version`` (the oldest) when the rows have
+    one, and the ``extra`` (column, Arrow hash aggregation) pairs. Every other aggregate's merged
+    accumulators (Python values, one per row of the table, in its order) are in the dict by aggregate
+    name: the aggregate's ``merge_groups`` where it has one, else ``decode`` and ``merge_all`` per group.
     """
     fast = [(c, how) for e in entries if e.function.arrow_merge for c, how in zip(e.acc_columns, e.function.arrow_merge,
                                                                                      strict=True)]
     slow = [e for e in entries if not e.function.arrow_merge]
-    with_rows = rows.select([*keys, "n_rows", *(c for c, _ in fast)])
+    if SPEC_VERSION in rows.column_names:  # rows from before the lake recorded its spec are its first version
+        extra = [*extra, (SPEC_VERSION, "min")]
+        rows = rows.set_column(rows.schema.get_field_index(SPEC_VERSION), SPEC_VERSION,
+                               pc.fill_null(rows.column(SPEC_VERSION), ADOPTED))
+    with_rows = rows.select([*keys, "n_rows", *(c for c, _ in fast), *(c for c, _ in extra)])
     if slow:
         with_rows = with_rows.append_column("__row", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
-    aggs: list[tuple[str, str]] = [("n_rows", "sum"), *fast] + ([("__row", "list")] if slow else [])
+    aggs: list[tuple[str, str]] = [("n_rows", "sum"), *fast, *extra] + ([("__row", "list")] if slow else [])
     grouped = with_rows.group_by(keys, use_threads=False).aggregate(aggs)
     grouped = grouped.rename_columns([n.removesuffix("_sum").removesuffix("_min").removesuffix("_max")
                                       .removesuffix("_list") for n in grouped.column_names])
@@ -139,21 +147,24 @@ def _dicts(names: list[str], fields: list[list[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(names, row, strict=False)) for row in zip(*fields, strict=False)]
 
 
-def value_columns(table: pa.Table, accs: dict[str, list[Any]], entries: Sequence[BoundAggregate]) -> dict[str, pa.Array]:
-    """Each aggregate's value per row of :func:`merge_groups`' table."""
+def value_columns(table: pa.Table, accs: dict[str, list[Any]], entries: Sequence[BoundAggregate],
+                  coverage: Mapping[str, int] | None = None) -> dict[str, pa.Array]:
+    """Each aggregate's value per row of :func:`merge_groups`' table (NULL where ``coverage`` says the
+    row predates the aggregate)."""
     out: dict[str, pa.Array] = {}
     for entry in entries:
         fn = entry.function
         merged = accs.get(entry.name)
         if merged is None:
             merged = _decoded(fn, [table.column(c).combine_chunks() for c in entry.acc_columns])
-        out[entry.name] = pa.array([fn.get_value(acc) for acc in merged])
-    return out
+        out[entry.name] = pa.array([fn.get_value(acc) for acc in merged], fn.value_type())
+    return _masked(out, table, entries, coverage)
 
 
 def encoded_columns(table: pa.Table, accs: dict[str, list[Any]], entries: Sequence[BoundAggregate],
-                    schema: pa.Schema) -> dict[str, pa.Array]:
-    """Every accumulator column per row of :func:`merge_groups`' table, as ``schema`` stores them."""
+                    schema: pa.Schema, coverage: Mapping[str, int] | None = None) -> dict[str, pa.Array]:
+    """Every accumulator column per row of :func:`merge_groups`' table, as ``schema`` stores them (NULL where
+    ``coverage`` says the row predates the aggregate)."""
     out: dict[str, pa.Array] = {}
     for entry in entries:
         if entry.name not in accs:
@@ -162,4 +173,22 @@ def encoded_columns(table: pa.Table, accs: dict[str, list[Any]], entries: Sequen
         encoded = [entry.function.encode(acc) for acc in accs[entry.name]]
         for j, c in enumerate(entry.acc_columns):
             out[c] = pa.array([e[j] for e in encoded], schema.field(c).type)
-    return out
+    return _masked(out, table, entries, coverage)
+
+
+def _masked(columns: dict[str, pa.Array], table: pa.Table, entries: Sequence[BoundAggregate],
+            coverage: Mapping[str, int] | None) -> dict[str, pa.Array]:
+    """NULL each aggregate's columns in the rows whose ``spec_version`` is older than the aggregate."""
+    if not coverage or SPEC_VERSION not in table.column_names:
+        return columns
+    versions = table.column(SPEC_VERSION)
+    for entry in entries:
+        since = coverage.get(entry.name, ADOPTED)
+        if since <= ADOPTED:
+            continue
+        old = pc.fill_null(pc.less(versions, since), False)
+        for name in (entry.name, *entry.acc_columns):
+            if name in columns:
+                column = columns[name]
+                columns[name] = pc.if_else(old, pa.scalar(None, column.type), column)
+    return columns

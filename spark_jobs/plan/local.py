@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from spark_jobs.lake.layout import ADOPTED, SPEC_VERSION
 from spark_jobs.plan.phases import CompiledAggregates
 
 __all__ = ["LocalAggregates"]
@@ -24,6 +25,12 @@ class LocalAggregates:
         self.compiled = compiled
         self.names = compiled.value_names
         self._entries = [(b.function, b.acc_columns) for b in compiled.entries]
+        self._since = [compiled.coverage[n] for n in self.names]
+
+    @staticmethod
+    def version(rows: Iterable[Mapping[str, Any]]) -> int:
+        """The oldest spec version among rows (their merge covers what all of them hold)."""
+        return min(ADOPTED if r.get(SPEC_VERSION) is None else int(r[SPEC_VERSION]) for r in rows)
 
     def decode(self, row: Mapping[str, Any]) -> list[Any]:
         """Fresh accumulators of one row (merges may mutate them)."""
@@ -35,12 +42,14 @@ class LocalAggregates:
         assert decoded, "merge_rows needs at least one row"
         return [fn.merge_all([accs[j] for accs in decoded]) for j, (fn, _) in enumerate(self._entries)]
 
-    def encode(self, accs: list[Any]) -> dict[str, Any]:
-        """Accumulator columns, as Spark's phases store them."""
+    def encode(self, accs: list[Any], version: int = ADOPTED) -> dict[str, Any]:
+        """Accumulator columns, as Spark's phases store them (NULL for aggregates newer than ``version``)."""
         out: dict[str, Any] = {}
-        for (fn, columns), acc in zip(self._entries, accs, strict=True):
-            out.update(zip(columns, fn.encode(acc), strict=True))
+        for (fn, columns), acc, since in zip(self._entries, accs, self._since, strict=True):
+            out.update(zip(columns, fn.encode(acc) if version >= since else [None] * len(columns), strict=True))
         return out
 
-    def values(self, accs: list[Any]) -> dict[str, Any]:
-        return {name: fn.get_value(acc) for name, (fn, _), acc in zip(self.names, self._entries, accs, strict=True)}
+    def values(self, accs: list[Any], version: int = ADOPTED) -> dict[str, Any]:
+        """Each aggregate's value (NULL for aggregates newer than ``version``: the rows lack part of it)."""
+        return {name: fn.get_value(acc) if version >= since else None
+                for name, (fn, _), acc, since in zip(self.names, self._entries, accs, self._since, strict=True)}

@@ -16,19 +16,30 @@ from spark_jobs.aggregates import create
 from spark_jobs.aggregates.base import BoundAggregate
 from spark_jobs.aggregates.builtins import Builtin
 from spark_jobs.aggregates.vectorized import udaf_merge, udaf_partials
+from spark_jobs.lake.layout import ADOPTED, SPEC_VERSION
 from spark_jobs.spec import PipelineSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
+    from spark_jobs.lake.spec_record import RecordedSpec
+
 __all__ = ["CompiledAggregates", "assign_windows", "final_aggregate", "partial_aggregate", "with_sign"]
 
 
 class CompiledAggregates:
-    """A spec's aggregates bound to their implementations, in spec order."""
+    """A spec's aggregates bound to their implementations, in spec order.
 
-    def __init__(self, spec: PipelineSpec) -> None:
+    ``record`` (the lake's spec record, see :mod:`spark_jobs.lake.spec_record`) says which spec version
+    new rows are written by and from which version each aggregate is covered: a merged row older than an
+    aggregate's ``since`` serves NULL for it, never the part of the value its newer rows hold. Without a
+    record every row is covered (version 1).
+    """
+
+    def __init__(self, spec: PipelineSpec, record: RecordedSpec | None = None) -> None:
         self.spec = spec
+        self.spec_version = record.version if record is not None else ADOPTED
+        self.coverage = {a.name: (record.since(a.name) if record is not None else ADOPTED) for a in spec.aggregates}
         self.retracting = spec.source.op_column is not None
         schema = spec.source.columns
         self.entries: list[BoundAggregate] = [
@@ -54,6 +65,18 @@ class CompiledAggregates:
     @cached_property
     def value_names(self) -> list[str]:
         return [b.name for b in self.entries]
+
+    @property
+    def masks(self) -> bool:
+        """Whether some aggregate is newer than some rows may be (it was added or changed by a spec change)."""
+        return any(since > ADOPTED for since in self.coverage.values())
+
+    def masked(self, name: str, column: Column) -> Column:
+        """``column`` of aggregate ``name``, NULL in rows whose ``spec_version`` predates the aggregate."""
+        from pyspark.sql import functions as F
+
+        since = self.coverage[name]
+        return F.when(F.col(SPEC_VERSION) >= since, column) if since > ADOPTED else column
 
     def value_columns(self) -> list[Column]:
         from pyspark.sql import functions as F
@@ -129,7 +152,8 @@ def partial_aggregate(rows: DataFrame, compiled: CompiledAggregates, *, extra_ke
     if compiled.udafs:
         out = _join(out, udaf_partials(rows, keys, compiled.udafs, sign=SIGN if sign is not None else None), keys)
     known = {*keys, "n_rows", *compiled.acc_columns}
-    return out.select(*keys, "n_rows", *compiled.acc_columns, *(c for c in out.columns if c not in known))
+    version = F.lit(compiled.spec_version).cast("bigint").alias(SPEC_VERSION)
+    return out.select(*keys, "n_rows", *compiled.acc_columns, *(c for c in out.columns if c not in known), version)
 
 
 def final_aggregate(partials: DataFrame, compiled: CompiledAggregates, *, extra_keys: Sequence[str] = (),
@@ -139,6 +163,8 @@ def final_aggregate(partials: DataFrame, compiled: CompiledAggregates, *, extra_
 
     keys = [*extra_keys, *compiled.spec.key_columns]
     exprs = [F.sum("n_rows").alias("n_rows")]
+    if SPEC_VERSION in partials.columns:  # rows from before the lake recorded its spec are its first version
+        exprs.append(F.min(F.coalesce(F.col(SPEC_VERSION), F.lit(ADOPTED))).cast("bigint").alias(SPEC_VERSION))
     for b, impl in compiled.native:
         if not impl.map_view:
             accs = [F.col(c) for c in b.acc_columns]
@@ -151,6 +177,11 @@ def final_aggregate(partials: DataFrame, compiled: CompiledAggregates, *, extra_
             merged = _join(merged, impl.spark_merge_frame(partials, keys, b.acc_columns[0]), keys, "left")
     if compiled.udafs:
         merged = _join(merged, udaf_merge(partials, keys, compiled.udafs, with_value=True), keys)
-    known = {*keys, "n_rows", *compiled.acc_columns, *compiled.value_names}
-    return merged.select(*keys, *compiled.value_columns(), "n_rows", *compiled.acc_columns,
-                         *(c for c in merged.columns if c not in known))
+    known = {*keys, "n_rows", *compiled.acc_columns, *compiled.value_names, SPEC_VERSION}
+    out = merged.select(*keys, *compiled.value_columns(), "n_rows", *compiled.acc_columns,
+                        *(c for c in merged.columns if c not in known),
+                        *([SPEC_VERSION] if SPEC_VERSION in merged.columns else []))
+    if not compiled.masks or SPEC_VERSION not in out.columns:
+        return out
+    masked = {c: compiled.masked(b.name, F.col(c)).alias(c) for b in compiled.entries for c in [b.name, *b.acc_columns]}
+    return out.select(*(masked.get(c, F.col(c)) for c in out.columns))

@@ -40,6 +40,8 @@ from spark_jobs.lake.rules import (
     reduce_app_id,
 )
 from spark_jobs.lake.runs import ROLLBACK, latest_combines
+from spark_jobs.lake.spec_record import ensure_applied
+from spark_jobs.plan.phases import CompiledAggregates
 from spark_jobs.quality.rules import QualityRules, load_rules
 from spark_jobs.spec import PipelineSpec
 
@@ -212,16 +214,16 @@ def combined_rows(spec: PipelineSpec, days: list[str] | None = None) -> dict[str
     return {day: int(r["rows_aggregated"] or 0) for day, r in latest.items()}
 
 
-def _outputs(spark: SparkSession, spec: PipelineSpec, rules: QualityRules, date: str | None, lake: Lake
+def _outputs(spark: SparkSession, compiled: CompiledAggregates, rules: QualityRules, date: str | None, lake: Lake
              ) -> tuple[list[Check], DataFrame, str]:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     from spark_jobs.jobs import reduce
     from spark_jobs.lake import PipelineTables
-    from spark_jobs.plan.phases import CompiledAggregates
-    from spark_jobs.quality.suites import output_expectations
+    from spark_jobs.quality.suites import coverage_columns, output_expectations
 
+    spec = compiled.spec
     tables = PipelineTables(spec.lake, spec.name)
     windows_once = spec.window is None or spec.window.slide is None  # each row in exactly one window
     if lake.version(tables.partials) is None:
@@ -232,7 +234,7 @@ def _outputs(spark: SparkSession, spec: PipelineSpec, rules: QualityRules, date:
         if not files:
             raise InputError(f"no batch partials for {date} in {tables.partials}; run combine --date {date} first")
         partials = lake.read_files(tables.partials, files)
-        df = reduce.reduce(partials, CompiledAggregates(spec), run_id="validate")
+        df = reduce.reduce(partials, compiled, run_id="validate")
         runs = combined_rows(spec, [date])
         if windows_once and date in runs:
             reconcile[f"rows aggregated by the {date} combine run"] = runs[date]
@@ -253,26 +255,29 @@ def _outputs(spark: SparkSession, spec: PipelineSpec, rules: QualityRules, date:
                 reconcile[f"rows aggregated by the latest combine runs of {len(runs)} days"] = sum(runs.values())
         df = lake.read(tables.aggregates)
         target = f"{tables.aggregates} (version {lake.version(tables.aggregates)})"
+    df = df.select("*", *coverage_columns(compiled, df.columns))
     df = df.persist(StorageLevel.MEMORY_AND_DISK)  # one computation for all of GX's metric jobs
     try:
-        checks = _run_suite(df, f"{spec.name}_outputs", output_expectations(spec, rules, reconcile=reconcile))
+        checks = _run_suite(df, f"{spec.name}_outputs", output_expectations(spec, rules, reconcile=reconcile,
+                                                                            coverage=compiled.coverage))
         if date is None:
-            checks += _rollup_checks(spec, lake)
+            checks += _rollup_checks(compiled, lake)
     except BaseException:
         df.unpersist()
         raise
     return checks, df, target
 
 
-def _rollup_checks(spec: PipelineSpec, lake: Lake) -> list[Check]:
+def _rollup_checks(compiled: CompiledAggregates, lake: Lake) -> list[Check]:
     """Each declared rollup table: keys present, no empty or negative counts, and ``sum(n_rows)`` equal
     to that of the ``aggregates`` version it reflects (it merges every window exactly once)."""
     from pyspark.sql import functions as F
 
     from spark_jobs.lake import PipelineTables
     from spark_jobs.lake.rules import rollup_app_id
-    from spark_jobs.quality.suites import output_expectations
+    from spark_jobs.quality.suites import coverage_columns, output_expectations
 
+    spec = compiled.spec
     tables = PipelineTables(spec.lake, spec.name)
     checks: list[Check] = []
     for rollup in spec.rollups:
@@ -283,10 +288,12 @@ def _rollup_checks(spec: PipelineSpec, lake: Lake) -> list[Check]:
         total = lake.read(tables.aggregates, version=source).agg(F.sum("n_rows")).first()
         reconcile = {f"n_rows of aggregates version {source}": int(total[0] or 0) if total else 0}
         expectations = output_expectations(spec, None, reconcile=reconcile,
-                                           keys=[*rollup.by, "window_start", "window_end"])
+                                           keys=[*rollup.by, "window_start", "window_end"], coverage=compiled.coverage)
         for e in expectations:
             e.description = f"{rollup.table}: {e.description}"
-        checks += _run_suite(lake.read(path), f"{spec.name}_{rollup.table}", expectations)
+        rows = lake.read(path)
+        checks += _run_suite(rows.select("*", *coverage_columns(compiled, rows.columns)), f"{spec.name}_{rollup.table}",
+                             expectations)
     return checks
 
 
@@ -312,7 +319,7 @@ def _rollback_day(spec: PipelineSpec, lake: Lake, date: str, run_id: str) -> tup
     commit = lake.replace_partition(rows, tables.partials, partition_by=PARTIALS_PARTITIONS,
                                     partition={DAY: date, "source": BATCH},
                                     metadata={"run_id": run_id, "job": "validate", "batch": date,
-                                              "rolled_back_to": consumed})
+                                              "rolled_back_to": consumed}, conform=True)
     return (int(total[0] or 0) if total else 0), commit.version
 
 
@@ -352,6 +359,7 @@ def validate(spark: SparkSession, spec: PipelineSpec, suite: str, *, date: str |
         raise InputError("the input suite validates one landing partition: pass --date YYYY-MM-DD")
     date = parse_date(date) if date is not None else None
     lake = lake or open_lake(spark)
+    compiled = CompiledAggregates(spec, ensure_applied(lake, spec, run_id=run_id or ""))
     tables = PipelineTables(spec.lake, spec.name)
     rules = load_rules(spec.origin if os.path.isfile(spec.origin) else None, spec.name)
     with recorded_run(lake, tables, job="validate", batch=date, run_id=run_id) as record:
@@ -361,7 +369,7 @@ def validate(spark: SparkSession, spec: PipelineSpec, suite: str, *, date: str |
             checks, rows, bad = _input(spark, spec, rules, date)
             target = spec.source.partition_path(date)
         else:
-            checks, rows, target = _outputs(spark, spec, rules, date, lake)
+            checks, rows, target = _outputs(spark, compiled, rules, date, lake)
             bad = None
         report = QualityReport(spec.name, suite, date, target, all(c.success for c in checks), checks,
                                run_id=record.run_id)

@@ -12,16 +12,32 @@ runs them against a Spark DataFrame. Names of derived columns the suites read:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from spark_jobs.lake.layout import ADOPTED, SPEC_VERSION
 from spark_jobs.quality.rules import QualityRules, Range
 from spark_jobs.spec import PipelineSpec
 
 if TYPE_CHECKING:
     from great_expectations.expectations import Expectation
+    from pyspark.sql import Column
 
-__all__ = ["input_expectations", "output_expectations", "schema_expectations"]
+    from spark_jobs.plan.phases import CompiledAggregates
+
+__all__ = ["coverage_columns", "input_expectations", "output_expectations", "schema_expectations"]
+UNCOVERED = "_uncovered_"  # + aggregate: its value where the row predates it (must be NULL)
+
+
+def coverage_columns(compiled: CompiledAggregates, columns: Sequence[str]) -> list[Column]:
+    """Per aggregate added by a spec change, its value in the rows older than it: NULL unless a partial
+    value leaked (the outputs suite expects NULL)."""
+    from pyspark.sql import functions as F
+
+    if SPEC_VERSION not in columns:
+        return []
+    return [F.when(F.col(SPEC_VERSION) < since, F.col(name)).alias(f"{UNCOVERED}{name}")
+            for name, since in compiled.coverage.items() if since > ADOPTED and name in columns]
 
 COUNT_FNS = ("count", "count_distinct", "approx_count_distinct")
 
@@ -77,8 +93,11 @@ def input_expectations(spec: PipelineSpec, rules: QualityRules, date: str) -> li
 
 
 def output_expectations(spec: PipelineSpec, rules: QualityRules | None, *, reconcile: dict[str, int],
-                        keys: Sequence[str] | None = None) -> list[Expectation]:
-    """No empty or negative counts, values within bounds, ``sum(n_rows)`` equal to each ``reconcile`` total.
+                        keys: Sequence[str] | None = None, coverage: Mapping[str, int] | None = None
+                        ) -> list[Expectation]:
+    """No empty or negative counts, values within bounds, ``sum(n_rows)`` equal to each ``reconcile`` total,
+    and, per aggregate a spec change added (``coverage``), NULL where the row predates it (see
+    :func:`coverage_columns`).
 
     A rollup table passes its own ``keys`` and no ``rules``: the bounds are set for one window's values.
     """
@@ -100,4 +119,9 @@ def output_expectations(spec: PipelineSpec, rules: QualityRules | None, *, recon
     for what, total in reconcile.items():
         out.append(gxe.ExpectColumnSumToBeBetween(column="n_rows", min_value=total, max_value=total,
                                                   description=f"reconcile: sum(n_rows) equals {what} ({total:,})"))
+    for name, since in (coverage or {}).items():
+        if since > ADOPTED:
+            out.append(gxe.ExpectColumnValuesToBeNull(
+                column=f"{UNCOVERED}{name}", description=f"coverage: {name} (since spec version {since}) is NULL "
+                                                        "where the partials predate it, never a partial value"))
     return out

@@ -1,0 +1,479 @@
+"""apply: make a live lake match a changed spec, exactly once, without raw data wherever the algebra allows.
+
+The steps, for spec version ``V`` (see :mod:`spark_jobs.plan.evolution` for how changes are sorted):
+
+1. Record ``V`` as ``applying`` in ``specs``: from here every job refuses to start (``ensure_applied``).
+2. Bring each spec-shaped table to ``V``, one Delta commit per table carrying the app transaction
+   ``<pipeline>.spec = V``; a table that already has it is skipped, so a rerun after ``kill -9`` continues
+   where the last one stopped. In order:
+   - the stream's state: merged across dropped keys; rebuilt from the stream's partials for the windows
+     still open when windows are coarsened (the state held only the open fine windows);
+   - ``partials``: merged across dropped keys into coarser windows per batch and day, dropped aggregates'
+     columns removed;
+   - ``aggregates``: the reduce of those partials (the hybrid rule), recording the partials version merged;
+   - ``changelog``: new columns added (it keeps dropped ones: it is a log);
+   - rollups: rebuilt from ``aggregates`` (removed ones deleted).
+   An added aggregate only adds columns (no file is rewritten): they read NULL, and its rows' older
+   ``spec_version`` keeps it NULL until the days are recombined. A change of the rows' layout (a key added,
+   a window refined, the source's typing) empties the tables instead: every day must be recombined.
+3. Record ``V`` as ``applied``: jobs with the new spec run again.
+
+A writer that raced the apply conflicts on the ``<pipeline>.spec`` app transaction and retries, and its
+retry refuses (the spec changed); a commit lost by apply itself re-plans from the new snapshot. The
+merges run in Arrow on the driver (no JVM) unless a table is larger than ``ARROW_MAX_ROWS``, then in Spark.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_jobs.errors import LakeError, SpecChangedError
+from spark_jobs.jobs import rollups
+from spark_jobs.jobs.conflicts import retry_conflicts
+from spark_jobs.jobs.runs import new_run_id, recorded_run
+from spark_jobs.lake import AppTxn, Lake, PipelineTables, open_lake
+from spark_jobs.lake.coverage import day_versions
+from spark_jobs.lake.layout import SPEC_VERSION, TS, table_schema
+from spark_jobs.lake.reader import is_table, open_table
+from spark_jobs.lake.rules import (
+    BATCH,
+    DAY,
+    PARTIALS_PARTITIONS,
+    STREAM,
+    counted_files,
+    reduce_app_id,
+    rollup_app_id,
+    sort_keys,
+    stream_app_id,
+    window_cluster,
+)
+from spark_jobs.lake.spec_record import (
+    APPLIED,
+    APPLYING,
+    RecordedSpec,
+    first_record,
+    normalise,
+    read_records,
+    spec_app_id,
+    table_spec_version,
+    write_record,
+)
+from spark_jobs.plan.buckets import encoded_columns, merge_groups, value_columns
+from spark_jobs.plan.evolution import Diff, Plan, make_plan
+from spark_jobs.plan.phases import CompiledAggregates, final_aggregate
+from spark_jobs.spec import PipelineSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["ARROW_MAX_ROWS", "ApplyResult", "apply"]
+
+log = logging.getLogger("spark_jobs")
+
+ARROW_MAX_ROWS = 2_000_000  # rows of a table merged on the driver; a larger one merges in Spark
+Engine = Literal["auto", "arrow", "spark"]
+_US = 1_000_000
+
+
+@dataclass
+class ApplyResult:
+    """What an apply did: the plan it followed, the version it recorded, each table's commit."""
+
+    plan: Plan
+    version: int
+    written: dict[str, int | None] = field(default_factory=dict)
+    engine: str = "arrow"
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        if self.plan.unchanged:
+            return self.plan.text()
+        tables = ", ".join(f"{t} v{v}" for t, v in self.written.items()) or "no table rewritten"
+        return (f"{self.plan.pipeline}: applied spec version {self.version} in {self.seconds:.1f}s "
+                f"({self.engine}; {tables})")
+
+
+def apply(spec: PipelineSpec, *, spark: Callable[[], SparkSession] | None = None, engine: Engine = "auto",
+          run_id: str | None = None) -> ApplyResult:
+    """Make the lake match ``spec`` (see the module doc). ``spark`` builds a session when a merge needs one.
+
+    Raises:
+        SpecChangedError: the change is refused (exit 2), with the reason and the way out.
+    """
+    started = time.monotonic()
+    run_id = run_id or new_run_id("apply")
+    records = read_records(spec.lake, spec.name)
+    plan = make_plan(spec, records)
+    result = ApplyResult(plan, plan.version)
+    if plan.diff.refused:
+        raise SpecChangedError("apply refused: " + "; ".join(f"{c.what}: {c.effect}" for c in plan.diff.refused))
+    if plan.unchanged:
+        return result
+    current = records[-1] if records else None
+    if current is None and plan.new_tables:  # a new lake: the spec is all there is to record
+        write_record(spec.lake, spec.name, first_record(spec, run_id=run_id))
+        result.seconds = time.monotonic() - started
+        return result
+    tables = PipelineTables(spec.lake, spec.name)
+    use_spark = engine == "spark" or (engine == "auto" and (plan.diff.derives and _largest(tables) > ARROW_MAX_ROWS))
+    session = spark() if use_spark and spark is not None else None
+    if use_spark and session is None:
+        raise LakeError("this apply merges in Spark (a large lake, or --engine spark) but no Spark session is available")
+    result.engine = "spark" if session is not None else "arrow"
+    lake = open_lake(session)
+    if current is None:
+        target = _adopt(lake, spec, run_id)
+    else:
+        target = current if not current.applied else _target(spec, current, plan.diff, tables, run_id)
+        if current.applied:
+            write_record(spec.lake, spec.name, target)
+    lake.spec_txn = AppTxn(spec_app_id(spec.name), target.version)
+    with recorded_run(lake, tables, job="apply", batch=f"spec-{target.version}", run_id=run_id) as record:
+        record.inputs = [spec.origin]
+        migration = _Migration(lake, spec, target, plan.diff, tables, run_id, session)
+        result.written = migration.run()
+        write_record(spec.lake, spec.name, dataclasses.replace(target, status=APPLIED, recorded_at=None,
+                                                               run_id=run_id))
+        compiled = CompiledAggregates(spec, target)
+        result.written.update({k: v for k, v in rollups.refresh(lake, compiled, run_id=run_id).items() if v is not None})
+        record.versions_written = dict(result.written)
+        record.message = f"spec version {target.version}: " + "; ".join(c.what for c in plan.diff.changes)[:3000]
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _largest(tables: PipelineTables) -> int:
+    out = 0
+    for path in (tables.partials, tables.aggregates, tables.stream_state):
+        if is_table(path):
+            counts = open_table(path).add_actions().column("num_records").to_pylist()
+            out = max(out, int(sum(n or 0 for n in counts)))
+    return out
+
+
+def _target(spec: PipelineSpec, current: RecordedSpec, diff: Diff, tables: PipelineTables, run_id: str) -> RecordedSpec:
+    """The record of the new version: each aggregate's coverage, and what a layout change left uncovered."""
+    version = current.version + 1
+    coverage = {a.name: version if (diff.reset or a.name in diff.added) else current.since(a.name)
+                for a in spec.aggregates}
+    through = current.uncovered_through
+    if diff.reset:
+        days = day_versions(tables.partials)
+        if days:
+            through = max(dt.date.fromisoformat(max(days)), through or dt.date.min)
+    return RecordedSpec(version=version, status=APPLYING, spec=normalise(spec), coverage=coverage,
+                        layout_since=version if diff.reset else current.layout_since, uncovered_through=through,
+                        changes=[dataclasses.asdict(c) for c in diff.changes], run_id=run_id)
+
+
+def _adopt(lake: Lake, spec: PipelineSpec, run_id: str) -> RecordedSpec:
+    """A lake from before spec records: its tables must have ``spec``'s columns (and windows); then they
+    gain ``spec_version`` and the spec is recorded as version 1."""
+    tables = PipelineTables(spec.lake, spec.name)
+    problems = []
+    for name, path in _spec_tables(spec, tables):
+        if not is_table(path):
+            continue
+        have = {f.name: str(f.type) for f in open_table(path).schema() if f.name != SPEC_VERSION}
+        want = {f.name: str(f.type) for f in table_schema(spec, name, _rollup(spec, name)) if f.name != SPEC_VERSION}
+        if name == "changelog":  # a log may keep more columns
+            missing = {c: t for c, t in want.items() if have.get(c) != t}
+            extra: dict[str, str] = {}
+        else:
+            missing = {c: t for c, t in want.items() if have.get(c) != t}
+            extra = {c: t for c, t in have.items() if c not in want}
+        if missing or extra:
+            problems.append(f"{name}: " + "; ".join(
+                [*(f"lacks {c} ({t})" for c, t in missing.items()), *(f"has {c} ({t})" for c, t in extra.items())]))
+    if spec.window is not None and is_table(tables.aggregates):
+        row = open_table(tables.aggregates).head(1, ["window_start", "window_end"]).to_pylist()
+        if row and (row[0]["window_end"] - row[0]["window_start"]).total_seconds() != spec.window.size.seconds:
+            size = (row[0]["window_end"] - row[0]["window_start"]).total_seconds()
+            problems.append(f"aggregates: windows of {size:.0f} s, the spec says {spec.window.size}")
+    if problems:
+        raise SpecChangedError(
+            f"the lake {spec.lake}/{spec.name} records no spec, and its tables were not written with "
+            f"{spec.origin}: {' | '.join(problems)}. Apply the spec they were written with first (it becomes "
+            "version 1), then this one")
+    target = first_record(spec, run_id=run_id, status=APPLYING,
+                          changes=[{"kind": "settings", "field": "spec", "what": "adopted", "effect": ""}])
+    write_record(spec.lake, spec.name, target)
+    return target
+
+
+def _spec_tables(spec: PipelineSpec, tables: PipelineTables) -> list[tuple[str, str]]:
+    out = [("state", tables.stream_state), ("partials", tables.partials), ("aggregates", tables.aggregates),
+           ("changelog", tables.changelog)]
+    return out + [(r.table, tables.rollup(r.name)) for r in spec.rollups]
+
+
+def _rollup(spec: PipelineSpec, table: str) -> Any:
+    return next((r for r in spec.rollups if r.table == table), None)
+
+
+class _Migration:
+    """Each spec-shaped table brought to the target version, skipping those already there."""
+
+    def __init__(self, lake: Lake, spec: PipelineSpec, target: RecordedSpec, diff: Diff, tables: PipelineTables,
+                 run_id: str, spark: SparkSession | None) -> None:
+        self.lake, self.spec, self.target, self.diff, self.tables = lake, spec, target, diff, tables
+        self.run_id, self.spark = run_id, spark
+        self.version = target.version
+        self.written: dict[str, int | None] = {}
+        self.meta = {"run_id": run_id, "job": "apply", "spec_version": target.version}
+        # the aggregates whose stored columns carry over: the new spec's, minus the ones added or changed
+        kept = tuple(a for a in spec.aggregates if a.name not in diff.added)
+        self.kept = CompiledAggregates(dataclasses.replace(spec, aggregates=kept, rollups=()), target)
+        self.compiled = CompiledAggregates(spec, target)
+
+    def run(self) -> dict[str, int | None]:
+        t = self.tables
+        steps: list[tuple[str, str, Callable[[str, int | None], int | None]]] = [
+            ("state", t.stream_state, self._state), ("partials", t.partials, self._partials),
+            ("aggregates", t.aggregates, self._aggregates), ("changelog", t.changelog, self._changelog)]
+        for name, path, step in steps:
+            if not is_table(path):
+                continue
+            at = table_spec_version(path, self.spec.name)
+            if at is not None and at >= self.version:
+                continue  # done by an earlier run of this apply
+            self.written[name] = retry_conflicts(lambda attempt, s=step, p=path: s(p, self.lake.version(p)),  # type: ignore[misc]
+                                                 what=f"apply to {name}")
+        for name in self.diff.rollups_removed:
+            shutil.rmtree(t.rollup(name), ignore_errors=True)
+        for rollup in self.spec.rollups:
+            path = t.rollup(rollup.name)
+            if is_table(path) and (table_spec_version(path, self.spec.name) or 0) < self.version:
+                self.written[rollup.table] = retry_conflicts(
+                    lambda attempt, r=rollup, p=path: self._rollup(r, p, self.lake.version(p)),  # type: ignore[misc]
+                    what=f"apply to {rollup.table}")
+        return self.written
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def _txn(self) -> AppTxn:
+        return AppTxn(spec_app_id(self.spec.name), self.version)
+
+    def _rewrites(self) -> bool:
+        return self.diff.reset or self.diff.derives
+
+    def _add_columns(self, path: str, schema: pa.Schema) -> int | None:
+        have = set((self.lake.schema(path) or pa.schema([])).names)
+        return self.lake.add_columns(path, [f for f in schema if f.name not in have], app_txns=[self._txn]).version
+
+    def _rewrite(self, rows: pa.Table | DataFrame, path: str, read: int | None, *, partition_by: tuple[str, ...] = (),
+                 extra: tuple[AppTxn, ...] = (), sort_by: list[str] | None = None) -> int | None:
+        return self.lake.rewrite(rows, path, partition_by=partition_by, read_version=read,
+                                 app_txns=[self._txn, *extra], metadata=self.meta, sort_by=sort_by or []).version
+
+    def _empty(self, table: str) -> pa.Table:
+        return table_schema(self.spec, table).empty_table()
+
+    def _conform(self, rows: pa.Table, table: str) -> pa.Table:
+        """``rows`` with ``table``'s columns in the new spec: added aggregates' columns NULL."""
+        schema = table_schema(self.spec, table)
+        columns = [rows.column(f.name).cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
+                   for f in schema]
+        return pa.Table.from_arrays(columns, schema=schema)
+
+    # ------------------------------------------------------------------- tables
+    def _state(self, path: str, read: int | None) -> int | None:
+        if self.diff.reset:
+            return self._rewrite(self._empty("state"), path, read)
+        if not self._rewrites():
+            return self._add_columns(path, table_schema(self.spec, "state"))
+        rebuild = self.diff.coarsened or self.diff.window_removed  # the state held only the open fine windows
+        if self.spark is not None:
+            return self._rewrite(self._state_spark(path, read, rebuild), path, read, sort_by=[DAY, *self.spec.key_columns])
+        old = self.lake_table(path, read)
+        high = pc.max(old.column("max_event_time")).as_py() if old.num_rows else None
+        source = self._stream_partials(path, read) if rebuild else old
+        rows = self._merged(source, extra_keys=[DAY], extra=[("max_event_time", "max")] if not rebuild else [])
+        if rebuild:
+            rows = rows.append_column("max_event_time", pa.array([high] * rows.num_rows, TS))
+            rows = self._open(rows, high)
+        if self.spec.source.op_column is not None:
+            rows = rows.filter(pc.not_equal(rows.column("n_rows"), 0))
+        return self._rewrite(self._conform(rows, "state"), path, read, sort_by=[DAY, *self.spec.key_columns])
+
+    def _open(self, rows: pa.Table, high: dt.datetime | None) -> pa.Table:
+        """The rows of windows still open at the stream's watermark (all of them without a window)."""
+        if self.spec.window is None or high is None:
+            return rows
+        watermark = high - dt.timedelta(seconds=self.spec.stream.watermark.seconds)
+        return rows.filter(pc.greater(rows.column("window_end"), pa.scalar(watermark, TS)))
+
+    def _stream_partials(self, state_path: str, state_read: int | None) -> pa.Table:
+        """The stream's partial rows of the mini-batches the state holds (a batch committed to partials but
+        not to the state is replayed by the stream, so it is left out)."""
+        done = self.lake.txn_version(state_path, stream_app_id(self.spec), state_read)
+        table = open_table(self.tables.partials).read(filter=pc.field("source") == STREAM)
+        if done is None:
+            return table.slice(0, 0)
+        ids = pc.cast(pc.utf8_slice_codeunits(table.column("batch"), len("stream-")), pa.int64())
+        return table.filter(pc.less_equal(ids, done))
+
+    def _partials(self, path: str, read: int | None) -> int | None:
+        if self.diff.reset:
+            return self._rewrite(self._empty("partials"), path, read, partition_by=PARTIALS_PARTITIONS)
+        if not self._rewrites():
+            return self._add_columns(path, table_schema(self.spec, "partials"))
+        if self.spark is not None:
+            rows_df = self._merged_spark(self.lake.read(path, version=read), extra_keys=["batch", "source", DAY],
+                                         extra=[("run_id", "min"), ("created_at", "max")])
+            return self._rewrite(self._conform_spark(rows_df, "partials"), path, read, partition_by=PARTIALS_PARTITIONS)
+        rows = self._merged(self.lake_table(path, read), extra_keys=["batch", "source", DAY],
+                            extra=[("run_id", "min"), ("created_at", "max")])
+        return self._rewrite(self._conform(rows, "partials"), path, read, partition_by=PARTIALS_PARTITIONS)
+
+    def _aggregates(self, path: str, read: int | None) -> int | None:
+        partials = self.lake.version(self.tables.partials)
+        extra = (AppTxn(reduce_app_id(self.spec), partials),) if partials is not None else ()
+        if self.diff.reset:
+            return self._rewrite(self._empty("aggregates"), path, read, extra=extra)
+        if not self._rewrites():
+            return self._add_columns(path, table_schema(self.spec, "aggregates"))
+        # the serving table is the reduce of the new partials (recorded as merged), as a full reduce would merge them
+        files = self.lake.files(self.tables.partials, partials)
+        cluster = window_cluster(self.spec, len({f.partition_values.get(DAY) for f in files}))
+        rows: pa.Table | DataFrame
+        if self.spark is not None:
+            from spark_jobs.jobs.reduce import reduce
+
+            counted = self.lake.read_files(self.tables.partials, list(counted_files(files)), version=partials)
+            rows = self._conform_spark(reduce(counted, self.kept, run_id=self.run_id), "aggregates")
+        else:
+            rows = self._conform(self._reduced(partials), "aggregates")
+        return self.lake.rewrite(rows, path, read_version=read, app_txns=[self._txn, *extra], metadata=self.meta,
+                                 sort_by=sort_keys(self.spec), cluster=cluster).version
+
+    def _changelog(self, path: str, read: int | None) -> int | None:
+        # a log keeps the columns of what was dropped; a layout change adds the new keys' columns
+        return self._add_columns(path, table_schema(self.spec, "changelog"))
+
+    def _rollup(self, rollup: Any, path: str, read: int | None) -> int | None:
+        if not (self._rewrites() or self.diff.added):
+            return self._add_columns(path, table_schema(self.spec, rollup.table, rollup))
+        source = open_table(self.tables.aggregates)
+        rows = rollups.rollup_rows(source, self.compiled, rollup, None, run_id=self.run_id)
+        rows = self._conform_rollup(rows, rollup)
+        return self.lake.rewrite(rows, path, read_version=read, metadata=self.meta, sort_by=["window_start", *rollup.by],
+                                 app_txns=[self._txn, AppTxn(rollup_app_id(self.spec, rollup), source.version())]).version
+
+    def _conform_rollup(self, rows: pa.Table, rollup: Any) -> pa.Table:
+        schema = table_schema(self.spec, rollup.table, rollup)
+        return pa.Table.from_arrays([rows.column(f.name).cast(f.type) if f.name in rows.column_names
+                                     else pa.nulls(rows.num_rows, f.type) for f in schema], schema=schema)
+
+    # ------------------------------------------------------------ Arrow merges
+    def lake_table(self, path: str, version: int | None) -> pa.Table:
+        return open_table(path, version).read()
+
+    def _windowed(self, rows: pa.Table) -> pa.Table:
+        """Rows with the new spec's window bounds (coarser windows, or none)."""
+        if self.diff.window_removed:
+            return rows.drop_columns(["window_start", "window_end"])
+        if not self.diff.coarsened or self.spec.window is None or rows.num_rows == 0:
+            return rows
+        size = self.spec.window.size.seconds * _US
+        ticks = rows.column("window_start").cast(TS).cast(pa.int64()).to_numpy()
+        start = ticks // size * size  # Spark counts windows from the epoch
+        rows = rows.drop_columns(["window_start", "window_end"])
+        rows = rows.append_column("window_start", pa.array(start).cast(TS))
+        return rows.append_column("window_end", pa.array(start + size).cast(TS))
+
+    def _merged(self, rows: pa.Table, *, extra_keys: list[str], extra: list[tuple[str, str]]) -> pa.Table:
+        """The kept aggregates' accumulators merged per ``extra_keys`` and the new keys and windows."""
+        rows = self._windowed(rows)
+        keys = [*extra_keys, *self.spec.key_columns]
+        entries = self.kept.entries
+        if not self.diff.dropped_keys and not self.diff.coarsened and not self.diff.window_removed:
+            return rows  # only columns dropped: the rows stand as they are
+        merged, accs = merge_groups(rows, keys, entries, extra)
+        out = {c: merged.column(c) for c in merged.column_names}
+        out.update(encoded_columns(merged, accs, entries, rows.schema, self.kept.coverage))
+        return pa.table(out)
+
+    def _reduced(self, partials: int | None) -> pa.Table:
+        """``aggregates`` rows from the partials that count (the hybrid rule): the reduce, in Arrow."""
+        days = sorted(dt.date.fromisoformat(d) for f in self.lake.files(self.tables.partials, partials)
+                      if f.partition_values.get("source") == BATCH and (d := f.partition_values.get(DAY)))
+        counted = (pc.field("source") == BATCH) | ~pc.field(DAY).isin(pa.array(days, pa.date32()))
+        rows = open_table(self.tables.partials, partials).read(filter=counted if days else None)
+        entries = self.kept.entries
+        merged, accs = merge_groups(rows, list(self.spec.key_columns), entries)
+        if self.spec.source.op_column is not None:
+            keep = pc.not_equal(merged.column("n_rows"), 0)
+            merged = merged.filter(keep)
+            accs = {k: [a for a, ok in zip(v, keep.to_pylist(), strict=True) if ok] for k, v in accs.items()}
+        now = pa.scalar(dt.datetime.now(dt.UTC), TS)
+        out = {c: merged.column(c) for c in merged.column_names}
+        out.update(value_columns(merged, accs, entries, self.kept.coverage))
+        out.update(encoded_columns(merged, accs, entries, rows.schema, self.kept.coverage))
+        out["updated_at"] = pa.repeat(now, merged.num_rows)
+        out["run_id"] = pa.repeat(pa.scalar(self.run_id), merged.num_rows)
+        return pa.table(out)
+
+    # ------------------------------------------------------------ Spark merges
+    def _windowed_spark(self, rows: DataFrame) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        if self.diff.window_removed:
+            return rows.drop("window_start", "window_end")
+        if not self.diff.coarsened or self.spec.window is None:
+            return rows
+        size = self.spec.window.size.seconds * _US
+        micros = F.unix_micros(F.col("window_start"))
+        start = micros - F.pmod(micros, F.lit(size))
+        return (rows.withColumn("window_start", F.timestamp_micros(start))
+                .withColumn("window_end", F.timestamp_micros(start + F.lit(size))))
+
+    def _merged_spark(self, rows: DataFrame, *, extra_keys: list[str], extra: list[tuple[str, str]]) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        rows = self._windowed_spark(rows)
+        if not self.diff.dropped_keys and not self.diff.coarsened and not self.diff.window_removed:
+            return rows
+        aggs = [getattr(F, how)(F.col(c)).alias(c) for c, how in extra]
+        merged = final_aggregate(rows, self.kept, extra_keys=extra_keys, extra_aggs=aggs)
+        return merged.drop(*self.kept.value_names)
+
+    def _state_spark(self, path: str, read: int | None, rebuild: bool) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        old = self.lake.read(path, version=read)
+        top = old.agg(F.max("max_event_time")).first()
+        high = top[0] if top is not None else None
+        if rebuild:
+            done = self.lake.txn_version(path, stream_app_id(self.spec), read)
+            source = self.lake.read(self.tables.partials).where(F.col("source") == STREAM)
+            source = source.where(F.substring(F.col("batch"), len("stream-") + 1, 20).cast("bigint")
+                                  <= F.lit(-1 if done is None else done))
+            rows = self._merged_spark(source, extra_keys=[DAY], extra=[]).withColumn(
+                "max_event_time", F.lit(high).cast("timestamp"))
+            if self.spec.window is not None and high is not None:
+                watermark = high - dt.timedelta(seconds=self.spec.stream.watermark.seconds)
+                rows = rows.where(F.col("window_end") > F.lit(watermark))
+        else:
+            rows = self._merged_spark(old, extra_keys=[DAY], extra=[("max_event_time", "max")])
+        if self.spec.source.op_column is not None:
+            rows = rows.where(F.col("n_rows") != 0)
+        return self._conform_spark(rows, "state")
+
+    def _conform_spark(self, rows: DataFrame, table: str) -> DataFrame:
+        from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import from_arrow_type
+
+        return rows.select(*(F.col(f.name).cast(from_arrow_type(f.type)).alias(f.name) if f.name in rows.columns
+                             else F.lit(None).cast(from_arrow_type(f.type)).alias(f.name)
+                             for f in table_schema(self.spec, table)))

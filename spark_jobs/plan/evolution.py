@@ -1,0 +1,391 @@
+"""A spec change on a live lake: what changed, what each change costs, and what ``apply`` does for it.
+
+:func:`compare` sorts the differences between the lake's recorded spec and a new one into four kinds,
+as sqlmesh's ``plan`` sorts changes into breaking and non-breaking:
+
+- ``settings``: nothing to rewrite (stream trigger, batch size, watermark, bad-file policy, key or
+  aggregate order, a rollup added);
+- ``stored``: re-derived from the stored accumulators, no raw data read (an aggregate dropped, a tumbling
+  window coarsened to a whole multiple or removed, a group key dropped, a rollup's grain or keys changed
+  or a rollup removed): partials merge into coarser rows, as a reduce merges them;
+- ``raw``: needs the landing files (an aggregate added or its fn, columns or args changed, a key added, a
+  window refined, shifted or made hopping, a source change). The new columns are NULL until the days are
+  recombined; a change of the rows' layout (a key, the window, the source's typing) drops the old partials;
+- ``refused``: cannot be applied to this lake, with the reason and the way out.
+
+:func:`make_plan` adds what the lake holds (rows per table, the days to recombine and their landing rows,
+the commands that recombine them). Nothing here starts Spark or writes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import pyarrow.parquet as pq
+
+from spark_jobs.lake import PipelineTables
+from spark_jobs.lake.coverage import day_versions, uncovered_days
+from spark_jobs.lake.layout import table_schema
+from spark_jobs.lake.reader import is_table, open_table
+from spark_jobs.lake.spec_record import RecordedSpec, fingerprint, has_data, normalise
+from spark_jobs.spec import AggregateSpec, PipelineSpec
+
+__all__ = ["Change", "Diff", "Plan", "compare", "make_plan"]
+
+Kind = Literal["settings", "stored", "raw", "refused"]
+KINDS: tuple[Kind, ...] = ("settings", "stored", "raw", "refused")
+HEADINGS = {"settings": "settings only (nothing to rewrite)", "stored": "from the stored accumulators (no raw data)",
+            "raw": "needs raw data (days to recombine)", "refused": "refused"}
+
+
+@dataclass(frozen=True)
+class Change:
+    """One difference: its kind, the field, what changed, and what ``apply`` does about it."""
+
+    kind: Kind
+    field: str
+    what: str
+    effect: str
+
+
+@dataclass(frozen=True)
+class Diff:
+    """The differences between two specs of one pipeline, and the work they add up to."""
+
+    changes: tuple[Change, ...]
+    added: tuple[str, ...] = ()  # aggregates whose columns are added (new, or changed: NULL until recombined)
+    dropped: tuple[str, ...] = ()  # aggregates whose columns are removed (dropped, or changed)
+    dropped_keys: tuple[str, ...] = ()
+    coarsened: bool = False  # tumbling windows merged into whole multiples
+    window_removed: bool = False
+    reset: bool = False  # the rows' layout changed: every day's partials are dropped and recombined
+    recount: bool = False  # the rows counted may differ (source columns): every day is recombined
+    rollups_removed: tuple[str, ...] = ()
+
+    @property
+    def refused(self) -> list[Change]:
+        return [c for c in self.changes if c.kind == "refused"]
+
+    @property
+    def derives(self) -> bool:
+        """Whether rows are re-derived from the stored accumulators (a rewrite of the tables)."""
+        return bool(self.dropped or self.dropped_keys or self.coarsened or self.window_removed) and not self.reset
+
+    @property
+    def needs_raw(self) -> bool:
+        return bool(self.added) or self.reset or self.recount
+
+
+def _describe(agg: AggregateSpec) -> str:
+    args = f", {json.dumps(dict(agg.args))}" if agg.args else ""
+    return f"{agg.name} = {agg.fn}({', '.join(agg.columns)}{args})"
+
+
+def compare(old: PipelineSpec, new: PipelineSpec) -> Diff:
+    """Every difference between the lake's spec ``old`` and ``new``, classified."""
+    changes: list[Change] = []
+    add = changes.append
+    reset = recount = coarsened = window_removed = False
+    if old.name != new.name:
+        add(Change("refused", "name", f"name {old.name} -> {new.name}",
+                   f"a pipeline's name names its tables; keep {old.name!r}, or start a new pipeline in another lake"))
+
+    # source: how rows are read and typed
+    o_src, n_src = normalise(old)["source"], normalise(new)["source"]
+    for key in ("format", "event_time", "op_column"):
+        if o_src.get(key) != n_src.get(key):
+            reset = True
+            add(Change("raw", f"source.{key}", f"source.{key} {o_src.get(key)} -> {n_src.get(key)}",
+                       "the rows are read differently: every day's partials are dropped and must be recombined"))
+    o_cols, n_cols = old.source.columns, new.source.columns
+    for col in sorted(set(o_cols) & set(n_cols)):
+        if o_cols[col] != n_cols[col]:
+            reset = True
+            add(Change("raw", f"source.schema.{col}", f"column {col}: {o_cols[col]} -> {n_cols[col]}",
+                       "values are typed differently: every day's partials are dropped and must be recombined"))
+    for col in sorted(set(n_cols) - set(o_cols)):
+        recount = True
+        add(Change("raw", f"source.schema.{col}", f"column {col} ({n_cols[col]}) added",
+                   "rows whose value cannot be read as that type are rejected from now on; recombine to count "
+                   "every day so"))
+    for col in sorted(set(o_cols) - set(n_cols)):
+        recount = True
+        add(Change("raw", f"source.schema.{col}", f"column {col} removed",
+                   "rows rejected only for that column count from now on; recombine to count every day so"))
+    for key in sorted(set(o_src) | set(n_src)):
+        if key not in ("format", "event_time", "op_column", "schema") and o_src.get(key) != n_src.get(key):
+            add(Change("settings", f"source.{key}", f"source.{key} {o_src.get(key)} -> {n_src.get(key)}",
+                       "applies to the next runs"))
+
+    # group keys
+    added_keys = [k for k in new.group_by if k not in old.group_by]
+    dropped_keys = tuple(k for k in old.group_by if k not in new.group_by)
+    if added_keys:
+        reset = True
+        add(Change("raw", "group_by", f"keys added: {', '.join(added_keys)}",
+                   "the stored rows hold no value for them: every day's partials are dropped and must be recombined"))
+    elif dropped_keys:
+        add(Change("stored", "group_by", f"keys dropped: {', '.join(dropped_keys)}",
+                   "partials, aggregates, rollups and the stream's state are merged across them"))
+    elif list(old.group_by) != list(new.group_by):
+        add(Change("settings", "group_by", f"key order {list(old.group_by)} -> {list(new.group_by)}",
+                   "tables are read by column name: nothing to rewrite"))
+
+    # window
+    ow, nw = old.window, new.window
+    if ow != nw:
+        if ow is None:
+            reset = True
+            add(Change("raw", "window", f"window added: {nw.size if nw else ''}",
+                       "the stored rows span all time: every day's partials are dropped and must be recombined"))
+        elif nw is None:
+            if ow.hopping:
+                reset = True
+                add(Change("raw", "window", "hopping window removed",
+                           "hopping windows overlap, so merging them would count rows twice: every day's partials "
+                           "are dropped and must be recombined"))
+            else:
+                window_removed = True
+                add(Change("stored", "window", f"window of {ow.size} removed",
+                           "every key's windows are merged into one row"))
+        elif (not ow.hopping and not nw.hopping and nw.size.seconds > ow.size.seconds
+              and nw.size.seconds % ow.size.seconds == 0):
+            coarsened = True
+            add(Change("stored", "window", f"window {ow.size} -> {nw.size}",
+                       f"each {nw.size} window merges its {nw.size.seconds // ow.size.seconds} {ow.size} windows"))
+        else:
+            reset = True
+            how = "refined" if nw.size.seconds < ow.size.seconds else "shifted or made hopping"
+            add(Change("raw", "window", f"window {_window(ow)} -> {_window(nw)} ({how})",
+                       "the stored windows do not tile the new ones: every day's partials are dropped and must be "
+                       "recombined"))
+
+    # aggregates
+    o_aggs, n_aggs = {a.name: a for a in old.aggregates}, {a.name: a for a in new.aggregates}
+    added: list[str] = []
+    dropped: list[str] = []
+    for name, agg in n_aggs.items():
+        before = o_aggs.get(name)
+        if before is None:
+            added.append(name)
+            add(Change("raw", f"aggregates[{name}]", f"aggregate added: {_describe(agg)}",
+                       "columns added (no file rewritten); NULL in the windows of days not recombined since"))
+        elif (before.fn, before.columns, before.args) != (agg.fn, agg.columns, agg.args):
+            added.append(name)
+            dropped.append(name)
+            add(Change("raw", f"aggregates[{name}]", f"aggregate changed: {_describe(before)} -> {_describe(agg)}",
+                       "its old columns are removed and new ones added; NULL until the days are recombined"))
+    for name, agg in o_aggs.items():
+        if name not in n_aggs:
+            dropped.append(name)
+            add(Change("stored", f"aggregates[{name}]", f"aggregate dropped: {_describe(agg)}",
+                       "its columns are removed from partials, aggregates, rollups and the stream's state "
+                       "(the changelog keeps them, NULL from now on)"))
+    if not added and not dropped and [a.name for a in old.aggregates] != [a.name for a in new.aggregates]:
+        add(Change("settings", "aggregates", "aggregate order changed", "tables are read by column name"))
+
+    # stream settings
+    for key in ("max_files_per_batch", "trigger", "watermark"):
+        a, b = getattr(old.stream, key), getattr(new.stream, key)
+        if a != b:
+            add(Change("settings", f"stream.{key}", f"stream.{key} {a} -> {b}", "the stream uses it from its next start"))
+
+    # rollups
+    o_r, n_r = {r.name: r for r in old.rollups}, {r.name: r for r in new.rollups}
+    for name, r in n_r.items():
+        if name not in o_r:
+            add(Change("settings", f"rollups[{name}]", f"rollup added: {name} ({r.grain} by {', '.join(r.by) or '-'})",
+                       f"rollup_{name} is built from aggregates"))
+        elif (o_r[name].grain, o_r[name].by) != (r.grain, r.by):
+            add(Change("stored", f"rollups[{name}]", f"rollup {name}: {o_r[name].grain} by {list(o_r[name].by)} -> "
+                                                     f"{r.grain} by {list(r.by)}", f"rollup_{name} is rebuilt from aggregates"))
+    removed = tuple(name for name in o_r if name not in n_r)
+    for name in removed:
+        add(Change("stored", f"rollups[{name}]", f"rollup removed: {name}", f"the table rollup_{name} is deleted"))
+
+    if reset:  # the layout changes: nothing is derived, every stored row goes
+        dropped = [a for a in o_aggs if a not in n_aggs or a in added]
+        added = list(n_aggs)
+    return Diff(tuple(changes), tuple(added), tuple(dropped), () if reset else dropped_keys,
+                coarsened and not reset, window_removed and not reset, reset, recount, removed)
+
+
+def _window(w: Any) -> str:
+    return f"{w.size}" + (f" every {w.slide}" if w.hopping else "")
+
+
+@dataclass(frozen=True)
+class DayCost:
+    """A day to recombine: its landing rows and files (``None`` when the landing partition is gone)."""
+
+    date: str
+    landing_rows: int | None
+    landing_files: int
+
+
+@dataclass
+class Plan:
+    """What ``apply`` would do to a lake, and what is left to recombine from raw data afterwards."""
+
+    pipeline: str
+    spec_origin: str
+    lake: str
+    current: RecordedSpec | None
+    diff: Diff
+    version: int  # the spec version apply records
+    table_rows: dict[str, int] = field(default_factory=dict)  # rows of each existing table apply rewrites
+    days: list[DayCost] = field(default_factory=list)
+    new_tables: dict[str, list[str]] = field(default_factory=dict)  # a new lake: table -> its columns
+    pending: bool = False  # an apply of this very spec was cut off: apply finishes it
+
+    @property
+    def unchanged(self) -> bool:
+        return self.current is not None and not self.diff.changes and not self.pending
+
+    def commands(self) -> list[str]:
+        """The commands that recombine the days: an Airflow backfill of the batch DAG, or the CLI."""
+        out = []
+        for first, last in _ranges([d.date for d in self.days]):
+            out.append(f"airflow backfill create --dag-id {self.pipeline}_batch --from-date {first} --to-date {last}")
+            out.append(f"python -m spark_jobs run --pipeline {self.spec_origin} --from {first} --to {last}")
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pipeline": self.pipeline, "lake": self.lake, "spec": self.spec_origin,
+            "recorded_version": None if self.current is None else self.current.version,
+            "version": self.version, "unchanged": self.unchanged, "pending_apply": self.pending,
+            "changes": [asdict(c) for c in self.diff.changes],
+            "refused": bool(self.diff.refused),
+            "rewrites": self.table_rows,
+            "recombine": [asdict(d) for d in self.days],
+            "commands": self.commands(),
+            "new_tables": self.new_tables,
+        }
+
+    def text(self) -> str:
+        if self.current is None and self.new_tables:
+            lines = [f"{self.pipeline}: no lake at {self.lake}/{self.pipeline} yet; the first job creates these "
+                     f"tables and records this spec as version 1:"]
+            lines += [f"  {t}: {', '.join(cols)}" for t, cols in self.new_tables.items()]
+            return "\n".join(lines)
+        if self.unchanged:
+            assert self.current is not None
+            return (f"{self.pipeline}: the lake is at spec version {self.current.version}, the same as "
+                    f"{self.spec_origin}; nothing to apply" + self._left())
+        head = (f"{self.pipeline}: spec version {self.current.version if self.current else '-'} -> {self.version}"
+                + (" (adopting a lake written before spec records)" if self.current is None else "")
+                + (" (finishing an apply that was cut off)" if self.pending else ""))
+        lines = [head]
+        for kind in KINDS:
+            entries = [c for c in self.diff.changes if c.kind == kind]
+            if entries:
+                lines.append(f"  {HEADINGS[kind]}:")
+                lines += [f"    - {c.what}: {c.effect}" for c in entries]
+        if self.table_rows:
+            lines.append("  rewritten from the stored accumulators: " + ", ".join(
+                f"{t} ({n:,} rows)" for t, n in self.table_rows.items()))
+        if self.diff.refused:
+            lines.append("  apply refuses this spec; nothing was changed")
+        return "\n".join(lines) + self._left()
+
+    def _left(self) -> str:
+        if not self.days:
+            return ""
+        rows = sum(d.landing_rows or 0 for d in self.days)
+        missing = [d.date for d in self.days if d.landing_rows is None]
+        lines = [f"\n  days to recombine from raw data after apply: {len(self.days)} ({_span(self.days)}), "
+                 f"{rows:,} landing rows"]
+        if missing:
+            lines.append(f"  no landing files any more for {', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}: "
+                         "those days stay NULL for the new aggregates (or unserved after a layout change) until "
+                         "their files are landed again")
+        lines.append("  recombine them with:")
+        lines += [f"    {c}" for c in self.commands()]
+        return "\n".join(lines)
+
+
+def _span(days: Sequence[DayCost]) -> str:
+    return days[0].date if len(days) == 1 else f"{days[0].date}..{days[-1].date}"
+
+
+def _ranges(days: Sequence[str]) -> list[tuple[str, str]]:
+    """Consecutive dates as (first, last) ranges."""
+    out: list[tuple[str, str]] = []
+    for d in sorted(days):
+        if out and dt.date.fromisoformat(d) - dt.date.fromisoformat(out[-1][1]) == dt.timedelta(days=1):
+            out[-1] = (out[-1][0], d)
+        else:
+            out.append((d, d))
+    return out
+
+
+def landing_rows(spec: PipelineSpec, date: str) -> tuple[int | None, int]:
+    """Rows and files in a landing partition, from Parquet footers or line counts (no Spark)."""
+    folder = spec.source.partition_path(date)
+    if not os.path.isdir(folder):
+        return None, 0
+    files = [os.path.join(folder, n) for n in sorted(os.listdir(folder)) if not n.startswith((".", "_"))]
+    rows = 0
+    for f in files:
+        try:
+            if spec.source.format == "parquet":
+                rows += pq.read_metadata(f).num_rows
+            else:
+                with open(f, "rb") as handle:
+                    lines = sum(1 for line in handle if line.strip())
+                rows += max(lines - 1, 0) if spec.source.format == "csv" else lines
+        except Exception:  # an unreadable file counts nothing here; combine reports it
+            continue
+    return rows, len(files)
+
+
+def _table_rows(path: str) -> int:
+    actions = open_table(path).add_actions()
+    return int(sum(n or 0 for n in actions.column("num_records").to_pylist())) if actions.num_rows else 0
+
+
+def make_plan(spec: PipelineSpec, records: Sequence[RecordedSpec]) -> Plan:
+    """The plan of making the lake match ``spec``: the changes, their costs, the days left to recombine.
+
+    ``records`` are the lake's spec record, oldest first (empty for a new lake, or one written before
+    spec records, which apply adopts).
+    """
+    tables = PipelineTables(spec.lake, spec.name)
+    current = records[-1] if records else None
+    if current is None and not has_data(spec.lake, spec.name):
+        plan = Plan(spec.name, spec.origin, spec.lake, None, Diff(()), 1)
+        plan.new_tables = {t: table_schema(spec, t).names for t in ("partials", "aggregates", "changelog")}
+        plan.new_tables.update({r.table: table_schema(spec, r.table, r).names for r in spec.rollups})
+        return plan
+    if current is None:  # adopting a lake from before spec records
+        diff = Diff((Change("settings", "spec", "record this spec as the lake's (version 1)",
+                            "its tables must have this spec's columns, and gain a spec_version column"),))
+        return Plan(spec.name, spec.origin, spec.lake, None, diff, 1)
+    pending = not current.applied
+    if pending and current.fingerprint != fingerprint(normalise(spec)):
+        diff = Diff((Change("refused", "spec", f"an apply to spec version {current.version} has not finished",
+                            "run apply with the spec of that version first (it is in the lake's specs table: "
+                            f"`python -m spark_jobs inspect show {spec.name}.specs`), then this change"),))
+        return Plan(spec.name, spec.origin, spec.lake, current, diff, current.version)
+    base = next((r for r in reversed(records) if r.applied and r.version < current.version), None) if pending else current
+    old = base.pipeline_spec(lake=spec.lake, source_path=spec.source.path) if base is not None else spec
+    diff = compare(old, spec)
+    plan = Plan(spec.name, spec.origin, spec.lake, current, diff,
+                current.version if pending else current.version + 1, pending=pending)
+    if diff.derives:
+        for name, path in (("partials", tables.partials), ("aggregates", tables.aggregates),
+                           ("stream state", tables.stream_state)):
+            if is_table(path):
+                plan.table_rows[name] = _table_rows(path)
+    versions = day_versions(tables.partials)
+    days = {d for ds in uncovered_days(current.coverage, versions).values() for d in ds}
+    if diff.needs_raw:
+        days |= set(versions)
+    plan.days = [DayCost(d, *landing_rows(spec, d)) for d in sorted(days)]
+    return plan
