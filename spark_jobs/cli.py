@@ -26,10 +26,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("spark_jobs")
 
 
-def _spec(args: argparse.Namespace) -> PipelineSpec:
+def _spec(args: argparse.Namespace, *, applied: bool = False) -> PipelineSpec:
+    """The spec of ``--pipeline``; ``applied``: refused (exit 2) before Spark starts unless it is the lake's."""
     from spark_jobs.spec import load_spec
 
-    return load_spec(args.pipeline, lake=args.lake, source_path=getattr(args, "source_path", None))
+    spec = load_spec(args.pipeline, lake=args.lake, source_path=getattr(args, "source_path", None))
+    if applied:
+        from spark_jobs.lake.spec_record import applied_record
+
+        applied_record(spec, run_id=args.run_id or "")
+    return spec
 
 
 def _session(args: argparse.Namespace, app: str, *, connect: bool = True) -> SparkSession:
@@ -82,7 +88,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_combine(args: argparse.Namespace) -> int:
     from spark_jobs.jobs import combine
 
-    spec = _spec(args)
+    spec = _spec(args, applied=True)
     dates = _dates(args.date, args.to)
     spark = _session(args, "combine")
     for date in dates:  # one run id per day: a given --run-id gets the date as suffix over a range
@@ -94,7 +100,7 @@ def cmd_combine(args: argparse.Namespace) -> int:
 def cmd_reduce(args: argparse.Namespace) -> int:
     from spark_jobs.jobs import reduce
 
-    spec = _spec(args)
+    spec = _spec(args, applied=True)
     spark = _session(args, "reduce")
     print(reduce.run(spark, spec, run_id=args.run_id, full=args.full).summary())
     return 0
@@ -104,7 +110,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Combine each day of a range, then reduce once: a backfill without Airflow."""
     from spark_jobs.jobs import combine, reduce
 
-    spec = _spec(args)
+    spec = _spec(args, applied=True)
     dates = _dates(args.date, args.to)
     spark = _session(args, "run")
     for date in dates:
@@ -117,7 +123,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     """Run a Great Expectations gate; exit 5 (QualityError) when it fails, after writing its report."""
     from spark_jobs.quality.gate import validate
 
-    spec = _spec(args)
+    spec = _spec(args, applied=True)
     spark = _session(args, f"validate {args.suite}")
     print(validate(spark, spec, args.suite, date=args.date, reports=args.reports, run_id=args.run_id).text())
     return 0
@@ -137,7 +143,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
 def cmd_stream(args: argparse.Namespace) -> int:
     from spark_jobs.jobs import stream
 
-    spec = _spec(args)
+    spec = _spec(args, applied=True)
     # its own application: foreachBatch and the driver merge's held state need a driver in this process
     spark = _session(args, "stream", connect=False)
     print(stream.run(spark, spec, available_now=args.available_now, run_id=args.run_id).summary())

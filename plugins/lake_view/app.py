@@ -36,7 +36,8 @@ from spark_jobs.errors import LakeError, PipelineError
 from spark_jobs.inspection import InspectError, views
 from spark_jobs.inspection.render import cell, diff_to_dict, human_bytes, jsonable
 from spark_jobs.inspection.rollup import rollup
-from spark_jobs.inspection.specs import find_spec
+from spark_jobs.inspection.specs import find_spec, lake_spec
+from spark_jobs.lake.spec_record import RecordedSpec
 
 from .auth import NotAuthenticated, airflow_user, login_url
 from .chart import svg_chart
@@ -195,18 +196,24 @@ def _series_json(s: Any) -> Any:
                      "n_keys": s.n_keys, "lines": [{"label": lb, "points": pts} for lb, pts in s.lines]})
 
 
-def _rollup_spec(ctx: _Context, name: str) -> tuple[views.TableRef, PipelineSpec]:
-    """The aggregates table and its pipeline's spec (found by name in ``$SPARK_JOBS_PIPELINES``)."""
+def _rollup_spec(ctx: _Context, name: str) -> tuple[views.TableRef, PipelineSpec, RecordedSpec | None]:
+    """The aggregates table and its pipeline's spec: the one its lake records, else the spec file of that name
+    in ``$SPARK_JOBS_PIPELINES`` (a lake written before spec records)."""
     pipeline, _, table = name.partition(".")
     if table != "aggregates":
         raise InspectError(f"a rollup merges a pipeline's aggregates table, not its {table}; "
                            f"open {pipeline}.aggregates")
-    return ctx.ref(name), find_spec(pipeline)
+    ref = ctx.ref(name)
+    try:
+        spec, record = lake_spec(ctx.lake_root(), pipeline)
+    except InspectError:
+        return ref, find_spec(pipeline), None
+    return ref, spec, record
 
 
-def _rollup_rows(snapshot: Snapshot, spec: PipelineSpec, form: RollupForm) -> pa.Table:
+def _rollup_rows(snapshot: Snapshot, spec: PipelineSpec, form: RollupForm, record: RecordedSpec | None) -> pa.Table:
     """The rollup the form asks for, refused (400) when it is too big to send."""
-    result = rollup(snapshot, spec, form.request(spec))
+    result = rollup(snapshot, spec, form.request(spec), record=record)
     if result.num_rows > MAX_ROLLUP_ROWS:
         raise InspectError(f"the rollup has {result.num_rows} rows, more than {MAX_ROLLUP_ROWS}; use a coarser grain, "
                            "fewer by keys, a shorter range or a where on the keys")
@@ -377,7 +384,7 @@ def _add_pages(router: APIRouter, ctx: _Context) -> None:
     def rollup_page(request: Request, name: NameParam, start: StartQ = None, to: EndQ = None, by: ByQ = None,
                     grain: GrainQ = None, where: WhereQ = None, metric: MetricQ = None,
                     version: VersionQ = None) -> HTMLResponse:
-        r, spec = _rollup_spec(ctx, name)
+        r, spec, record = _rollup_spec(ctx, name)
         vers = _versions(r)
         snapshot = views.open_version(r, version=version)
         form = RollupForm.with_defaults(snapshot, spec, start=_blank(start), end=_blank(to), by=by,
@@ -385,7 +392,7 @@ def _add_pages(router: APIRouter, ctx: _Context) -> None:
         common: dict[str, Any] = {"name": name, "spec": spec, "versions": vers, "version": snapshot.version(),
                                   "form": form, "metric": _blank(metric)}
         try:
-            result = _rollup_rows(snapshot, spec, form)
+            result = _rollup_rows(snapshot, spec, form, record)
             metrics = chart_metrics(result, spec)
             chosen = _blank(metric) or metrics[0]
             if chosen not in metrics:
@@ -460,11 +467,11 @@ def _add_api(router: APIRouter, ctx: _Context) -> None:
     @router.get("/api/table/{name}/rollup")
     def api_rollup(name: NameParam, start: StartQ = None, to: EndQ = None, by: ByQ = None, grain: GrainQ = None,
                    where: WhereQ = None, version: VersionQ = None) -> JSONResponse:
-        r, spec = _rollup_spec(ctx, name)
+        r, spec, record = _rollup_spec(ctx, name)
         snapshot = views.open_version(r, version=version)
         form = RollupForm.with_defaults(snapshot, spec, start=_blank(start), end=_blank(to), by=by,
                                         grain=_blank(grain), where=_blank(where))
-        return JSONResponse(jsonable(_rollup_rows(snapshot, spec, form).to_pylist()))
+        return JSONResponse(jsonable(_rollup_rows(snapshot, spec, form, record).to_pylist()))
 
     @router.get("/api/runs")
     def api_runs(pipeline: PipelineQ = None, limit: LimitQ = 200) -> JSONResponse:

@@ -21,7 +21,8 @@ def batch_date(context: Any) -> str:
 
 
 def skip_unchanged_day(pipeline: str) -> Callable[[Any], str | None]:
-    """A ``skip_if`` for combine: skip a day combined successfully after its newest landing file.
+    """A ``skip_if`` for combine: skip a day combined successfully after its newest landing file, by the
+    spec the lake records (a day whose partials predate an aggregate a spec change added is recombined).
 
     The ``force_recombine`` param turns it off. Combine is idempotent either way; this only
     saves a Spark job when a backfill passes over days that have not changed.
@@ -31,7 +32,9 @@ def skip_unchanged_day(pipeline: str) -> Callable[[Any], str | None]:
         if (context.get("params") or {}).get("force_recombine"):
             return None
         from spark_jobs.lake import PipelineTables
+        from spark_jobs.lake.coverage import day_versions
         from spark_jobs.lake.runs import latest_combines
+        from spark_jobs.lake.spec_record import current
         from spark_jobs.spec import load_spec
 
         date = batch_date(context)
@@ -43,6 +46,11 @@ def skip_unchanged_day(pipeline: str) -> Callable[[Any], str | None]:
         combined = latest_combines(PipelineTables(spec.lake, spec.name).runs, [date], by="started_at").get(date)
         if combined is None or newest is None:
             return None
+        record = current(spec.lake, spec.name)
+        if record is not None:  # the day's partials must hold every aggregate of the spec the lake records
+            needed = max([record.layout_since, *record.coverage.values()])
+            if day_versions(PipelineTables(spec.lake, spec.name).partials).get(date, 0) < needed:
+                return None
         last = combined["started_at"]
         if last.timestamp() > newest:
             return (f"{date} was combined at {last:%Y-%m-%d %H:%M:%S} UTC, after its newest landing file "

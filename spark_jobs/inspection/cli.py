@@ -7,32 +7,40 @@ mapping (``error: ...`` and a non-zero exit code), and nothing is ever written.
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs.errors import InspectError, LakeError
 
 if TYPE_CHECKING:
+    from spark_jobs.lake.spec_record import RecordedSpec
     from spark_jobs.spec import PipelineSpec
 
 __all__ = ["add_inspect_parser", "run_inspect"]
 
 TABLE_HELP = "pipeline.table (e.g. page_views.aggregates) or the path of a Delta table"
-VIEWS = ("tables", "history", "show", "diff", "schema", "partitions", "runs", "rollup")
+PIPELINE_HELP = ("a pipeline name (the spec its lake records, e.g. page_views) or a spec file (a path, e.g. "
+                 "pipelines/page_views.yaml)")
+VIEWS = ("tables", "history", "show", "diff", "schema", "partitions", "runs", "rollup", "coverage", "spec")
+_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
 def add_inspect_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="read-only views of the Delta tables (delta-rs, no Spark)",
                        description="Read-only views of the lake's Delta tables (no Spark). The lake root comes "
-                                   "from --lake, from --pipeline's spec or from $SPARK_JOBS_LAKE.")
+                                   "from --lake, from --pipeline's spec file or from $SPARK_JOBS_LAKE. Every view "
+                                   "works from the lake alone: the spec of a pipeline is the one its lake records.")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--lake", help="lake root (default: the spec's, or $SPARK_JOBS_LAKE)")
-    common.add_argument("--pipeline", help="pipeline spec: its lake root, and its keys for diff")
+    common.add_argument("--lake", help="lake root (default: the spec file's, or $SPARK_JOBS_LAKE)")
+    common.add_argument("--pipeline", help=PIPELINE_HELP)
     common.add_argument("--json", action="store_true", help="JSON output for scripts")
     views = p.add_subparsers(dest="view", required=True, metavar="VIEW")
 
     t = views.add_parser("tables", parents=[common], help="each pipeline's tables: version, rows, files, size")
-    t.add_argument("pipeline_name", nargs="?", metavar="PIPELINE", help="only this pipeline's tables")
+    t.add_argument("pipeline_name", nargs="?", metavar="PIPELINE", help="only this pipeline's tables: " + PIPELINE_HELP)
 
     h = views.add_parser("history", parents=[common], help="commits: time, operation, run, rows, what was consumed")
     h.add_argument("table", help=TABLE_HELP)
@@ -66,7 +74,7 @@ def add_inspect_parser(sub: Any) -> argparse.ArgumentParser:
     ru = views.add_parser("rollup", parents=[common], help="merge stored accumulators over a time range and keys",
                           description="Every aggregate's value over the windows in [--from, --to), per --by keys "
                                       "and --grain bucket, merged from the accumulators in aggregates (no Spark, no "
-                                      "raw data). Needs --pipeline: the spec says which aggregate each column holds.")
+                                      "raw data). The spec is the one the lake records (or --pipeline's).")
     ru.add_argument("table", help="PIPELINE.aggregates")
     ru.add_argument("--from", dest="start", required=True, help="first window start, 'YYYY-MM-DD[ HH:MM:SS]' (UTC)")
     ru.add_argument("--to", dest="end", required=True, help="end of the range (exclusive), a window boundary")
@@ -75,26 +83,63 @@ def add_inspect_parser(sub: Any) -> argparse.ArgumentParser:
     ru.add_argument("--where", help="filter on group keys, e.g. \"page = '/home'\"")
 
     r = views.add_parser("runs", parents=[common], help="job runs: rows in/aggregated/rejected, timings, reconciles")
-    r.add_argument("pipeline_name", nargs="?", metavar="PIPELINE", help="only this pipeline's runs")
+    r.add_argument("pipeline_name", nargs="?", metavar="PIPELINE", help="only this pipeline's runs: " + PIPELINE_HELP)
     r.add_argument("--limit", type=int, default=50, help="the last N runs (default 50)")
+
+    c = views.add_parser("coverage", parents=[common], help="per aggregate, the days whose partials hold it (an "
+                                                            "aggregate a spec change added is NULL elsewhere)")
+    c.add_argument("pipeline_name", metavar="PIPELINE", help=PIPELINE_HELP)
+
+    sp = views.add_parser("spec", parents=[common], help="the spec the lake records, and its versions")
+    sp.add_argument("pipeline_name", metavar="PIPELINE", help=PIPELINE_HELP)
     return p
 
 
-def _spec(args: argparse.Namespace) -> PipelineSpec | None:
-    if not args.pipeline:
-        return None
+@dataclass(frozen=True)
+class _Pipeline:
+    """A pipeline named on the command line: its spec, the lake's record of it, and where the spec came from."""
+
+    spec: PipelineSpec
+    record: RecordedSpec | None
+    source: str
+
+    def say(self) -> None:
+        print(f"inspect: pipeline {self.spec.name} {self.source}", file=sys.stderr)
+
+
+def _is_path(value: str) -> bool:
+    return os.path.exists(value) or value.endswith((".yaml", ".yml")) or os.sep in value
+
+
+def _pipeline(value: str, lake: str | None) -> _Pipeline:
+    """``value`` is a spec file (a path: it exists, ends in .yaml/.yml or has a '/') or a pipeline name (the
+    spec its lake records)."""
+    from spark_jobs.inspection.specs import lake_spec
+    from spark_jobs.inspection.views import default_lake
+    from spark_jobs.lake.spec_record import current
     from spark_jobs.spec import load_spec
 
-    return load_spec(args.pipeline, lake=args.lake)
+    if _is_path(value):
+        spec = load_spec(value, lake=lake)
+        return _Pipeline(spec, current(spec.lake, spec.name), f"from the spec file {value}")
+    if not _NAME.fullmatch(value):
+        raise InspectError(f"{value[:200]!r} is neither a spec file nor a pipeline name; give the path of a spec "
+                           "(e.g. pipelines/page_views.yaml) or a pipeline name (e.g. page_views) with --lake")
+    root = lake or default_lake()
+    if root is None:
+        raise LakeError(f"pipeline name {value!r} needs the lake that records it: pass --lake DIR or set "
+                        "$SPARK_JOBS_LAKE, or give the spec file instead")
+    spec, record = lake_spec(root, value)
+    return _Pipeline(spec, record, f"as the lake {root} records it (spec version {record.version})")
 
 
-def _lake(args: argparse.Namespace, spec: PipelineSpec | None) -> str | None:
+def _lake(args: argparse.Namespace, named: _Pipeline | None) -> str | None:
     from spark_jobs.inspection.views import default_lake
 
     if args.lake:
         return str(args.lake)
-    if spec is not None:
-        return spec.lake
+    if named is not None:
+        return named.spec.lake
     return default_lake()
 
 
@@ -131,38 +176,84 @@ def _limit(n: int) -> int:
     return n
 
 
-def _rollup(args: argparse.Namespace, spec: PipelineSpec | None, ref: Any) -> Any:
+def _table_pipeline(named: _Pipeline | None, ref: Any, lake: str | None) -> _Pipeline | None:
+    """The pipeline of a table: --pipeline's, else the spec the lake records for the table's pipeline."""
+    if named is not None or ref.pipeline is None or lake is None:
+        return named
+    from spark_jobs.inspection.specs import lake_spec
+
+    try:
+        spec, record = lake_spec(lake, ref.pipeline)
+    except (InspectError, LakeError):
+        return None
+    return _Pipeline(spec, record, f"as the lake {lake} records it (spec version {record.version})")
+
+
+def _said(named: _Pipeline | None, args: argparse.Namespace) -> _Pipeline | None:
+    if named is not None and not args.json:
+        named.say()
+    return named
+
+
+def _rollup(args: argparse.Namespace, named: _Pipeline | None, ref: Any) -> Any:
     from spark_jobs.inspection import views
     from spark_jobs.inspection.rollup import Rollup, parse_by, parse_grain, rollup
 
-    if spec is None:
-        raise InspectError("rollup needs --pipeline SPEC: the spec says which aggregate each accumulator column holds")
-    if ref.name != f"{spec.name}.aggregates":
+    if named is None:
+        raise InspectError(f"rollup needs the pipeline's spec, and the lake records none for {ref.name}: pass "
+                           "--pipeline SPEC (the spec says which aggregate each accumulator column holds)")
+    spec = named.spec
+    if ref.name != f"{spec.name}.aggregates" and ref.table != "aggregates":
         raise InspectError(f"rollup reads {spec.name}.aggregates, not {ref.name}")
     request = Rollup(views.parse_time(args.start), views.parse_time(args.end), parse_by(args.by, spec),
                      parse_grain(args.grain), args.where)
-    result = rollup(views.open_version(ref), spec, request)
+    result = rollup(views.open_version(ref), spec, request, record=named.record)
     if not args.json:
         print(f"merged from {spec.name}.{result.schema.metadata[b'source'].decode()}", file=sys.stderr)
     return result
+
+
+def _named(args: argparse.Namespace) -> _Pipeline | None:
+    """The pipeline given as --pipeline, or as the view's PIPELINE argument (a name or a spec file)."""
+    value = args.pipeline or getattr(args, "pipeline_name", None)
+    if value and args.view == "runs" and value.endswith(".runs"):
+        value = value[: -len(".runs")]
+    if not value:
+        return None
+    if args.view in ("tables", "runs") and not args.pipeline and not _is_path(value):
+        return None  # a name only filters the listing: no spec needed
+    named = _pipeline(value, args.lake)
+    if not args.json:
+        named.say()
+    return named
 
 
 def run_inspect(args: argparse.Namespace) -> int:
     from spark_jobs.inspection import views
     from spark_jobs.inspection.render import to_json, to_text
 
-    spec = _spec(args)
-    lake = _lake(args, spec)
+    named = _named(args)
+    lake = _lake(args, named)
     result: Any
-    if args.view == "tables":
-        result = views.list_tables(_need_lake(lake, "tables"), pipeline=args.pipeline_name)
-    elif args.view == "runs":
-        name = args.pipeline_name or (spec.name if spec else None)
-        if name and name.endswith(".runs"):
+    if args.view in ("tables", "runs"):
+        name = named.spec.name if named is not None else args.pipeline_name
+        if name and args.view == "runs" and name.endswith(".runs"):
             name = name[: -len(".runs")]
-        result = views.runs(_need_lake(lake, "runs"), pipeline=name, limit=_limit(args.limit))
+        if args.view == "tables":
+            result = views.list_tables(_need_lake(lake, "tables"), pipeline=name)
+        else:
+            result = views.runs(_need_lake(lake, "runs"), pipeline=name, limit=_limit(args.limit))
+    elif args.view in ("coverage", "spec"):
+        assert named is not None
+        if named.record is None:
+            raise InspectError(f"the lake {named.spec.lake}/{named.spec.name} records no spec yet; the first job, or "
+                               f"`python -m spark_jobs apply --pipeline {named.spec.origin}`, records it")
+        result = (views.coverage(named.spec, named.record) if args.view == "coverage"
+                  else views.spec_versions(named.spec.lake, named.spec.name))
     else:
         ref = views.resolve_table(args.table, lake)
+        named = named if named is not None else _said(_table_pipeline(None, ref, lake), args)
+        spec = named.spec if named is not None else None
         if args.view == "history":
             result = views.history(ref, limit=_limit(args.limit))
         elif args.view == "show":
@@ -173,7 +264,7 @@ def run_inspect(args: argparse.Namespace) -> int:
             result = views.diff(ref, from_version=args.from_version, to_version=args.to_version,
                                 keys=_columns(args.keys, "--keys"), spec=spec, limit=_limit(args.limit))
         elif args.view == "rollup":
-            result = _rollup(args, spec, ref)
+            result = _rollup(args, named, ref)
         elif args.view == "schema":
             result = views.schema(ref, version=args.version, spec=spec)
         else:

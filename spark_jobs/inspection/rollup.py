@@ -21,8 +21,10 @@ import pyarrow.compute as pc
 
 from spark_jobs.errors import InspectError
 from spark_jobs.inspection.where import parse_where
+from spark_jobs.lake.layout import SPEC_VERSION
 from spark_jobs.lake.reader import Snapshot, is_table, open_table
 from spark_jobs.lake.rules import rollup_app_id
+from spark_jobs.lake.spec_record import RecordedSpec
 from spark_jobs.plan.buckets import EPOCH, TS, bucket_origin, bucket_starts, merge_groups, micros, value_columns
 from spark_jobs.plan.phases import CompiledAggregates
 from spark_jobs.spec import PipelineSpec, RollupSpec, parse_duration
@@ -103,20 +105,23 @@ def _offset(t: dt.datetime, size_s: int, origin: dt.datetime) -> int:
     return (micros(t) - micros(origin)) % (size_s * _US)
 
 
-def rollup(table: Snapshot, spec: PipelineSpec, request: Rollup, *, declared: bool = True) -> pa.Table:
+def rollup(table: Snapshot, spec: PipelineSpec, request: Rollup, *, declared: bool = True,
+           record: RecordedSpec | None = None) -> pa.Table:
     """Every aggregate's value per ``by`` keys and bucket, merged from the stored accumulators.
 
     Columns: the ``by`` keys, ``start`` and ``end`` of the bucket (clipped to the range), one column
-    per aggregate, and ``n_rows``. Raises :class:`InspectError` for a request the windows cannot answer.
+    per aggregate, and ``n_rows``. An aggregate a spec change added (``record``) is NULL in a bucket
+    holding windows that predate it. Raises :class:`InspectError` for a request the windows cannot answer.
     """
     _check(spec, request)
-    compiled = CompiledAggregates(spec)
+    compiled = CompiledAggregates(spec, record)
     entries = compiled.entries
     source = _declared_source(table, spec, request) if declared else None
     table = source or table
     schema = table.schema()
     keys = list(request.by)
-    columns = [*keys, "window_start", "n_rows", *(c for e in entries for c in e.acc_columns)]
+    columns = [*keys, "window_start", "n_rows", *(c for e in entries for c in e.acc_columns),
+               *([SPEC_VERSION] if SPEC_VERSION in schema.names else [])]
     missing = [c for c in columns if c not in schema.names]
     if missing:
         raise InspectError(f"{table.path} lacks {', '.join(missing)}: it is not the aggregates table of {spec.name}")
@@ -136,7 +141,7 @@ def rollup(table: Snapshot, spec: PipelineSpec, request: Rollup, *, declared: bo
            else pc.min_element_wise(pc.add(start.cast(pa.int64()), request.grain_s * _US),
                                     micros(request.end)).cast(TS))
     out = pa.table({**{k: merged.column(k) for k in keys}, "start": start, "end": end,
-                    **value_columns(merged, accs, entries), "n_rows": merged.column("n_rows")})
+                    **value_columns(merged, accs, entries, compiled.coverage), "n_rows": merged.column("n_rows")})
     out = out.sort_by([(k, "ascending") for k in [*keys, "start"]])
     return out.replace_schema_metadata({SOURCE: Path(table.path).name})
 

@@ -14,9 +14,10 @@ from pathlib import Path
 import yaml
 
 from spark_jobs.errors import InspectError, SpecError
+from spark_jobs.lake.spec_record import RecordedSpec, current
 from spark_jobs.spec import PipelineSpec, load_spec
 
-__all__ = ["SPECS_ENV", "find_spec", "specs_folder"]
+__all__ = ["SPECS_ENV", "find_spec", "lake_spec", "specs_folder"]
 
 SPECS_ENV = "SPARK_JOBS_PIPELINES"
 _REPO_SPECS = Path(__file__).resolve().parents[2] / "pipelines"
@@ -76,3 +77,21 @@ def find_spec(pipeline: str, folder: Path | None = None) -> PipelineSpec:
     message = (f"no pipeline spec named {pipeline!r} in {where} (specs there: {', '.join(sorted(set(others))) or 'none'}"
                f"{'; skipped: ' + ', '.join(skipped) if skipped else ''}); {hint}")
     raise InspectError(message)
+
+
+def lake_spec(lake: str, pipeline: str) -> tuple[PipelineSpec, RecordedSpec]:
+    """The spec the lake records for ``pipeline`` (its latest applied version), with that record.
+
+    Raises:
+        InspectError: the lake records no spec for it (no such pipeline, or a lake written before spec records).
+    """
+    record = current(lake, pipeline)
+    if record is None:
+        known = sorted(p.name for p in Path(lake).iterdir() if (p / "specs").is_dir()) if Path(lake).is_dir() else []
+        raise InspectError(f"the lake {lake} records no spec for {pipeline!r} (pipelines that record one: "
+                           f"{', '.join(known) or 'none'}); pass --pipeline SPEC (the YAML file), or adopt the spec "
+                           f"with `python -m spark_jobs apply --pipeline SPEC`")
+    try:
+        return record.pipeline_spec(lake=lake), record
+    except SpecError as exc:
+        raise InspectError(f"the spec {lake}/{pipeline} records cannot be read here: {exc}") from exc

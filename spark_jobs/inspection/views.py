@@ -31,11 +31,14 @@ from spark_jobs.lake.runs import dead_letter_rows_by_run, read_runs
 from spark_jobs.lake.tables import TABLES, is_table_name
 
 if TYPE_CHECKING:
+    from spark_jobs.lake.spec_record import RecordedSpec
     from spark_jobs.spec import PipelineSpec
 
 __all__ = [
     "BOOKKEEPING",
     "LAKE_ENV",
+    "coverage",
+    "spec_versions",
     "Series",
     "TableDiff",
     "TableRef",
@@ -673,3 +676,48 @@ def series(ref: TableRef, *, metric: str, version: int | None = None, where: str
     chosen = sorted(by_label, key=lambda lb: (-totals[lb], lb))[:max_lines]
     lines = [(lb, sorted(by_label[lb], key=lambda p: p[0])) for lb in sorted(chosen)]
     return Series(ref.name, table.version(), metric, keys, lines, len(by_label))
+
+
+# --------------------------------------------------------------------------- spec record
+def coverage(spec: PipelineSpec, record: RecordedSpec) -> pa.Table:
+    """Per aggregate: the spec version it is covered from, and the event days whose partials hold it or not
+    (an aggregate is NULL in the windows of the days it is not covered by, until they are recombined)."""
+    from spark_jobs.lake import PipelineTables
+    from spark_jobs.lake.coverage import day_versions
+    from spark_jobs.plan.evolution import pending_days
+
+    versions = day_versions(PipelineTables(spec.lake, spec.name).partials)
+    layout = set(pending_days(spec, record)) - set(versions)  # days a layout change dropped, not recombined
+    rows = []
+    for agg in spec.aggregates:
+        since = record.since(agg.name)
+        covered = [d for d, v in versions.items() if v >= since]
+        missing = sorted({d for d, v in versions.items() if v < since} | layout)
+        rows.append({"aggregate": agg.name, "since_version": since, "days_covered": len(covered),
+                     "covered": _day_ranges(covered), "days_uncovered": len(missing), "uncovered": _day_ranges(missing)})
+    schema = pa.schema([("aggregate", pa.string()), ("since_version", pa.int64()), ("days_covered", pa.int64()),
+                        ("covered", pa.string()), ("days_uncovered", pa.int64()), ("uncovered", pa.string())])
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def _day_ranges(days: Sequence[str]) -> str:
+    """``2024-03-01..2024-03-03, 2024-03-05``: consecutive days as ranges."""
+    out: list[list[str]] = []
+    for d in sorted(days):
+        if out and (dt.date.fromisoformat(d) - dt.date.fromisoformat(out[-1][-1])).days == 1:
+            out[-1].append(d)
+        else:
+            out.append([d])
+    return ", ".join(r[0] if len(r) == 1 else f"{r[0]}..{r[-1]}" for r in out)
+
+
+def spec_versions(lake: str, pipeline: str) -> pa.Table:
+    """Every step of the lake's spec record, oldest first: version, status, when, the changes, the spec."""
+    from spark_jobs.lake.spec_record import read_records
+
+    rows = [{"version": r.version, "status": r.status, "recorded_at": r.recorded_at, "run_id": r.run_id,
+             "changes": "; ".join(c.get("what", "") for c in r.changes) or ("first spec" if r.version == 1 else ""),
+             "spec": json.dumps(r.spec, sort_keys=True)} for r in read_records(lake, pipeline)]
+    schema = pa.schema([("version", pa.int64()), ("status", pa.string()), ("recorded_at", pa.timestamp("us", tz="UTC")),
+                        ("run_id", pa.string()), ("changes", pa.string()), ("spec", pa.string())])
+    return pa.Table.from_pylist(rows, schema=schema)

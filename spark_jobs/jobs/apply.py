@@ -235,6 +235,8 @@ class _Migration:
         kept = tuple(a for a in spec.aggregates if a.name not in diff.added)
         self.kept = CompiledAggregates(dataclasses.replace(spec, aggregates=kept, rollups=()), target)
         self.compiled = CompiledAggregates(spec, target)
+        # the columns of added or changed aggregates: NULL in every row kept (a changed one's old values go)
+        self.fresh = {c for b in self.compiled.entries if b.name in diff.added for c in (b.name, *b.acc_columns)}
 
     def run(self) -> dict[str, int | None]:
         t = self.tables
@@ -279,11 +281,11 @@ class _Migration:
     def _empty(self, table: str) -> pa.Table:
         return table_schema(self.spec, table).empty_table()
 
-    def _conform(self, rows: pa.Table, table: str) -> pa.Table:
-        """``rows`` with ``table``'s columns in the new spec: added aggregates' columns NULL."""
-        schema = table_schema(self.spec, table)
-        columns = [rows.column(f.name).cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
-                   for f in schema]
+    def _conform(self, rows: pa.Table, table: str, rollup: Any = None) -> pa.Table:
+        """``rows`` with ``table``'s columns in the new spec: added or changed aggregates' columns NULL."""
+        schema = table_schema(self.spec, table, rollup)
+        columns = [rows.column(f.name).cast(f.type) if f.name in rows.column_names and f.name not in self.fresh
+                   else pa.nulls(rows.num_rows, f.type) for f in schema]
         return pa.Table.from_arrays(columns, schema=schema)
 
     # ------------------------------------------------------------------- tables
@@ -365,15 +367,10 @@ class _Migration:
         if not (self._rewrites() or self.diff.added):
             return self._add_columns(path, table_schema(self.spec, rollup.table, rollup))
         source = open_table(self.tables.aggregates)
-        rows = rollups.rollup_rows(source, self.compiled, rollup, None, run_id=self.run_id)
-        rows = self._conform_rollup(rows, rollup)
+        rows = self._conform(rollups.rollup_rows(source, self.compiled, rollup, None, run_id=self.run_id),
+                             rollup.table, rollup)
         return self.lake.rewrite(rows, path, read_version=read, metadata=self.meta, sort_by=["window_start", *rollup.by],
                                  app_txns=[self._txn, AppTxn(rollup_app_id(self.spec, rollup), source.version())]).version
-
-    def _conform_rollup(self, rows: pa.Table, rollup: Any) -> pa.Table:
-        schema = table_schema(self.spec, rollup.table, rollup)
-        return pa.Table.from_arrays([rows.column(f.name).cast(f.type) if f.name in rows.column_names
-                                     else pa.nulls(rows.num_rows, f.type) for f in schema], schema=schema)
 
     # ------------------------------------------------------------ Arrow merges
     def lake_table(self, path: str, version: int | None) -> pa.Table:
@@ -474,6 +471,7 @@ class _Migration:
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_type
 
-        return rows.select(*(F.col(f.name).cast(from_arrow_type(f.type)).alias(f.name) if f.name in rows.columns
+        return rows.select(*(F.col(f.name).cast(from_arrow_type(f.type)).alias(f.name)
+                             if f.name in rows.columns and f.name not in self.fresh
                              else F.lit(None).cast(from_arrow_type(f.type)).alias(f.name)
                              for f in table_schema(self.spec, table)))

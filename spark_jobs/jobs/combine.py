@@ -109,7 +109,7 @@ def run(spark: SparkSession, spec: PipelineSpec, date: str, *, lake: Lake | None
                 assert counts is not None
                 record.rows_in, record.rows_rejected = int(counts["n"]), int(counts["rejected"])
                 record.rows_aggregated = record.rows_in - record.rows_rejected  # each row is one or the other
-                retry_conflicts(commit, what=f"combine of {date}")
+                retry_conflicts(commit, what=f"combine of {date}", recheck=lambda: ensure_applied(lake, spec))
             except PipelineError:
                 raise
             except Exception as exc:

@@ -55,16 +55,19 @@ class RetryPolicy:
 
 
 def retry_conflicts(step: Callable[[int], T], *, what: str, policy: RetryPolicy | None = None,
-                    sleep: Callable[[float], None] = time.sleep) -> T:
+                    sleep: Callable[[float], None] = time.sleep, recheck: Callable[[], object] | None = None) -> T:
     """Run ``step(attempt)`` until it commits; on a :class:`ConflictError`, wait and run it again.
 
     ``step`` must plan from the tables as they are when it starts (never from state kept from
-    an earlier attempt). After ``policy.attempts`` lost races the last error is raised, saying
-    how often it lost and what to do.
+    an earlier attempt). ``recheck`` runs before each retry: a race lost to ``apply`` raises there
+    (the spec changed) instead of re-planning. After ``policy.attempts`` lost races the last error
+    is raised, saying how often it lost and what to do.
     """
     policy = policy or RetryPolicy.from_env()
     for attempt in range(1, policy.attempts + 1):
         try:
+            if attempt > 1 and recheck is not None:
+                recheck()
             return step(attempt)
         except ConflictError as exc:
             if attempt == policy.attempts:

@@ -58,7 +58,7 @@ def run(spark: SparkSession, spec: PipelineSpec, *, lake: Lake | None = None, ru
             record.attempts = n
             _merge(lake, spec, tables, compiled, record, full=full)
 
-        retry_conflicts(attempt, what="reduce")
+        retry_conflicts(attempt, what="reduce", recheck=lambda: ensure_applied(lake, spec))
         if spec.rollups:  # also after a no-op: a crash may have left them behind aggregates
             record.versions_written.update(rollups.refresh(lake, compiled, run_id=record.run_id))
     return record

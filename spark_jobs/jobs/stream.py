@@ -264,7 +264,7 @@ class MiniBatchAggregator:
                     engine.committed(committed.written["stream_state"], out)
                 return committed
 
-            committed = retry_conflicts(step, what=f"mini-batch {batch_id}")
+            committed = retry_conflicts(step, what=f"mini-batch {batch_id}", recheck=lambda: ensure_applied(lake, spec))
             if spec.rollups:
                 committed.written.update(rollups.refresh(lake, self.compiled, run_id=record.run_id))
             bad.unpersist()

@@ -317,16 +317,19 @@ class EmbeddedLake:
         have = set(pa.schema(dt.schema().to_arrow()).names)
         new = [f for f in fields if f.name not in have]
         txns = [Transaction(t.app_id, t.version) for t in app_txns]
-        if new:
-            props = CommitProperties(app_transactions=txns or None)
-            try:
+        table_name = Path(_local(path)).name
+        failpoint(f"commit:{table_name}:before")
+        try:
+            if new:
+                props = CommitProperties(app_transactions=txns or None)
                 dt.alter.add_columns(list(DeltaSchema.from_arrow(pa.schema(new)).fields), commit_properties=props)
-            except CommitFailedError as exc:
-                raise ConflictError(f"adding columns to Delta table {path} lost to a concurrent writer: {exc}") from exc
-        elif txns:  # nothing to add: record the app transactions alone
-            dt.create_write_transaction([], "append", pa.schema(dt.schema().to_arrow()),
-                                        partition_by=list(dt.metadata().partition_columns) or None,
-                                        commit_properties=CommitProperties(app_transactions=txns))
+            elif txns:  # nothing to add: record the app transactions alone
+                dt.create_write_transaction([], "append", pa.schema(dt.schema().to_arrow()),
+                                            partition_by=list(dt.metadata().partition_columns) or None,
+                                            commit_properties=CommitProperties(app_transactions=txns))
+        except CommitFailedError as exc:
+            raise ConflictError(f"changing the columns of Delta table {path} lost to a concurrent writer: {exc}") from exc
+        failpoint(f"commit:{table_name}:after")
         return Commit(DeltaTable(_local(path)).version())
 
     def replace_partition(self, df: DataFrame, path: str, *, partition_by: Sequence[str],

@@ -33,6 +33,7 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 from deltalake.transaction import CommitProperties, Transaction
 
+from spark_jobs._failpoints import failpoint
 from spark_jobs.errors import ConflictError, LakeError, SpecChangedError
 from spark_jobs.lake._types import GUARD_PREFIX, AppTxn
 from spark_jobs.lake.layout import ADOPTED
@@ -42,7 +43,8 @@ from spark_jobs.spec import Duration, PipelineSpec, parse_spec
 if TYPE_CHECKING:
     from spark_jobs.lake import Lake
 
-__all__ = ["APPLIED", "APPLYING", "RECORD_SCHEMA", "RecordedSpec", "current", "ensure_applied", "first_record",
+__all__ = ["APPLIED", "APPLYING", "RECORD_SCHEMA", "RecordedSpec", "applied_record", "current", "ensure_applied",
+           "first_record",
            "fingerprint", "has_data", "normalise", "read_records", "spec_app_id", "table_spec_version", "write_record"]
 
 Status = Literal["applying", "applied"]
@@ -193,11 +195,13 @@ def write_record(lake: str, pipeline: str, record: RecordedSpec) -> None:
     table = pa.Table.from_pylist([record.row()], schema=RECORD_SCHEMA)
     props = CommitProperties(app_transactions=[Transaction(_RECORD_GUARD, record.version)],
                              custom_metadata={"run_id": record.run_id, "job": "spec", "status": record.status})
+    failpoint("commit:specs:before")
     try:
         write_deltalake(path, table, mode="append", commit_properties=props)
     except Exception as exc:  # a concurrent first record (the table was created meanwhile) or a lost commit
         raise ConflictError(f"recording spec version {record.version} in {path} lost to a concurrent writer: "
                             f"{exc}") from exc
+    failpoint("commit:specs:after")
 
 
 def has_data(lake: str, pipeline: str) -> bool:
@@ -222,9 +226,15 @@ def _differences(recorded: Mapping[str, Any], given: Mapping[str, Any]) -> list[
 
 
 def ensure_applied(lake: Lake, spec: PipelineSpec, *, run_id: str = "") -> RecordedSpec:
-    """The lake's spec, when ``spec`` is it (recorded as version 1 on a new lake); else refuse.
+    """:func:`applied_record`, and ``lake`` bound to that version: its commits to spec-shaped tables carry
+    ``<pipeline>.spec``, so a change applied meanwhile makes them conflict instead of mixing layouts."""
+    record = applied_record(spec, run_id=run_id)
+    lake.spec_txn = AppTxn(spec_app_id(spec.name), record.version)
+    return record
 
-    Binds ``lake`` to that version: its commits to spec-shaped tables carry ``<pipeline>.spec``.
+
+def applied_record(spec: PipelineSpec, *, run_id: str = "") -> RecordedSpec:
+    """The lake's spec, when ``spec`` is it (recorded as version 1 on a new lake); else refuse.
 
     Raises:
         SpecChangedError: the spec differs from the lake's, an apply is not finished, or the lake
@@ -256,7 +266,6 @@ def ensure_applied(lake: Lake, spec: PipelineSpec, *, run_id: str = "") -> Recor
                 f"{record.version}) in: {differ}; the job would write tables of two layouts, so it stopped. See "
                 f"the changes with `python -m spark_jobs plan --pipeline {spec.origin}`, make them with "
                 f"`python -m spark_jobs apply --pipeline {spec.origin}`")
-        lake.spec_txn = AppTxn(spec_app_id(spec.name), record.version)
         return record
     raise ConflictError(f"could not record the spec of {spec.name} in {_path(root, spec.name)}: other writers keep "
                         "recording theirs; run the job again")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -383,9 +384,55 @@ def make_plan(spec: PipelineSpec, records: Sequence[RecordedSpec]) -> Plan:
                            ("stream state", tables.stream_state)):
             if is_table(path):
                 plan.table_rows[name] = _table_rows(path)
-    versions = day_versions(tables.partials)
-    days = {d for ds in uncovered_days(current.coverage, versions).values() for d in ds}
+    days = set(pending_days(spec, current))
     if diff.needs_raw:
-        days |= set(versions)
+        days |= set(day_versions(tables.partials))
+    if diff.dropped_keys:  # rows rejected only for lacking a dropped key count under the new spec
+        days |= rejected_only_for(tables.dead_letter, [f"group key {k} is missing" for k in diff.dropped_keys])
     plan.days = [DayCost(d, *landing_rows(spec, d)) for d in sorted(days)]
     return plan
+
+
+def pending_days(spec: PipelineSpec, record: RecordedSpec) -> list[str]:
+    """The days earlier changes left to recombine: whose partials predate an aggregate, and, after a change
+    of the rows' layout, the landing days up to the last day it dropped that no batch combine redid since."""
+    versions = day_versions(PipelineTables(spec.lake, spec.name).partials)
+    days = {d for ds in uncovered_days(record.coverage, versions).values() for d in ds}
+    if record.uncovered_through is not None:
+        days |= {d for d in landing_days(spec) if dt.date.fromisoformat(d) <= record.uncovered_through
+                 and versions.get(d, 0) < record.layout_since}
+    return sorted(days)
+
+
+def landing_days(spec: PipelineSpec) -> list[str]:
+    """The event days with a landing partition."""
+    root = spec.source.path
+    if not os.path.isdir(root):
+        return []
+    prefix = "event_date="
+    return sorted(n[len(prefix):] for n in os.listdir(root) if n.startswith(prefix) and _is_date(n[len(prefix):]))
+
+
+def _is_date(text: str) -> bool:
+    try:
+        dt.date.fromisoformat(text)
+    except ValueError:
+        return False
+    return len(text) == 10
+
+
+def rejected_only_for(dead_letter: str, reasons: Sequence[str]) -> set[str]:
+    """Event days with rows in ``dead_letter`` rejected for nothing but ``reasons`` (each a whole reason)."""
+    if not is_table(dead_letter):
+        return set()
+    rows = open_table(dead_letter).read(["reason", "source_file", "batch", "job"]).to_pylist()
+    allowed = set(reasons)
+    days = set()
+    for row in rows:
+        parts = set((row["reason"] or "").split("; "))
+        if parts and parts <= allowed:
+            found = re.search(r"event_date=(\d{4}-\d{2}-\d{2})", row["source_file"] or "")
+            day = found.group(1) if found else row["batch"] if row["job"] == "combine" else None
+            if day:
+                days.add(day)
+    return days
