@@ -43,5 +43,15 @@ def main(argv: Sequence[str] | None = None, *, keep_session: bool = False) -> in
     return cli.main(argv, keep_session=keep_session, commands=[_add_server])
 
 
+def run() -> None:
+    """The command line's entry point: exit with :func:`main`'s code without the interpreter's teardown, where
+    delta-rs' native threads may abort the process ("terminate called without an active exception") after the
+    work is done and turn exit code 0 into 134 or 139. Spark's JVM ends when its gateway's pipe closes."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

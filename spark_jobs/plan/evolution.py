@@ -378,7 +378,7 @@ def make_plan(spec: PipelineSpec, records: Sequence[RecordedSpec]) -> Plan:
     old = base.pipeline_spec(lake=spec.lake, source_path=spec.source.path) if base is not None else spec
     diff = compare(old, spec)
     plan = Plan(spec.name, spec.origin, spec.lake, current, diff,
-                current.version if pending else current.version + 1, pending=pending)
+                current.version if pending or not diff.changes else current.version + 1, pending=pending)
     if diff.derives:
         for name, path in (("partials", tables.partials), ("aggregates", tables.aggregates),
                            ("stream state", tables.stream_state)):
