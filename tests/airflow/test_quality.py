@@ -6,6 +6,7 @@ import datetime as dt
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
@@ -172,3 +173,26 @@ def test_bad_rules_name_the_field_and_the_fix(tmp_path):
         "input.ranges.x: min 5 is above max 1; swap them",
     ]
     assert load_rules(tmp_path / "q.yaml", "q").max_rejected_fraction == 0.01  # no file: defaults
+
+
+def test_the_outputs_gate_holds_an_added_aggregate_to_null_where_the_partials_predate_it(spark, spec, tmp_path):
+    from deltalake import write_deltalake
+
+    from spark_jobs.jobs.apply import apply
+
+    write_day(tmp_path / "landing", D1, day_events(D1, 120, seed=2))
+    combine.run(spark, spec, D1)
+    reduce.run(spark, spec)
+    added = make_spec(tmp_path, window={"size": "1 hour"},
+                      aggregates=[*FAST_AGGREGATES, {"name": "low_ms", "fn": "min", "column": "duration_ms"}])
+    apply(added)
+    report = validate(spark, added, "outputs")
+    coverage = [c for c in report.checks if c.description.startswith("coverage: low_ms")]
+    assert report.success and len(coverage) == 1 and coverage[0].success
+    path = PipelineTables(added.lake, added.name).aggregates  # a partial value leaks into an old window
+    rows = DeltaTable(path).to_pyarrow_table()
+    leaked = rows.set_column(rows.schema.get_field_index("low_ms"), "low_ms",
+                             pa.array([1] * rows.num_rows, rows.schema.field("low_ms").type))
+    write_deltalake(path, leaked, mode="overwrite")
+    with pytest.raises(QualityError, match=r"coverage: low_ms \(since spec version 2\) is NULL"):
+        validate(spark, added, "outputs")
