@@ -40,6 +40,12 @@ def cmd_rollup(args: argparse.Namespace) -> int:
     return rollup_bench(args)
 
 
+def cmd_evolution(args: argparse.Namespace) -> int:
+    from benchmarks.evolution import evolution_bench
+
+    return evolution_bench(args)
+
+
 def cmd_airflow(args: argparse.Namespace) -> int:
     from benchmarks.orchestration import airflow_bench
 
@@ -84,6 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
     common(r, 30)
     spark(r, "two per core, at least 8")
     r.set_defaults(func=cmd_rollup)
+
+    e = sub.add_parser("evolution", help="apply of a spec change vs recomputing the tables from raw rows",
+                       description="apply of a window coarsening, a key drop (both re-derived from the stored "
+                                   "accumulators, in Arrow and in Spark) and an added aggregate, against Spark "
+                                   "recomputing the same tables from the raw rows.")
+    common(e, 30)
+    spark(e, "two per core, at least 8")
+    e.set_defaults(func=cmd_evolution)
 
     s = sub.add_parser("stream", help="mini-batches vs Spark's windowed streaming aggregation",
                        description="Stream throughput for a few mini-batch sizes against Spark's own windowed "

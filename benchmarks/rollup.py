@@ -24,6 +24,8 @@ from spark_jobs.jobs import combine, reduce, rollups
 from spark_jobs.jobs.generate import GenerateConfig, generate
 from spark_jobs.lake import PipelineTables, open_lake
 from spark_jobs.lake.reader import open_table
+from spark_jobs.lake.spec_record import current
+from spark_jobs.plan.phases import CompiledAggregates
 from spark_jobs.session import SessionConfig, build_session
 from spark_jobs.spec import load_spec
 
@@ -49,7 +51,7 @@ def rollup_bench(args: argparse.Namespace) -> int:
                                         app_name="bench-rollup"))
     spec = load_spec(SAMPLE, lake=str(work / "lake-rollup"), source_path=config.out)
     marker = work / "lake-rollup.json"
-    wanted = json.dumps(dataclasses.asdict(config), sort_keys=True)
+    wanted = json.dumps({**dataclasses.asdict(config), "layout": 2}, sort_keys=True)  # 2: lakes record their spec
     if not marker.exists() or marker.read_text() != wanted:
         print(f"generating and loading {config.rows_per_day * config.days:,} events over {config.days} days ...",
               flush=True)
@@ -59,7 +61,9 @@ def rollup_bench(args: argparse.Namespace) -> int:
             combine.run(spark, spec, day)
         reduce.run(spark, spec)
         marker.write_text(wanted)
-    refresh_s, _ = _best(lambda: rollups.refresh(open_lake(spark), spec, run_id="bench"), times=1)  # built once
+    record = current(spec.lake, spec.name)
+    refresh_s, _ = _best(lambda: rollups.refresh(open_lake(spark), CompiledAggregates(spec, record), run_id="bench"),
+                         times=1)  # built once
     table = open_table(PipelineTables(spec.lake, spec.name).aggregates)
     start = dt.datetime.fromisoformat(config.dates[0]).replace(tzinfo=dt.UTC)
     end = start + dt.timedelta(days=config.days)
