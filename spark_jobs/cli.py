@@ -16,11 +16,13 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from spark_jobs import __version__
 from spark_jobs.errors import InputError, PipelineError, UsageError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from spark_jobs.session import SessionConfig
     from spark_jobs.spec import PipelineSpec
 
 log = logging.getLogger("spark_jobs")
@@ -34,14 +36,13 @@ def _spec(args: argparse.Namespace, *, applied: bool = False) -> PipelineSpec:
     if applied:
         from spark_jobs.lake.spec_record import applied_record
 
+        _session_config(args, "check")  # a bad option is refused before the lake is touched
         applied_record(spec, run_id=args.run_id or "")
     return spec
 
 
-def _session(args: argparse.Namespace, app: str, *, connect: bool = True) -> SparkSession:
-    """The job's session: a Spark Connect client when ``--remote``/``$SPARK_REMOTE`` names a server
-    (and the job can run as one), else its own application; an explicit ``--master`` wins."""
-    from spark_jobs.session import SessionConfig, build_session
+def _session_config(args: argparse.Namespace, app: str, *, connect: bool = True) -> SessionConfig:
+    from spark_jobs.session import SessionConfig
 
     kwargs: dict[str, Any] = {"app_name": f"spark_jobs {app}", "progress": sys.stderr.isatty()}
     if args.master or not connect:
@@ -53,7 +54,15 @@ def _session(args: argparse.Namespace, app: str, *, connect: bool = True) -> Spa
     for name in ("shuffle_partitions", "executor_cores", "executor_memory"):
         if getattr(args, name) is not None:
             kwargs[name] = getattr(args, name)
-    config = SessionConfig(**kwargs)  # a bad --master/--remote is a UsageError: exit code 2
+    return SessionConfig(**kwargs)  # a bad --master/--remote is a UsageError: exit code 2
+
+
+def _session(args: argparse.Namespace, app: str, *, connect: bool = True) -> SparkSession:
+    """The job's session: a Spark Connect client when ``--remote``/``$SPARK_REMOTE`` names a server
+    (and the job can run as one), else its own application; an explicit ``--master`` wins."""
+    from spark_jobs.session import build_session
+
+    config = _session_config(args, app, connect=connect)
     spark = build_session(config)
     if config.ui and not config.remote:
         print(f"Spark UI of this job: {spark.sparkContext.uiWebUrl}", file=sys.stderr, flush=True)
@@ -88,13 +97,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_combine(args: argparse.Namespace) -> int:
     from spark_jobs.jobs import combine
 
-    spec = _spec(args, applied=True)
     dates = _dates(args.date, args.to)
+    spec = _spec(args, applied=True)
     spark = _session(args, "combine")
-    for date in dates:  # one run id per day: a given --run-id gets the date as suffix over a range
-        run_id = f"{args.run_id}-{date}" if args.run_id and len(dates) > 1 else args.run_id
-        print(combine.run(spark, spec, date, run_id=run_id).summary())
+    for date in dates:
+        print(combine.run(spark, spec, date, run_id=_day_run_id(args.run_id, date, len(dates))).summary())
     return 0
+
+
+def _day_run_id(run_id: str | None, date: str, days: int) -> str | None:
+    """One run id per day: a given --run-id gets the date as suffix over a range."""
+    return f"{run_id}-{date}" if run_id and days > 1 else run_id
 
 
 def cmd_reduce(args: argparse.Namespace) -> int:
@@ -110,12 +123,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Combine each day of a range, then reduce once: a backfill without Airflow."""
     from spark_jobs.jobs import combine, reduce
 
-    spec = _spec(args, applied=True)
     dates = _dates(args.date, args.to)
+    spec = _spec(args, applied=True)
     spark = _session(args, "run")
-    for date in dates:
-        print(combine.run(spark, spec, date).summary())
-    print(reduce.run(spark, spec).summary())
+    for date in dates:  # --run-id R: combines R-<date> (R for one day), the reduce R-reduce
+        print(combine.run(spark, spec, date, run_id=_day_run_id(args.run_id, date, len(dates))).summary())
+    print(reduce.run(spark, spec, run_id=args.run_id and f"{args.run_id}-reduce").summary())
     return 0
 
 
@@ -123,6 +136,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     """Run a Great Expectations gate; exit 5 (QualityError) when it fails, after writing its report."""
     from spark_jobs.quality.gate import validate
 
+    if args.date is not None:
+        from spark_jobs.jobs.combine import parse_date
+
+        parse_date(args.date)  # a bad --date is refused before the lake is touched
     spec = _spec(args, applied=True)
     spark = _session(args, f"validate {args.suite}")
     print(validate(spark, spec, args.suite, date=args.date, reports=args.reports, run_id=args.run_id).text())
@@ -200,8 +217,10 @@ Command = Callable[[Any], None]  # adds a subcommand to the parser's subparsers
 
 def build_parser(commands: Sequence[Command] = ()) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m spark_jobs", description="Run and inspect an aggregation pipeline: "
-                                     "combine, reduce, stream, validate, explain, inspect.")
+                                     "combine, reduce, stream, validate, explain, plan, apply, inspect.",
+                                     epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="log each step")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def spark_opts(p: argparse.ArgumentParser) -> None:
@@ -303,7 +322,30 @@ def build_parser(commands: Sequence[Command] = ()) -> argparse.ArgumentParser:
 
     for add in commands:
         add(sub)
+    _verbose_after_the_command(parser)
     return parser
+
+
+EXIT_CODES = """exit codes:
+  0  done
+  1  an unexpected error (a bug: please report it with the log)
+  2  bad input: the spec, an option, a date, a filter, or a spec that differs from the lake's (run plan/apply)
+  3  the input data: a missing landing partition, an unreadable file (source.on_bad_file: fail), bad columns
+  4  the lake: no table yet, a table in another layout, a commit lost to writers that kept winning
+  5  a quality gate failed (its report names the expectations)
+  6  compute: Spark or the Connect server failed or could not start
+  130 interrupted"""
+
+
+def _verbose_after_the_command(parser: argparse.ArgumentParser) -> None:
+    """``-v`` works after the command too (``python -m spark_jobs combine ... -v``), at every level."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                if not any("--verbose" in a.option_strings for a in child._actions):
+                    child.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                                       help="log each step")
+                _verbose_after_the_command(child)
 
 
 def main(argv: Sequence[str] | None = None, *, keep_session: bool = False, commands: Sequence[Command] = ()) -> int:

@@ -238,7 +238,8 @@ class _Checker:
             return {}
         for key in value:
             if key not in allowed:
-                self.add(f"{field}.{key}" if field else str(key), f"unknown field; allowed fields are {', '.join(allowed)}")
+                shown = key if isinstance(key, str) and _NAME.match(key) else repr(key)
+                self.add(f"{field}.{shown}" if field else shown, f"unknown field; allowed fields are {', '.join(allowed)}")
         for key in required:
             if key not in value or value[key] is None:
                 self.add(f"{field}.{key}" if field else key, "is required")
@@ -252,6 +253,12 @@ def parse_spec(raw: Any, *, origin: str = "<memory>", base_dir: Path | None = No
     the order below, so every problem of the spec is reported at once.
     """
     c = _Checker()
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        raise SpecError(origin, ["spec: the file is empty; a spec is a YAML mapping with name, source, group_by, window, "
+                                 "aggregates and lake (start from pipelines/page_views.yaml)"])
+    if not isinstance(raw, Mapping):
+        raise SpecError(origin, [f"spec: expected a YAML mapping with name, source, group_by, window, aggregates and "
+                                 f"lake, got {type(raw).__name__} {str(raw)[:80]!r}"])
     top = c.mapping(raw, "", ("name", "source", "group_by", "window", "aggregates", "stream", "rollups", "lake"),
                     ("name", "source", "group_by", "aggregates", "lake"))
     name = top.get("name")
@@ -262,7 +269,7 @@ def parse_spec(raw: Any, *, origin: str = "<memory>", base_dir: Path | None = No
     window = _check_window(c, top.get("window"))
     aggregates = _check_aggregates(c, top.get("aggregates"), schema, op_column)
     stream = _check_stream(c, top.get("stream"))
-    rollups = _check_rollups(c, top.get("rollups"), keys, window)
+    rollups = _check_rollups(c, top.get("rollups"), keys, window, window_given=top.get("window") is not None)
     lake = top.get("lake")
     _check_paths(c, lake=lake, source_path=src.get("path"))
 
@@ -313,6 +320,8 @@ def _check_schema(c: _Checker, raw_schema: Any) -> dict[str, str]:
     schema: dict[str, str] = {}
     if raw_schema is not None and not isinstance(raw_schema, Mapping):
         c.add("source.schema", "expected a mapping of column: type, e.g. {event_time: timestamp, page: string}")
+    elif raw_schema is not None and not raw_schema:
+        c.add("source.schema", "is empty; declare each column the jobs read, e.g. {event_time: timestamp, page: string}")
     elif raw_schema:
         for col, typ in raw_schema.items():
             if not isinstance(col, str) or not _NAME.match(col):
@@ -327,9 +336,13 @@ def _check_schema(c: _Checker, raw_schema: Any) -> dict[str, str]:
 def _check_typed_column(c: _Checker, field: str, column: Any, schema: dict[str, str], type_: str,
                         hint: str = "") -> None:
     """A column the source names (event time, op column) must be in the schema with type ``type_``."""
-    if column is None or not schema:
+    if column is None:
         return
-    if column not in schema:
+    if not isinstance(column, str):
+        c.add(field, f"expected a column name, got {type(column).__name__} {column!r}; e.g. {field.split('.')[-1]}: ts")
+    elif not schema:
+        return
+    elif column not in schema:
         c.add(field, f"column {column!r} is not in source.schema; add it as {column}: {type_}")
     elif schema[column] != type_:
         c.add(field, f"column {column!r} has type {schema[column]}; declare it as {type_}{hint}")
@@ -410,6 +423,10 @@ def _check_aggregate_entry(c: _Checker, field: str, item: Any, schema: dict[str,
     if not isinstance(args, Mapping):
         c.add(f"{field}.args", f"expected a mapping, got {args!r}")
         args = {}
+    elif not all(isinstance(k, str) for k in args):
+        c.add(f"{field}.args", f"argument names must be strings, got {[k for k in args if not isinstance(k, str)]!r}; "
+                               "e.g. args: {q: 0.95}")
+        args = {}
     fn = a.get("fn")
     if not isinstance(fn, str):
         if fn is not None:
@@ -437,14 +454,16 @@ def _check_stream(c: _Checker, raw: Any) -> StreamSpec:
     return StreamSpec(**kwargs)
 
 
-def _check_rollups(c: _Checker, raw: Any, keys: tuple[str, ...], window: WindowSpec | None) -> list[RollupSpec]:
-    """``rollups``: each a name, a grain that is a whole number of windows, and a subset of the group keys."""
+def _check_rollups(c: _Checker, raw: Any, keys: tuple[str, ...], window: WindowSpec | None, *,
+                   window_given: bool = True) -> list[RollupSpec]:
+    """``rollups``: each a name, a grain that is a whole number of windows, and a subset of the group keys.
+    A bad ``window`` (already reported) skips only the checks against the window."""
     if raw is None:
         return []
     if not isinstance(raw, list):
         c.add("rollups", f"expected a list, e.g. [{{name: daily, grain: 1 day, by: [page]}}], got {raw!r}")
         return []
-    if raw and (window is None or window.hopping):
+    if raw and ((window is None and not window_given) or (window is not None and window.hopping)):
         c.add("rollups", "rollups merge whole tumbling windows; declare a window without a slide (hopping windows "
                          "overlap, so merging them would count rows several times)")
         return []

@@ -31,6 +31,12 @@ def load_user_aggregate(path: str) -> type[AggregateFunction[Any, Any]]:
     except ImportError as exc:
         raise SpecError(path, [f"cannot import {module_name!r} ({exc}); install the package where the jobs run "
                                "or fix the module path"]) from exc
+    except SyntaxError as exc:
+        raise SpecError(path, [f"module {module_name!r} has a syntax error at {exc.filename}:{exc.lineno}: {exc.msg}; "
+                               "fix the module"]) from exc
+    except Exception as exc:
+        raise SpecError(path, [f"importing {module_name!r} raised {type(exc).__name__}: {exc}; fix the module "
+                               "(it runs when the spec is checked)"]) from exc
     cls = getattr(module, attr, None)
     if not isinstance(cls, type) or not issubclass(cls, AggregateFunction):
         raise SpecError(path, [f"{path!r} is not a subclass of spark_jobs.aggregates.AggregateFunction; "
@@ -84,8 +90,8 @@ def _validate_user_defined(fn: str, columns: Sequence[str], args: Mapping[str, A
         problems.append(("columns", f"{fn} takes {cls.num_inputs} column(s), got {list(columns)}"))
     try:
         cls(**dict(args))
-    except TypeError as exc:
-        problems.append(("args", f"{fn} does not accept args {dict(args)}: {exc}"))
+    except Exception as exc:
+        problems.append(("args", f"{fn} does not accept args {dict(args)}: {type(exc).__name__}: {exc}"))
     return problems
 
 

@@ -120,6 +120,10 @@ def _pipeline(value: str, lake: str | None) -> _Pipeline:
     from spark_jobs.spec import load_spec
 
     if _is_path(value):
+        if not os.path.isfile(value):
+            raise InspectError(f"bad pipeline name {value[:200]!r}: it is not a pipeline name (lower-case letters, digits "
+                               "and '_', e.g. page_views) and no spec file is there; give an existing spec file "
+                               "(e.g. pipelines/page_views.yaml) or a pipeline name")
         spec = load_spec(value, lake=lake)
         return _Pipeline(spec, current(spec.lake, spec.name), f"from the spec file {value}")
     if not _NAME.fullmatch(value):
@@ -189,12 +193,6 @@ def _table_pipeline(named: _Pipeline | None, ref: Any, lake: str | None) -> _Pip
     return _Pipeline(spec, record, f"as the lake {lake} records it (spec version {record.version})")
 
 
-def _said(named: _Pipeline | None, args: argparse.Namespace) -> _Pipeline | None:
-    if named is not None and not args.json:
-        named.say()
-    return named
-
-
 def _rollup(args: argparse.Namespace, named: _Pipeline | None, ref: Any) -> Any:
     from spark_jobs.inspection import views
     from spark_jobs.inspection.rollup import Rollup, parse_by, parse_grain, rollup
@@ -252,7 +250,7 @@ def run_inspect(args: argparse.Namespace) -> int:
                   else views.spec_versions(named.spec.lake, named.spec.name))
     else:
         ref = views.resolve_table(args.table, lake)
-        named = named if named is not None else _said(_table_pipeline(None, ref, lake), args)
+        named = named if named is not None else _table_pipeline(None, ref, lake)
         spec = named.spec if named is not None else None
         if args.view == "history":
             result = views.history(ref, limit=_limit(args.limit))

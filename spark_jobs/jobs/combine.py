@@ -8,9 +8,10 @@ replacing that day's earlier rejects, and ``runs`` records rows in = aggregated 
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import TYPE_CHECKING
 
-from spark_jobs.errors import InputError, PipelineError
+from spark_jobs.errors import InputError, PipelineError, UsageError
 from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.jobs.landing import classify, read_partition, spark_read_error
 from spark_jobs.jobs.runs import RunRecord, recorded_run
@@ -26,12 +27,17 @@ if TYPE_CHECKING:
 
 __all__ = ["batch_columns", "combine", "parse_date", "run", "write_dead_letters"]
 
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
 
 def parse_date(text: str) -> str:
+    """A strict YYYY-MM-DD date (Python also takes 20240301 and 2024-W09-5: not a landing partition's name)."""
     try:
-        return dt.date.fromisoformat(text).isoformat()
-    except (TypeError, ValueError):
-        raise InputError(f"bad date {text!r}; use YYYY-MM-DD, e.g. 2024-03-01") from None
+        if isinstance(text, str) and _DATE.fullmatch(text):
+            return dt.date.fromisoformat(text).isoformat()
+    except ValueError:
+        pass
+    raise UsageError(f"bad date {str(text)[:40]!r}; use YYYY-MM-DD, e.g. 2024-03-01")
 
 
 def batch_columns(partials: DataFrame, *, batch: str, source: str, event_date: Column, run_id: str) -> DataFrame:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import sys
@@ -39,6 +40,7 @@ def add_server_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="a Spark setting of the server's application (repeatable), e.g. spark.driver.host=h")
     p.add_argument("--no-runner", action="store_true", help="start the Connect server only")
+    p.add_argument("--json", action="store_true", help="status: one JSON object for scripts")
     p.add_argument("--timeout", type=float, default=180, help="seconds to wait for each part to be ready "
                                                                "(default 180)")
     return p
@@ -63,9 +65,15 @@ def run_server(args: argparse.Namespace) -> int:
         return 0
     if args.action == "status":
         up = server.running()
-        print(f"Connect server: {'up at ' + server.url if up else 'down'} (state dir {state})")
         runner_up = runner.pid() is not None and probe(socket_path)
-        print(f"runner: {'up at ' + str(socket_path) if runner_up else 'down'}")
+        if args.json:
+            print(json.dumps({"connect": {"up": up, "url": server.url, "pid": server.process.pid() if up else None},
+                              "runner": {"up": runner_up, "socket": str(socket_path),
+                                         "pid": runner.pid() if runner_up else None},
+                              "state_dir": str(state)}))
+        else:
+            print(f"Connect server: {'up at ' + server.url if up else 'down'} (state dir {state})")
+            print(f"runner: {'up at ' + str(socket_path) if runner_up else 'down'}")
         return 0 if up else 1
     started = time.monotonic()
     pid = server.start(timeout=args.timeout)

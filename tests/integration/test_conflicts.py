@@ -50,11 +50,13 @@ def test_two_combines_of_one_day_both_land(spark, tmp_path):
     combine.run(spark, spec, D1)  # the day is rerun below by two combines at once
     with once_at("commit:partials:before", lambda: combine.run(spark, spec, D1)) as raced:
         record = combine.run(spark, spec, D1, run_id="combine-raced")
-    assert raced() and record.attempts == 2 and record.status == "success"
+    # replacing a day's partition does not depend on what the table held: the lost commit is retried against
+    # the winner's snapshot with the files already staged, inside the job's one attempt
+    assert raced() and record.attempts == 1 and record.status == "success"
     reduce.run(spark, spec)
     tables = PipelineTables(spec.lake, spec.name)
     assert_matches(actual(tables.aggregates, spec), expected(read_landing(tmp_path / "landing"), spec), spec)
-    assert run_record(spec, "combine-raced")["attempts"] == 2
+    assert run_record(spec, "combine-raced")["attempts"] == 1
     assert DeltaTable(tables.dead_letter).to_pyarrow_table().num_rows == 3  # replaced, not doubled
 
 

@@ -30,6 +30,7 @@ from spark_jobs.errors import SpecChangedError
 from spark_jobs.jobs import combine, reduce, stream
 from spark_jobs.jobs.apply import apply
 from spark_jobs.lake import PipelineTables
+from spark_jobs.lake.runs import read_runs
 from spark_jobs.lake.spec_record import APPLIED, APPLYING, current, read_records, spec_app_id
 from spark_jobs.plan.evolution import make_plan
 from spark_jobs.spec import PipelineSpec, load_spec
@@ -342,7 +343,9 @@ def test_plan_and_jobs_on_the_command_line(spark, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "no lake at" in out and "aggregates: page, window_start, window_end, views" in out
     land_days(tmp_path, D1)
-    assert cli(["run", "--pipeline", spec.origin, "--from", D1, "--to", D1]) == 0
+    assert cli(["run", "--pipeline", spec.origin, "--from", D1, "--to", D1, "--run-id", "first-day"]) == 0
+    runs = {(r["job"], r["run_id"]) for r in read_runs(PipelineTables(spec.lake, spec.name).runs)}
+    assert {("combine", "first-day"), ("reduce", "first-day-reduce")} <= runs  # --run-id is honoured
     changed = write_spec(tmp_path, base(tmp_path, aggregates=[*FAST_AGGREGATES, P50],
                                         rollups=[{"name": "daily", "grain": "1 day"}]))
     capsys.readouterr()

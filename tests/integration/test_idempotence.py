@@ -155,6 +155,7 @@ def test_incremental_reduces_equal_one_reduce_a_noop_rerun_and_a_full_reduce(spa
     once_spec = spec.with_paths(lake=str(tmp_path / "lake_once"))
     once_tables = PipelineTables(once_spec.lake, once_spec.name)
     shutil.copytree(tables.partials, once_tables.partials)
+    shutil.copytree(tables.specs, once_tables.specs)
     reduce.run(spark, once_spec)
     once = DeltaTable(once_tables.aggregates).to_pandas()
     keys = list(spec.key_columns)

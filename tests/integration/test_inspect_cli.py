@@ -48,7 +48,8 @@ def test_tables_lists_every_table_with_its_version_and_rows(lake, capsys):
     assert code == 0
     lines = out.splitlines()
     assert lines[0].split()[:7] == ["table", "version", "rows", "files", "bytes", "last_commit", "operation"]
-    assert [ln.split()[0] for ln in lines[2:]] == [PARTIALS, AGG, f"{PIPELINE}.dead_letter", f"{PIPELINE}.runs"]
+    assert [ln.split()[0] for ln in lines[2:]] == [PARTIALS, AGG, f"{PIPELINE}.dead_letter", f"{PIPELINE}.runs",
+                                                 f"{PIPELINE}.specs"]
 
     code, out, _ = run(capsys, "tables", "--lake", lake["lake"], "--json")
     rows = {r["table"]: r for r in json.loads(out)}
@@ -63,7 +64,7 @@ def test_tables_lists_every_table_with_its_version_and_rows(lake, capsys):
 def test_tables_takes_the_lake_from_the_environment(lake, capsys, monkeypatch):
     monkeypatch.setenv("SPARK_JOBS_LAKE", lake["lake"])
     code, out, _ = run(capsys, "tables", "--json")
-    assert code == 0 and len(json.loads(out)) == 4
+    assert code == 0 and len(json.loads(out)) == 5
 
 
 def test_history_shows_runs_rows_and_what_each_commit_consumed(lake, capsys):
@@ -72,8 +73,9 @@ def test_history_shows_runs_rows_and_what_each_commit_consumed(lake, capsys):
     hist = json.loads(out)
     assert [h["version"] for h in hist] == [1, 0]
     # the reduce records the partials version it merged as a Delta app transaction
-    assert hist[0]["consumed"] == f"txn {PIPELINE}.reduce=2"
-    assert hist[1]["consumed"] == f"txn {PIPELINE}.reduce=1"
+    # ... and the spec version it ran with
+    assert hist[0]["consumed"] == f"txn {PIPELINE}.reduce=2; txn {PIPELINE}.spec=1"
+    assert hist[1]["consumed"] == f"txn {PIPELINE}.reduce=1; txn {PIPELINE}.spec=1"
     assert hist[1]["operation"] == "CREATE TABLE" and hist[1]["job"] == "reduce"
     assert hist[1]["rows_added"] == len(frame(f"{lake['lake']}/{PIPELINE}/aggregates", 0))
     runs = frame(f"{lake['lake']}/{PIPELINE}/runs")
@@ -82,7 +84,7 @@ def test_history_shows_runs_rows_and_what_each_commit_consumed(lake, capsys):
     code, out, _ = run(capsys, "history", PARTIALS, "--lake", lake["lake"], "--json")
     hist = {h["version"]: h for h in json.loads(out)}
     day2_rows_v1 = int((frame(f"{lake['lake']}/{PIPELINE}/partials", 1)["batch"] == D2).sum())
-    assert hist[2]["batch"] == D2 and hist[2]["consumed"] == f"event_date={D2}"
+    assert hist[2]["batch"] == D2 and hist[2]["consumed"] == f"txn {PIPELINE}.spec=1; event_date={D2}"
     assert hist[2]["files_removed"] >= 1 and hist[2]["rows_removed"] == day2_rows_v1
 
     code, text, _ = run(capsys, "history", AGG, "--lake", lake["lake"])

@@ -21,9 +21,10 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from spark_jobs.errors import SpecError
+from spark_jobs.errors import SpecChangedError, SpecError
 from spark_jobs.inspection.rollup import Rollup, rollup
 from spark_jobs.jobs import combine, reduce, stream
+from spark_jobs.jobs.apply import apply
 from spark_jobs.lake import PipelineTables
 from spark_jobs.lake.reader import open_table
 from spark_jobs.lake.rules import rollup_app_id
@@ -173,10 +174,12 @@ def test_a_kill_between_the_aggregates_and_rollup_commits(spark, spec):
     check(spec)
 
 
-def test_a_changed_declaration_rebuilds_the_table(spark, spec):
+def test_a_changed_declaration_is_refused_until_apply_rebuilds_the_table(spark, spec):
     two_days = dataclasses.replace(spec, rollups=(dataclasses.replace(spec.rollups[0], grain=Duration(2 * 86_400)),))
-    record = reduce.run(spark, two_days)  # nothing new to merge, but the daily table is not a 2-day one
-    assert record.status == "noop" and record.versions_written["rollup_daily"] is not None
+    with pytest.raises(SpecChangedError, match="plan"):
+        reduce.run(spark, two_days)
+    result = apply(two_days, spark=lambda: spark)  # from the stored accumulators, no landing file read
+    assert result.version == 2
     check(two_days)
 
 

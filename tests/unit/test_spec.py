@@ -344,10 +344,59 @@ def test_spec_file_that_does_not_exist(tmp_path: Path) -> None:
 def test_spec_file_that_is_not_a_mapping(tmp_path: Path) -> None:
     path = tmp_path / "list.yaml"
     path.write_text("- just\n- a list\n")
-    with pytest.raises(SpecError, match=r"expected a mapping with keys name, source") as info:
+    with pytest.raises(SpecError, match=r"spec: expected a YAML mapping with name, source") as info:
         load_spec(path)
     assert info.value.origin == str(path)
 
 
 def test_spec_error_exit_code() -> None:
     assert SpecError("x", ["a: b"]).exit_code == 2
+
+
+# --- inputs that once printed a traceback --------------------------------------------------------------
+@pytest.mark.parametrize(("mutate", "message"), [
+    (lambda r: r["source"].update(event_time=["event_time"]), "source.event_time: expected a column name, got list"),
+    (lambda r: r["source"].update(event_time={"a": 1}), "source.event_time: expected a column name, got dict"),
+    (lambda r: r["aggregates"].append({"name": "p", "fn": "approx_percentile", "column": "duration_ms",
+                                       "args": {"q": 0.5, 1: 2}}), "aggregates[2].args: argument names must be strings"),
+    (lambda r: r["source"].update(schema={}), "source.schema: is empty"),
+    (lambda r: r.update({"": 1}), "'': unknown field"),
+])
+def test_malformed_fields_are_named(tmp_path, mutate, message) -> None:
+    with pytest.raises(SpecError) as info:
+        parse(raw_spec(mutate), tmp_path)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ("def broken(:\n", "has a syntax error at"),
+    ("x = undefined_name\n", "raised NameError: name 'undefined_name' is not defined"),
+    ("raise RuntimeError('no config')\n", "raised RuntimeError: no config"),
+])
+def test_a_user_aggregate_module_that_fails_to_import_is_named(tmp_path, monkeypatch, source, message) -> None:
+    module = f"udaf_{abs(hash(source))}"
+    (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SpecError) as info:
+        parse(raw_spec(add_agg(name="u", fn=f"{module}:Agg", columns=["duration_ms"])), tmp_path)
+    assert "aggregates[2].fn: " in str(info.value) and message in str(info.value)
+
+
+def test_an_empty_spec_file_says_so(tmp_path) -> None:
+    (tmp_path / "empty.yaml").write_text("# nothing yet\n")
+    with pytest.raises(SpecError, match="spec: the file is empty"):
+        load_spec(tmp_path / "empty.yaml")
+
+
+def test_a_bad_window_still_checks_the_rollups(tmp_path) -> None:
+    def mutate(r: dict[str, Any]) -> None:
+        r["window"] = {"size": "soon"}
+        r["rollups"] = [{"name": "Daily", "grain": "1 day", "by": ["nope"]}]
+
+    with pytest.raises(SpecError) as info:
+        parse(raw_spec(mutate), tmp_path)
+    problems = info.value.problems
+    assert problems[0].startswith("window: bad duration 'soon'")
+    assert any(p.startswith("rollups[0].name: bad name 'Daily'") for p in problems)
+    assert any(p.startswith("rollups[0].by: 'nope' is not a group key") for p in problems)
+    assert not any("tumbling" in p for p in problems)
