@@ -56,6 +56,7 @@ def _timed(fn: Any) -> tuple[float, Any]:
 
 def evolution_bench(args: argparse.Namespace) -> int:
     work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
     config = GenerateConfig(out=str(work / "landing-evolution"), days=args.days, rows_per_day=args.events // args.days,
                             seed=7, files_per_day=2)
     spark = build_session(SessionConfig(master=args.master or "local[*]", shuffle_partitions=args.shuffle_partitions,

@@ -54,7 +54,16 @@ def _session_config(args: argparse.Namespace, app: str, *, connect: bool = True)
     for name in ("shuffle_partitions", "executor_cores", "executor_memory"):
         if getattr(args, name) is not None:
             kwargs[name] = getattr(args, name)
+    kwargs["extra"] = parse_confs(getattr(args, "conf", []))
     return SessionConfig(**kwargs)  # a bad --master/--remote is a UsageError: exit code 2
+
+
+def parse_confs(confs: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """``--conf spark.key=value`` options as pairs (exit 2 on anything else)."""
+    bad = [c for c in confs if "=" not in c or not c.split("=", 1)[0].startswith("spark.")]
+    if bad:
+        raise UsageError(f"bad --conf {bad[0]!r}; use --conf spark.some.key=value")
+    return tuple((k, v) for k, v in (c.split("=", 1) for c in confs))
 
 
 def _session(args: argparse.Namespace, app: str, *, connect: bool = True) -> SparkSession:
@@ -233,6 +242,9 @@ def build_parser(commands: Sequence[Command] = ()) -> argparse.ArgumentParser:
                                                          "$SPARK_EXECUTOR_CORES, else the cluster manager's)")
         p.add_argument("--executor-memory", help="memory per executor on a cluster, e.g. 4g (default "
                                                  "$SPARK_EXECUTOR_MEMORY, else the cluster manager's)")
+        p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                       help="a Spark setting of the job's own application (repeatable), e.g. "
+                            "spark.archives=env.tar.gz#env; a Connect server takes its settings at `server start`")
 
     def spec_opts(p: argparse.ArgumentParser) -> None:
         p.add_argument("--pipeline", required=True, help="pipeline spec YAML, e.g. pipelines/page_views.yaml")

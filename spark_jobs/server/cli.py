@@ -10,7 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from spark_jobs.errors import ComputeError, UsageError
+from spark_jobs.cli import parse_confs
+from spark_jobs.errors import ComputeError
 from spark_jobs.server.connect import ConnectServer
 from spark_jobs.server.process import Background
 from spark_jobs.server.runner import MAX_SOCKET_PATH, probe
@@ -48,13 +49,10 @@ def add_server_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run_server(args: argparse.Namespace) -> int:
     state = Path(args.state_dir).resolve()
-    bad = [c for c in args.conf if "=" not in c or not c.split("=", 1)[0].startswith("spark.")]
-    if bad:
-        raise UsageError(f"bad --conf {bad[0]!r}; use --conf spark.some.key=value")
-    # a bad --port, --master or --shuffle-partitions is a UsageError too
+    # a bad --conf, --port, --master or --shuffle-partitions is a UsageError
     server = ConnectServer(state, host=args.host, port=args.port, master=args.master,
                            driver_memory=args.driver_memory, shuffle_partitions=args.shuffle_partitions,
-                           extra=tuple(tuple(c.split("=", 1)) for c in args.conf))  # type: ignore[misc]
+                           extra=parse_confs(args.conf))
     runner = Background("runner", state)
     socket_path = state / "runner.sock"
     if args.action == "run":

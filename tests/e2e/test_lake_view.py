@@ -216,8 +216,14 @@ def browser(airflow, tmp_path_factory):
         driver.quit()
 
 
+# the pictures in docs/inspecting.md: taken from the real page when UPDATE_DOC_PICTURES=1
+DOC_PICTURES = {"01-tables": "lake-page-tables", "06-chart": "lake-page-table-chart", "06b-rollup": "lake-page-rollup"}
+
+
 def shot(driver, name: str) -> None:
     driver.save_screenshot(str(ARTIFACTS / f"{name}.png"))
+    if name in DOC_PICTURES and os.environ.get("UPDATE_DOC_PICTURES") == "1":
+        driver.save_screenshot(str(ROOT / "docs" / "images" / f"{DOC_PICTURES[name]}.png"))
 
 
 def wait_for(driver, css: str, timeout: float = 60) -> Any:

@@ -263,6 +263,7 @@ BAD_OPTIONS = [
     (["--master", "localhost"], "bad Spark master 'localhost'"),
     (["--master", "local[two]"], "bad Spark master 'local[two]'"),
     (["--shuffle-partitions", "0"], "bad shuffle partitions 0 (--shuffle-partitions); use 1 or more"),
+    (["--conf", "executor.memory=2g"], "bad --conf 'executor.memory=2g'; use --conf spark.some.key=value"),
 ]
 
 

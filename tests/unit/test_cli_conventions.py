@@ -44,3 +44,11 @@ def test_server_status_json_when_nothing_runs(tmp_path, capsys):
     status = json.loads(capsys.readouterr().out)
     assert status["connect"]["up"] is False and status["runner"]["up"] is False
     assert status["state_dir"] == str(tmp_path.resolve())
+
+
+def test_job_commands_take_spark_settings_for_their_own_application():
+    from spark_jobs.cli import _session_config
+
+    args = build_parser().parse_args(["reduce", "--pipeline", "p.yaml", "--master", "local[1]",
+                                      "--conf", "spark.archives=env.tar.gz#env", "--conf", "spark.x=a=b"])
+    assert _session_config(args, "reduce").extra == (("spark.archives", "env.tar.gz#env"), ("spark.x", "a=b"))
