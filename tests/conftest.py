@@ -74,3 +74,28 @@ def standalone_cluster():
     yield cluster
     cluster.stop()
     shutil.rmtree(state, ignore_errors=True)
+
+
+# The files that take longest (minutes: a cluster, a scheduler, kill -9 loops), longest first. pytest-xdist's
+# --dist loadfile hands out files in collection order, so starting these first keeps one worker from being
+# handed a long file at the end while the other idles (longest-processing-time-first scheduling).
+LONGEST_FIRST = (
+    "tests/integration/test_cluster.py",
+    "tests/airflow/test_batch_dag.py",
+    "tests/e2e/test_stream_recovery.py",
+    "tests/e2e/test_crash_recovery.py",
+    "tests/integration/test_stream.py",
+    "tests/integration/test_stream_engines.py",
+    "tests/integration/test_evolution.py",
+    "tests/integration/test_rollup_tables.py",
+    "tests/airflow/test_stream_dag.py",
+    "tests/e2e/test_lake_view.py",
+    "tests/integration/test_evolution_property.py",
+    "tests/integration/test_server.py",
+    "tests/airflow/test_dag_factory.py",
+)
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: file order kept
