@@ -1,10 +1,14 @@
-"""DAGs generated from the pipeline specs in ``pipelines/*.yaml``: wiring only.
+"""DAGs generated from the pipeline specs in ``pipelines/*.yaml`` (or ``*.yml``): wiring only.
 
 For each spec ``<name>``: ``<name>_batch`` (daily, one run per event date), ``<name>_stream``
 (every 5 minutes: the streaming job in available-now mode, then validate); and one
 ``lake_maintenance`` DAG over all pipelines. The work is in ``spark_jobs`` (the CLI the
 operator submits) and ``plugins/spark_jobs_airflow``. Parsing this file imports no pyspark and
-no Great Expectations: it reads each spec's ``name`` with a YAML parser and nothing else.
+no Great Expectations: it checks each spec as the jobs would (``spark_jobs.spec``, pure Python).
+
+A spec that does not load (bad YAML, a field the jobs would refuse, a name another spec took) gets
+no DAGs here; ``pipeline_specs_check.py`` puts it among Airflow's import errors with the spec's file and
+message, and every other spec's DAGs are built and scheduled as usual.
 
 Settings (environment):
     SPARK_JOBS_PIPELINES   folder of the specs (default: the repo's ``pipelines/``)
@@ -31,14 +35,14 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-from pathlib import Path
 
-import yaml
 from airflow.sdk import DAG, Asset, CronDataIntervalTimetable, Param, task
-from spark_jobs_airflow import DATE, LandingPartitionSensor, SparkJobOperator, aggregates_pool
+from spark_jobs_airflow import DATE, LandingPartitionSensor, SparkJobOperator, aggregates_pool, load_specs, specs_folder
 from spark_jobs_airflow.conditions import skip_unchanged_day
 
-PIPELINES = Path(os.environ.get("SPARK_JOBS_PIPELINES") or Path(__file__).resolve().parents[1] / "pipelines")
+from spark_jobs.spec import PipelineSpec
+
+PIPELINES = specs_folder()
 START = dt.datetime.fromisoformat(os.environ.get("SPARK_JOBS_START_DATE", "2024-03-01")).replace(tzinfo=dt.UTC)
 END = (dt.datetime.fromisoformat(os.environ["SPARK_JOBS_END_DATE"]).replace(tzinfo=dt.UTC)
        if os.environ.get("SPARK_JOBS_END_DATE") else None)
@@ -47,29 +51,13 @@ STREAM_SCHEDULE = os.environ.get("SPARK_JOBS_STREAM_SCHEDULE", "*/5 * * * *")
 DEFAULT_ARGS = {"owner": "spark_jobs", "retries": 1, "retry_delay": dt.timedelta(seconds=30)}
 
 
-def _specs() -> list[tuple[str, Path]]:
-    out = []
-    for path in sorted(PIPELINES.glob("*.yaml")):
-        raw = yaml.safe_load(path.read_text()) or {}
-        if isinstance(raw, dict) and isinstance(raw.get("name"), str):
-            out.append((raw["name"], path))
-    return out
+def aggregates_asset(spec: PipelineSpec) -> Asset:
+    return Asset(name=f"{spec.name}.aggregates", uri=f"file://{spec.lake}/{spec.name}/aggregates")
 
 
-def _lake(path: Path) -> str:
-    """The spec's lake root as an absolute path (for the Asset URI; no validation here)."""
-    raw = yaml.safe_load(path.read_text()) or {}
-    lake = str(raw.get("lake", "lake"))
-    return lake if "://" in lake or lake.startswith("/") else str((path.parent / lake).resolve())
-
-
-def aggregates_asset(name: str, spec: Path) -> Asset:
-    return Asset(name=f"{name}.aggregates", uri=f"file://{_lake(spec)}/{name}/aggregates")
-
-
-def batch_dag(name: str, spec: Path) -> DAG:
-    pipeline = str(spec)
-    asset = aggregates_asset(name, spec)
+def batch_dag(spec: PipelineSpec) -> DAG:
+    name, pipeline = spec.name, spec.origin
+    asset = aggregates_asset(spec)
     with DAG(
         dag_id=f"{name}_batch",
         description=f"{name}: wait for a landing day, validate, combine, reduce, validate, publish",
@@ -118,8 +106,8 @@ def batch_dag(name: str, spec: Path) -> DAG:
     return dag
 
 
-def stream_dag(name: str, spec: Path) -> DAG:
-    pipeline = str(spec)
+def stream_dag(spec: PipelineSpec) -> DAG:
+    name, pipeline = spec.name, spec.origin
     with DAG(
         dag_id=f"{name}_stream",
         description=f"{name}: the streaming job in available-now mode, reduce, validate",
@@ -140,7 +128,7 @@ def stream_dag(name: str, spec: Path) -> DAG:
     return dag
 
 
-def maintenance_dag(specs: list[tuple[str, Path]]) -> DAG:
+def maintenance_dag(specs: list[PipelineSpec]) -> DAG:
     with DAG(
         dag_id="lake_maintenance",
         description="compact small files, vacuum (168 h retention), checkpoint: every pipeline's tables",
@@ -152,9 +140,9 @@ def maintenance_dag(specs: list[tuple[str, Path]]) -> DAG:
         default_args=DEFAULT_ARGS,
         tags=["spark_jobs", "maintenance"],
     ) as dag:
-        for name, spec in specs:
-            @task(task_id=f"maintain_{name}")
-            def maintain(pipeline: str = str(spec)) -> list[str]:
+        for spec in specs:
+            @task(task_id=f"maintain_{spec.name}")
+            def maintain(pipeline: str = spec.origin) -> list[str]:
                 """Compact, vacuum and checkpoint through delta-rs (no Spark)."""
                 from spark_jobs.lake.maintenance import maintain as run_maintenance
                 from spark_jobs.spec import load_spec
@@ -166,8 +154,8 @@ def maintenance_dag(specs: list[tuple[str, Path]]) -> DAG:
     return dag
 
 
-SPECS = _specs()
-for _name, _spec in SPECS:
-    globals()[f"{_name}_batch"] = batch_dag(_name, _spec)
-    globals()[f"{_name}_stream"] = stream_dag(_name, _spec)
+SPECS, _ = load_specs(PIPELINES)  # the broken ones are pipeline_specs_check.py's import error
+for _spec in SPECS:
+    globals()[f"{_spec.name}_batch"] = batch_dag(_spec)
+    globals()[f"{_spec.name}_stream"] = stream_dag(_spec)
 lake_maintenance = maintenance_dag(SPECS)

@@ -33,6 +33,8 @@ __all__ = [
 
 SourceFormat = Literal["parquet", "json", "csv"]
 FORMATS: tuple[str, ...] = ("parquet", "json", "csv")
+BadFilePolicy = Literal["quarantine", "fail"]
+BAD_FILE_POLICIES: tuple[str, ...] = ("quarantine", "fail")
 
 # spec type name -> Spark SQL type name
 TYPES: dict[str, str] = {
@@ -116,6 +118,8 @@ class SourceSpec:
     event_time: str
     schema: tuple[tuple[str, str], ...]  # (column, Spark SQL type), in declared order
     op_column: str | None = None  # set for a changelog (CDC) source: +I/+U accumulate, -U/-D retract
+    # a landing file that cannot be read: recorded in dead_letter and left out (quarantine), or the job stops (fail)
+    on_bad_file: BadFilePolicy = "quarantine"
 
     @property
     def columns(self) -> dict[str, str]:
@@ -209,7 +213,10 @@ def load_spec(path: str | Path, *, lake: str | None = None, source_path: str | N
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise SpecError(origin, [f"not valid YAML: {exc}"]) from exc
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = " ".join(filter(None, (getattr(exc, "context", None), getattr(exc, "problem", None)))) or str(exc)
+        raise SpecError(origin, [f"not valid YAML{where}: {problem}; fix the YAML syntax there"]) from exc
     spec = parse_spec(raw, origin=origin, base_dir=Path(path).resolve().parent)
     return spec.with_paths(lake=lake, source_path=source_path)
 
@@ -283,6 +290,7 @@ def parse_spec(raw: Any, *, origin: str = "<memory>", base_dir: Path | None = No
             event_time=cast(str, src.get("event_time")),
             schema=tuple(schema.items()),
             op_column=cast(str | None, op_column),
+            on_bad_file=cast(BadFilePolicy, src.get("on_bad_file", "quarantine")),
         ),
         group_by=keys,
         aggregates=tuple(aggregates),
@@ -301,11 +309,15 @@ def _check_name(c: _Checker, name: Any) -> None:
 
 def _check_source(c: _Checker, raw: Any) -> tuple[dict[str, Any], dict[str, str]]:
     """The ``source`` mapping as given, and its schema as column -> Spark SQL type (valid columns only)."""
-    src = c.mapping(raw, "source", ("path", "format", "event_time", "schema", "op_column"),
+    src = c.mapping(raw, "source", ("path", "format", "event_time", "schema", "op_column", "on_bad_file"),
                     ("path", "event_time", "schema"))
     fmt = src.get("format", "parquet")
     if fmt not in FORMATS:
         c.add("source.format", f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    policy = src.get("on_bad_file", "quarantine")
+    if policy not in BAD_FILE_POLICIES:
+        c.add("source.on_bad_file", f"unknown policy {str(policy)[:40]!r}; use quarantine (record an unreadable "
+                                    "landing file in dead_letter and go on) or fail (stop the job, naming the file)")
     schema = _check_schema(c, src.get("schema"))
     _check_typed_column(c, "source.event_time", src.get("event_time"), schema, "timestamp")
     op_column = src.get("op_column")

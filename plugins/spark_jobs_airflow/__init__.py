@@ -15,22 +15,20 @@ from spark_jobs_airflow.operators import (
     resolve_master,
     resolve_target,
 )
+from spark_jobs_airflow.pipelines import BrokenPipelineSpecs, aggregates_pool, load_specs, specs_folder
 from spark_jobs_airflow.sensors import DeltaVersionSensor, LandingPartitionSensor
-
-
-def aggregates_pool(pipeline: str) -> str:
-    """The one-slot Airflow pool the writers of ``<pipeline>.aggregates`` share (create it before the DAGs run)."""
-    return f"aggregates_{pipeline}"
-
 
 __all__ = [
     "DATE",
+    "BrokenPipelineSpecs",
     "DeltaVersionSensor",
     "LandingPartitionSensor",
     "SparkJobError",
     "SparkJobOperator",
     "SparkTarget",
     "aggregates_pool",
+    "load_specs",
+    "specs_folder",
     "resolve_master",
     "resolve_target",
 ]

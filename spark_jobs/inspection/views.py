@@ -581,7 +581,8 @@ _RUNS_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("pipeline", pa.string()), ("job", pa.string()), ("batch", pa.string()),
     ("status", pa.string()), ("started_at", pa.timestamp("us", tz="UTC")), ("duration_s", pa.float64()),
     ("attempts", pa.int64()), ("rows_in", pa.int64()), ("rows_aggregated", pa.int64()), ("rows_rejected", pa.int64()),
-    ("reconciles", pa.bool_()), ("dead_letter_rows", pa.int64()), ("read", pa.string()), ("wrote", pa.string()),
+    ("reconciles", pa.bool_()), ("files_quarantined", pa.int64()), ("files_skipped", pa.int64()),
+    ("dead_letter_rows", pa.int64()), ("read", pa.string()), ("wrote", pa.string()),
     ("message", pa.string()),
 ])
 
@@ -590,7 +591,8 @@ def runs(lake: str, *, pipeline: str | None = None, limit: int | None = None) ->
     """Every job run recorded in the lake (or one pipeline's), oldest first (the last ``limit``).
 
     ``reconciles`` is rows in = rows aggregated + rows rejected; ``dead_letter_rows`` is how many
-    rejected rows of the run are in ``dead_letter`` now (a rerun of the same day replaces them).
+    rejected rows and quarantined files of the run are in ``dead_letter`` now (a rerun of the same day
+    replaces them).
     """
     if pipeline is not None and not re.fullmatch(_PIPELINE, pipeline):
         raise InspectError(f"bad pipeline name {pipeline[:100]!r}; pipeline names match [a-z][a-z0-9_]*")
@@ -621,6 +623,7 @@ def runs(lake: str, *, pipeline: str | None = None, limit: int | None = None) ->
                 "attempts": r.get("attempts") or 1,  # runs recorded before attempts were counted made one
                 "rows_in": n_in, "rows_aggregated": n_agg, "rows_rejected": n_rej,
                 "reconciles": None if n_in is None or n_agg is None or n_rej is None else n_in == n_agg + n_rej,
+                "files_quarantined": r.get("files_quarantined") or 0, "files_skipped": r.get("files_skipped") or 0,
                 "dead_letter_rows": dead.get(r.get("run_id") or "", 0),
                 "read": _compact_versions(r.get("versions_read")), "wrote": _compact_versions(r.get("versions_written")),
                 "message": r.get("message") or "",

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from spark_jobs.errors import InputError, PipelineError, UsageError
 from spark_jobs.jobs.conflicts import retry_conflicts
-from spark_jobs.jobs.landing import classify, read_partition, spark_read_error
+from spark_jobs.jobs.landing import classify, read_partition, screen_partition, spark_read_error
+from spark_jobs.jobs.landing_files import BadFile, Screen, file_rows, isolate_unreadable
 from spark_jobs.jobs.runs import RunRecord, recorded_run
 from spark_jobs.lake import Commit, Lake, PipelineTables, open_lake
 from spark_jobs.lake.layout import SPEC_VERSION
@@ -61,15 +63,19 @@ def combine(rows: DataFrame, spec: PipelineSpec, compiled: CompiledAggregates, *
 
 
 def write_dead_letters(lake: Lake, tables: PipelineTables, rows: DataFrame, *, job: str, batch: str,
-                       run_id: str, rejected: int) -> Commit | None:
-    """Replace the rejects of (job, batch) with this run's; no commit when both are empty."""
+                       run_id: str, rejected: int, files: Sequence[BadFile] = ()) -> Commit | None:
+    """Replace the rejects of (job, batch) with this run's rows and quarantined ``files``; no commit when
+    both are empty."""
     from pyspark.sql import functions as F
 
     path = tables.dead_letter
     partition = {"job": job, "batch": batch}
-    if rejected == 0 and not any(f.partition_values == partition for f in lake.files(path)):
+    if rejected == 0 and not files and not any(f.partition_values == partition for f in lake.files(path)):
         return None
-    bad = rows.where(F.col("_reason").isNotNull()).select(
+    rejects = rows.where(F.col("_reason").isNotNull()).select("_reason", "_raw", "_file")
+    if files:
+        rejects = rejects.unionByName(file_rows(rows.sparkSession, files))
+    bad = rejects.select(
         F.lit(run_id).alias("run_id"), F.col("_reason").alias("reason"), F.col("_raw").alias("raw"),
         F.col("_file").alias("source_file"), F.current_timestamp().alias("rejected_at"),
         F.lit(job).alias("job"), F.lit(batch).alias("batch"),
@@ -80,10 +86,11 @@ def write_dead_letters(lake: Lake, tables: PipelineTables, rows: DataFrame, *, j
 
 def run(spark: SparkSession, spec: PipelineSpec, date: str, *, lake: Lake | None = None,
         run_id: str | None = None) -> RunRecord:
-    """Combine one landing day into ``partials`` (replacing that day's batch partials)."""
-    from pyspark import StorageLevel
-    from pyspark.sql import functions as F
+    """Combine one landing day into ``partials`` (replacing that day's batch partials).
 
+    A landing file that cannot be read counts all or nothing: it is found before the day is read, or,
+    when Spark fails on it anyway, by reading the day's files one at a time; then the day is read again
+    without it (``source.on_bad_file: quarantine``) or the job stops naming it (``fail``)."""
     date = parse_date(date)
     lake = lake or open_lake(spark)
     tables = PipelineTables(spec.lake, spec.name)
@@ -91,35 +98,75 @@ def run(spark: SparkSession, spec: PipelineSpec, date: str, *, lake: Lake | None
     with recorded_run(lake, tables, job="combine", batch=date, run_id=run_id) as record:
         source = spec.source.partition_path(date)
         record.inputs = [source]
-        # one pass over the input: typed rows are cached, counted, aggregated and rejected from it
-        rows = classify(read_partition(spark, spec, date), spec, date).persist(StorageLevel.MEMORY_AND_DISK)
+        found = screen_partition(spec, date)
+        found.check(spec, f"combine of {date}")
         try:
-            valid = rows.where(F.col("_reason").isNull()).drop("_raw", "_reason", "_file")
-            partials = combine(valid, spec, compiled, date=date, run_id=record.run_id)
-            metadata = {"run_id": record.run_id, "job": "combine", "batch": date, "inputs": [source]}
-
-            def commit(attempt: int) -> None:  # the day's rows do not depend on the tables: only the commits rerun
-                record.attempts = attempt
-                record.versions_read = {"partials": lake.version(tables.partials)}
-                written = {"partials": lake.replace_partition(
-                    partials, tables.partials, partition_by=PARTIALS_PARTITIONS,
-                    partition={"event_date": date, "source": BATCH}, metadata=metadata).version}
-                dead = write_dead_letters(lake, tables, rows, job="combine", batch=date, run_id=record.run_id,
-                                          rejected=record.rows_rejected)
-                if dead is not None:
-                    written["dead_letter"] = dead.version
-                record.versions_written = written
-
-            try:
-                counts = rows.agg(F.count(F.lit(1)).alias("n"), F.count("_reason").alias("rejected")).first()
-                assert counts is not None
-                record.rows_in, record.rows_rejected = int(counts["n"]), int(counts["rejected"])
-                record.rows_aggregated = record.rows_in - record.rows_rejected  # each row is one or the other
-                retry_conflicts(commit, what=f"combine of {date}", recheck=lambda: ensure_applied(lake, spec))
-            except PipelineError:
-                raise
-            except Exception as exc:
-                raise InputError(f"combine of {date} failed reading {source}: {spark_read_error(exc)}") from exc
-        finally:
-            rows.unpersist()
+            _combine(spark, spec, compiled, lake, tables, record, date, found)
+        except _Unreadable as failed:
+            culprits = isolate_unreadable(found.readable, lambda f: _read_whole(spark, spec, date, found, f))
+            if not culprits or len(culprits) == len(found.readable):
+                raise failed.error from failed.__cause__
+            found.drop(culprits)
+            found.check(spec, f"combine of {date}")
+            _combine(spark, spec, compiled, lake, tables, record, date, found)
+        record.files_quarantined, record.files_skipped = len(found.bad), len(found.empty)
     return record
+
+
+class _Unreadable(Exception):
+    """Spark failed reading the day's files: one of them may be unreadable past its footer."""
+
+    def __init__(self, error: InputError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _read_whole(spark: SparkSession, spec: PipelineSpec, date: str, found: Screen, path: str) -> None:
+    """Read every value of one file (an action over its raw records: no column is pruned)."""
+    from pyspark.sql import functions as F
+
+    one = Screen(readable=[path], types=found.types)
+    read_partition(spark, spec, date, one).agg(F.count("_raw")).first()
+
+
+def _combine(spark: SparkSession, spec: PipelineSpec, compiled: CompiledAggregates, lake: Lake,
+             tables: PipelineTables, record: RunRecord, date: str, found: Screen) -> None:
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    source = spec.source.partition_path(date)
+    # one pass over the input: typed rows are cached, counted, aggregated and rejected from it
+    rows = classify(read_partition(spark, spec, date, found), spec, date).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        valid = rows.where(F.col("_reason").isNull()).drop("_raw", "_reason", "_file")
+        partials = combine(valid, spec, compiled, date=date, run_id=record.run_id)
+        metadata = {"run_id": record.run_id, "job": "combine", "batch": date, "inputs": [source]}
+
+        def commit(attempt: int) -> None:  # the day's rows do not depend on the tables: only the commits rerun
+            record.attempts = attempt
+            record.versions_read = {"partials": lake.version(tables.partials)}
+            written = {"partials": lake.replace_partition(
+                partials, tables.partials, partition_by=PARTIALS_PARTITIONS,
+                partition={"event_date": date, "source": BATCH}, metadata=metadata).version}
+            dead = write_dead_letters(lake, tables, rows, job="combine", batch=date, run_id=record.run_id,
+                                      rejected=record.rows_rejected, files=found.bad)
+            if dead is not None:
+                written["dead_letter"] = dead.version
+            record.versions_written = written
+
+        try:
+            counts = rows.agg(F.count(F.lit(1)).alias("n"), F.count("_reason").alias("rejected")).first()
+        except Exception as exc:
+            error = InputError(f"combine of {date} failed reading {source}: {spark_read_error(exc)}")
+            raise _Unreadable(error) from exc
+        assert counts is not None
+        record.rows_in, record.rows_rejected = int(counts["n"]), int(counts["rejected"])
+        record.rows_aggregated = record.rows_in - record.rows_rejected  # each row is one or the other
+        try:
+            retry_conflicts(commit, what=f"combine of {date}", recheck=lambda: ensure_applied(lake, spec))
+        except PipelineError:
+            raise
+        except Exception as exc:
+            raise InputError(f"combine of {date} failed reading {source}: {spark_read_error(exc)}") from exc
+    finally:
+        rows.unpersist()

@@ -11,43 +11,49 @@ import os
 from typing import TYPE_CHECKING
 
 from spark_jobs.errors import InputError, SchemaMismatchError
+from spark_jobs.jobs.landing_files import CASTABLE, Screen, screen, spark_read_error
 from spark_jobs.spec import OPS, PipelineSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-__all__ = ["CORRUPT", "classify", "read_partition", "spark_read_error", "with_raw"]
+__all__ = ["CORRUPT", "classify", "read_partition", "screen_partition", "spark_read_error", "with_raw"]
 
 CORRUPT = "_corrupt_record"
-_CASTABLE = {  # spec type -> Parquet/Spark types that convert to it without losing meaning
-    "string": {"string"},
-    "int": {"int", "smallint", "tinyint", "bigint", "string"},
-    "bigint": {"int", "smallint", "tinyint", "bigint", "string"},
-    "float": {"float", "double", "int", "bigint", "string"},
-    "double": {"float", "double", "int", "bigint", "decimal", "string"},
-    "boolean": {"boolean", "string"},
-    "date": {"date", "timestamp", "string"},
-    "timestamp": {"timestamp", "timestamp_ntz", "date", "string"},
-}
 
 
-def read_partition(spark: SparkSession, spec: PipelineSpec, date: str) -> DataFrame:
-    """The raw rows of one landing partition with ``_raw``; spec columns as read (untyped)."""
-    from pyspark.sql.types import StringType, StructField, StructType
-
+def screen_partition(spec: PipelineSpec, date: str) -> Screen:
+    """One landing day's files, sorted into readable, unreadable and empty (no data page read)."""
     path = spec.source.partition_path(date)
     if not os.path.isdir(path):
         raise InputError(
             f"no landing partition {path}; check --date, or land the day's files there "
             f"(python -m spark_jobs generate writes sample data)"
         )
-    if not any(not n.startswith((".", "_")) for n in os.listdir(path)):
+    names = sorted(n for n in os.listdir(path) if not n.startswith((".", "_")))
+    if not names:
         raise InputError(f"landing partition {path} has no data files; land the day's files first")
+    found = screen([os.path.join(path, n) for n in names], spec, exact=False)
+    if not found.readable:
+        what = "; ".join(b.describe() for b in found.bad) or f"{len(found.empty)} empty file(s)"
+        raise InputError(f"landing partition {path} has no readable data file ({what}); land the day's files again")
+    return found
+
+
+def read_partition(spark: SparkSession, spec: PipelineSpec, date: str, found: Screen | None = None) -> DataFrame:
+    """The raw rows of one landing partition with ``_raw``; spec columns as read (untyped). ``found``: the
+    files to read (:func:`screen_partition`, the default), with the types to read Parquet columns as."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    path = spec.source.partition_path(date)
+    found = found or screen_partition(spec, date)
+    files = found.readable
     columns = [c for c, _ in spec.source.schema]
     fmt = spec.source.format
     if fmt == "parquet":
+        read_types = ", ".join(f"`{c}` {t}" for c, t in found.types.items())
         try:
-            df = spark.read.parquet(path)
+            df = spark.read.schema(read_types).parquet(*files)
         except Exception as exc:
             raise InputError(f"cannot read landing partition {path}: {spark_read_error(exc)}") from exc
         _check_parquet_schema(df, spec, path)
@@ -55,16 +61,16 @@ def read_partition(spark: SparkSession, spec: PipelineSpec, date: str) -> DataFr
     text_schema = StructType([StructField(c, StringType()) for c in columns] + [StructField(CORRUPT, StringType())])
     reader = spark.read.schema(text_schema).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT)
     if fmt == "json":
-        df = reader.json(path)
+        df = reader.json(files)
     else:  # read by the header's names, in the header's order: CSV files need not follow the spec's order
-        header = _csv_header(path)
+        header = _csv_header(files[0])
         missing = [c for c in columns if c not in header]
         if missing:
             raise SchemaMismatchError(f"CSV files in {path} lack columns {missing} (header: {header}); "
                                       "fix the files or the spec's source.schema")
         text_schema = StructType([StructField(c, StringType()) for c in header] + [StructField(CORRUPT, StringType())])
         reader = reader.schema(text_schema)
-        df = reader.option("header", True).option("enforceSchema", False).csv(path)
+        df = reader.option("header", True).option("enforceSchema", False).csv(files)
     return with_raw(df, spec)
 
 
@@ -81,11 +87,10 @@ def with_raw(df: DataFrame, spec: PipelineSpec, *keep: str) -> DataFrame:
     return df.select(*columns, F.col(CORRUPT), raw.alias("_raw"), file_col, *keep)
 
 
-def _csv_header(path: str) -> list[str]:
+def _csv_header(first: str) -> list[str]:
     import csv
 
-    first = sorted(n for n in os.listdir(path) if not n.startswith((".", "_")))[0]
-    with open(os.path.join(path, first), newline="") as f:
+    with open(first, newline="") as f:
         return [c.strip() for c in next(csv.reader(f), [])]
 
 
@@ -100,7 +105,7 @@ def _check_parquet_schema(df: DataFrame, spec: PipelineSpec, path: str) -> None:
     wrong = []
     for col, typ in spec.source.schema:
         have = found[col].split("(")[0]
-        if have not in _CASTABLE[typ]:
+        if have not in CASTABLE[typ]:
             wrong.append(f"{col} is {found[col]}, spec says {typ}")
     if wrong:
         raise SchemaMismatchError(
@@ -158,21 +163,3 @@ def _reasons(checks: list[tuple[Column, Column]]) -> Column:
 
     failed = reduce(or_, (c for c, _ in checks))
     return F.when(failed, F.concat_ws("; ", *(F.when(c, m) for c, m in checks)))
-
-
-def spark_read_error(exc: BaseException) -> str:
-    """Spark's own reason for a failure (and its cause), without the JVM stack or py4j wrapper."""
-    lines = [line.strip() for line in str(exc).splitlines()]
-    found: list[str] = []
-    for line in lines:
-        if not line or line.startswith(("at ", "...", "JVM stacktrace", "Traceback", "An error occurred while")):
-            continue
-        if line.startswith("Caused by:"):
-            line = line[len("Caused by:"):].strip()
-        if ("Exception" in line.split(":")[0] or "Error" in line.split(":")[0]) and ":" in line:
-            line = line.split(":", 1)[1].strip()
-        if line and line not in found:
-            found.append(line)
-        if len(found) == 2:
-            break
-    return "; caused by: ".join(found)[:800] or str(exc)[:800]

@@ -49,6 +49,8 @@ class RunRecord:
     versions_written: dict[str, int | None] = field(default_factory=dict)
     message: str = ""
     attempts: int = 1  # plan-and-commit attempts (see ``jobs.conflicts``)
+    files_quarantined: int = 0  # landing files that could not be read, each a row of dead_letter
+    files_skipped: int = 0  # zero-byte landing files
 
     @property
     def duration_s(self) -> float:
@@ -68,8 +70,13 @@ class RunRecord:
 
     def summary(self) -> str:
         return (f"{self.job} {self.batch or ''} {self.status}: rows in {self.rows_in}, aggregated "
-                f"{self.rows_aggregated}, rejected {self.rows_rejected}, wrote {self.versions_written} "
+                f"{self.rows_aggregated}, rejected {self.rows_rejected}{self._files}, wrote {self.versions_written} "
                 f"in {self.duration_s:.1f}s{self._retries} (run {self.run_id})").replace("  ", " ")
+
+    @property
+    def _files(self) -> str:
+        text = f", {self.files_quarantined} file(s) quarantined" if self.files_quarantined else ""
+        return text + (f", {self.files_skipped} empty file(s) skipped" if self.files_skipped else "")
 
     @property
     def _retries(self) -> str:

@@ -33,6 +33,7 @@ it are closed and leave state. Without a window, state is unbounded group aggreg
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import signal
@@ -46,6 +47,7 @@ from spark_jobs.errors import InputError, LakeError, PipelineError
 from spark_jobs.jobs import rollups
 from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.jobs.landing import CORRUPT, classify, spark_read_error, with_raw
+from spark_jobs.jobs.landing_files import isolate_unreadable, screen
 from spark_jobs.jobs.runs import new_run_id, recorded_run
 from spark_jobs.jobs.stream_driver import DRIVER_MAX_KEYS, DriverEngine
 from spark_jobs.jobs.stream_spark import SparkEngine
@@ -81,6 +83,8 @@ class BatchOutcome:
     watermark: dt.datetime | None = None
     replayed: bool = False
     on_driver: bool = False  # its state merge ran on the driver (few keys), not in Spark
+    files_quarantined: int = 0  # landing files that could not be read: in dead_letter, never read again
+    files_skipped: int = 0  # zero-byte landing files
     visible_at: float | None = None  # wall-clock time the aggregates commit landed (latency figures)
 
 
@@ -96,6 +100,11 @@ class StreamSummary:
                 f"aggregated, {sum(b.rows_rejected for b in done):,} rejected ({sum(b.rows_late for b in done):,} "
                 f"late), {sum(b.state_writes for b in done):,} state writes, {sum(b.changes for b in done):,} "
                 f"changelog rows; {sum(b.on_driver for b in done)} of the batches merged on the driver")
+        quarantined, empty = sum(b.files_quarantined for b in done), sum(b.files_skipped for b in done)
+        if quarantined:
+            text += f"; {quarantined} landing file(s) quarantined (see dead_letter)"
+        if empty:
+            text += f"; {empty} empty file(s) skipped"
         skipped = len(self.batches) - len(done)
         if skipped:
             text += f"; {skipped} replayed batches were already committed"
@@ -200,31 +209,28 @@ class MiniBatchAggregator:
         files = sorted(r["path"] for r in landed.collect())
         if not files:
             return BatchOutcome(batch_id)
+        found = screen(files, spec)  # a file that cannot be read is never half-counted, nor read again
+        found.check(spec, f"mini-batch {batch_id}")
         txn = AppTxn(self.app, batch_id)
-        outcome = BatchOutcome(batch_id)
+        outcome = BatchOutcome(batch_id, files_quarantined=len(found.bad), files_skipped=len(found.empty))
         with recorded_run(lake, t, job="stream", batch=f"stream-{batch_id}",
                           run_id=f"{self.run_id}-{batch_id}") as record:
             record.inputs = files
-            df = landed_rows(self.spark.read, spec, files)
             record.versions_read = {"stream_state": lake.version(t.stream_state)}
             outcome.watermark = watermark = self._watermark(self._load_high())
             et = F.col(spec.source.event_time)
-            rows = classify(df, spec, F.col(DAY), DAY)
-            late = F.col("_reason").isNull() & (et < F.lit(watermark)) if watermark is not None else F.lit(False)
-            rows = rows.withColumn("_late", late).withColumn("_reason", F.coalesce("_reason", F.when(
-                F.col("_late"), F.concat(F.lit("late: "), et.cast("string"), F.lit(
-                    f" is older than the watermark {watermark or dt.datetime.min:%Y-%m-%d %H:%M:%S} UTC; the batch "
-                    "combine of its day counts it")))))
-            # Two passes over the batch's files: its rejects (few, cached to count and write) and
-            # its pre-aggregation, which also yields the counts and event-time span of valid rows.
-            bad = rows.where(F.col("_reason").isNotNull()).persist(StorageLevel.MEMORY_AND_DISK)
             try:
-                counts = bad.agg(F.count(F.lit(1)).alias("rejected"),
-                                 F.count(F.when(F.col("_late"), 1)).alias("late")).first()
-            except Exception as exc:
-                raise InputError(f"mini-batch {batch_id} failed reading {spec.source.path}: "
-                                 f"{spark_read_error(exc)}") from exc
-            assert counts is not None
+                rows, bad, counts = self._read(found.readable, watermark, batch_id)
+            except InputError:
+                culprits = isolate_unreadable(found.readable, lambda f: landed_rows(
+                    self.spark.read, spec, [f]).agg(F.count("_raw")).first())
+                if not culprits:
+                    raise
+                found.drop(culprits)
+                found.check(spec, f"mini-batch {batch_id}")
+                outcome.files_quarantined = len(found.bad)
+                rows, bad, counts = self._read(found.readable, watermark, batch_id)
+            record.files_quarantined, record.files_skipped = outcome.files_quarantined, outcome.files_skipped
             outcome.rows_rejected, outcome.rows_late = int(counts["rejected"]), int(counts["late"])
             valid = rows.where(F.col("_reason").isNull()).withColumn(DAY, F.col(DAY).cast("date"))
             # local pre-aggregation: one row per (day, key, window) of the batch
@@ -259,7 +265,7 @@ class MiniBatchAggregator:
                     outcome.on_driver = engine.name == "driver"
                     out = engine.merge(batch)
                 committed = commit_outputs(lake, spec, txn, run_id=record.run_id, rejects=bad,
-                                           rejected=outcome.rows_rejected, batch=batch, out=out)
+                                           rejected=outcome.rows_rejected, batch=batch, out=out, files=found.bad)
                 if engine is not None and out is not None:
                     engine.committed(committed.written["stream_state"], out)
                 return committed
@@ -277,6 +283,34 @@ class MiniBatchAggregator:
                               + (f", watermark {watermark:%Y-%m-%d %H:%M:%S}" if watermark else ""))
         return outcome
 
+    def _read(self, files: list[str], watermark: dt.datetime | None, batch_id: int) -> tuple[DataFrame, DataFrame, Any]:
+        """The batch's rows classified (late ones too), its rejects cached, and their counts: the pass that
+        reads every file's values, where a file unreadable past its footer fails (InputError)."""
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        spec = self.spec
+        et = F.col(spec.source.event_time)
+        landed = landed_rows(self.spark.read, spec, files) if files else _no_rows(self.spark, spec)
+        rows = classify(landed, spec, F.col(DAY), DAY)
+        late = F.col("_reason").isNull() & (et < F.lit(watermark)) if watermark is not None else F.lit(False)
+        rows = rows.withColumn("_late", late).withColumn("_reason", F.coalesce("_reason", F.when(
+            F.col("_late"), F.concat(F.lit("late: "), et.cast("string"), F.lit(
+                f" is older than the watermark {watermark or dt.datetime.min:%Y-%m-%d %H:%M:%S} UTC; the batch "
+                "combine of its day counts it")))))
+        # Two passes over the batch's files: its rejects (few, cached to count and write) and
+        # its pre-aggregation, which also yields the counts and event-time span of valid rows.
+        bad = rows.where(F.col("_reason").isNotNull()).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            counts = bad.agg(F.count(F.lit(1)).alias("rejected"),
+                             F.count(F.when(F.col("_late"), 1)).alias("late")).first()
+        except Exception as exc:
+            bad.unpersist()
+            raise InputError(f"mini-batch {batch_id} failed reading {spec.source.path}: "
+                             f"{spark_read_error(exc)}") from exc
+        assert counts is not None
+        return rows, bad, counts
+
     def _counted_batch_partials(self, span: tuple[dt.datetime, dt.datetime]
                                 ) -> tuple[frozenset[dt.date], tuple[str, ...]]:
         """The hybrid rule for the batch's keys: the days they can hold rows of that have a batch
@@ -287,6 +321,15 @@ class MiniBatchAggregator:
         files = batch_files_in(self.lake.files(self.tables.partials), bounds)
         days = frozenset(dt.date.fromisoformat(d) for d in batch_days(files))
         return days, tuple(f.path for f in files)
+
+
+def _no_rows(spark: SparkSession, spec: PipelineSpec) -> DataFrame:
+    """What :func:`landed_rows` gives for a batch without a readable file: no rows, the same columns."""
+    if spec.source.format == "parquet":
+        columns = [f"`{c}` {t}" for c, t in spec.source.schema]
+    else:
+        columns = [f"`{c}` string" for c, _ in spec.source.schema] + [f"`{CORRUPT}` string"]
+    return spark.createDataFrame([], ", ".join([*columns, "_raw string", "_file string", f"{DAY} string"]))
 
 
 class _Stopped(Exception):
@@ -361,8 +404,9 @@ def run(spark: SparkSession, spec: PipelineSpec, *, available_now: bool = False,
     conf = {**_SMALL_BATCH_CONF, "spark.sql.shuffle.partitions": str(spark.sparkContext.defaultParallelism)}
     with _stop_on_signals(stop), _session_conf(spark, conf):
         query = writer.start()
-        while query.isActive and not stop.is_set():
-            query.awaitTermination(1)
+        with contextlib.suppress(Exception):  # a failed query raises here: its error is reported below
+            while query.isActive and not stop.is_set():
+                query.awaitTermination(1)
         if stop.is_set():
             aggregator.stopping = True
             with aggregator.lock:  # wait for the running mini-batch to finish

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from spark_jobs.jobs.combine import write_dead_letters
+from spark_jobs.jobs.landing_files import BadFile
 from spark_jobs.lake import AppTxn, Lake, PipelineTables
 from spark_jobs.lake.rules import DAY, PARTIALS_PARTITIONS, sort_keys, stream_layout
 from spark_jobs.spec import PipelineSpec
@@ -84,14 +86,15 @@ def pending(lake: Lake, path: str, txn: AppTxn) -> bool:
 
 
 def commit_outputs(lake: Lake, spec: PipelineSpec, txn: AppTxn, *, run_id: str, rejects: DataFrame, rejected: int,
-                   batch: MiniBatch | None, out: BatchOutputs | None) -> Committed:
+                   batch: MiniBatch | None, out: BatchOutputs | None, files: Sequence[BadFile] = ()) -> Committed:
     """Commit a batch: its rejected rows, then (when it aggregated any) its outputs, each as one Delta
     commit carrying ``txn``. State goes last, so a batch with a state commit is complete and a replay
-    skips every table that has its commit (dead letters are replaced by (job, batch), idempotent)."""
+    skips every table that has its commit (dead letters, with the quarantined ``files``, are replaced by
+    (job, batch): idempotent)."""
     t = PipelineTables(spec.lake, spec.name)
     done = Committed()
     dead = write_dead_letters(lake, t, rejects, job="stream", batch=f"stream-{txn.version}", run_id=run_id,
-                              rejected=rejected)
+                              rejected=rejected, files=files)
     if dead is not None:
         done.written["dead_letter"] = dead.version
     if batch is None or out is None:

@@ -35,6 +35,8 @@ RUNS_SCHEMA = pa.schema([
     ("backend", pa.string()),
     ("message", pa.string()),
     ("attempts", pa.int64()),  # commit attempts: more than 1 when the run lost races to concurrent writers
+    ("files_quarantined", pa.int64()),  # landing files that could not be read (in dead_letter, one row each)
+    ("files_skipped", pa.int64()),  # zero-byte landing files
 ])
 # In ``inputs``: a quality-gate run that rolled a day's batch partials back to what ``aggregates``
 # was built from; its ``rows_aggregated`` is the rows of the partials it put back.

@@ -84,8 +84,9 @@ def _plain(value: Any) -> Any:
 def normalise(spec: PipelineSpec) -> dict[str, Any]:
     """The spec as the lake records it: every field that shapes the tables or the jobs, in the YAML's
     shape (so :func:`parse_spec` reads it back), without paths."""
+    # fields at their default are left out: a setting added later leaves the lakes recorded before it alone
     source = {f.name: _plain(getattr(spec.source, f.name)) for f in dataclasses.fields(spec.source)
-              if f.name != "path" and getattr(spec.source, f.name) is not None}
+              if f.name != "path" and getattr(spec.source, f.name) not in (None, f.default)}
     source["schema"] = dict(spec.source.schema)
     out: dict[str, Any] = {
         "name": spec.name,

@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 AIRFLOW = str(VENV_BIN / "airflow")
@@ -61,6 +59,14 @@ class AirflowHome:
                 return json.loads(lines[-1]) if lines else []
             time.sleep(1 + attempt)
         raise AssertionError(f"airflow {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
+
+    def import_errors(self) -> list[dict[str, Any]]:
+        """The import errors the dag-processor recorded (the CLI exits 1 when there are any)."""
+        proc = self.run("dags", "list-import-errors", "-o", "json", check=False)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith(("[{", "[]"))]
+        if not lines:
+            raise AssertionError(f"airflow dags list-import-errors printed no JSON:\n{proc.stderr[-3000:]}")
+        return list(json.loads(lines[-1]))
 
     def runs(self, dag_id: str) -> list[dict[str, Any]]:
         return self.json("dags", "list-runs", dag_id)
@@ -162,11 +168,9 @@ def airflow_home(tmp: Path, pipelines: Path, server: Any = None) -> AirflowHome:
     af = AirflowHome(home, pipelines, env, port)
     af.run("db", "migrate", timeout=300)
     sys.path.insert(0, str(ROOT / "plugins"))  # as Airflow does
-    from spark_jobs_airflow import aggregates_pool
+    from spark_jobs_airflow.pipelines import create_pools, load_specs
 
-    for spec in sorted(pipelines.glob("*.yaml")):  # the pool the writers of each pipeline's aggregates share
-        name = yaml.safe_load(spec.read_text())["name"]
-        af.run("pools", "set", aggregates_pool(name), "1", f"writers of {name}.aggregates")
+    create_pools(load_specs(pipelines)[0], airflow=AIRFLOW, env=env)  # as a deployment's init step does
     return af
 
 

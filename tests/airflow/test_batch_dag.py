@@ -92,6 +92,7 @@ def test_a_scheduler_backfill_beside_a_stream_run_queues_the_writers_and_matches
     """Three days backfilled while the stream DAG runs: the writers of ``aggregates`` in both DAGs (the
     batch reduces, the stream and its reduce) share one pool slot, so they run one after another."""
     spec, tables, af = setup(tmp_path, spark_server)
+    (tmp_path / "typo.yml").write_text("name: typo\nsource: {path: [unclosed\n")  # costs this pipeline nothing
     af.env["SPARK_JOBS_STREAM_SCHEDULE"] = "none"  # only the run triggered below
     started = time.monotonic()
     # parse the DAGs and create the backfill's runs before the scheduler writes to SQLite ("database is locked"),
@@ -106,6 +107,9 @@ def test_a_scheduler_backfill_beside_a_stream_run_queues_the_writers_and_matches
         af.retry("dags", "trigger", "views_stream")
         runs = wait_for_runs(af, "views_batch", 3, timeout=900)
         [stream_run] = wait_for_runs(af, "views_stream", 1, timeout=600, run_type="manual")
+        [error] = af.import_errors()  # as the dag-processor recorded it
+    assert error["filepath"].endswith("pipeline_specs_check.py")
+    assert f"invalid pipeline spec {tmp_path / 'typo.yml'}:\n  - not valid YAML at line 3" in error["error"]
     assert sorted(r["logical_date"][:10] for r in runs) == list(DAYS)
     assert af.runs("views_batch") == runs  # SPARK_JOBS_END_DATE: no scheduled run of a day without data
     assert [r["state"] for r in runs] == ["success"] * 3, [af.task_states("views_batch", r["run_id"]) for r in runs]

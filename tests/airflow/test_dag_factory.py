@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.airflow.harness import ROOT
+from tests.builders import make_spec
 
 PROBE = r"""
 import json, sys
@@ -89,10 +90,31 @@ def test_the_stream_and_maintenance_dags(parsed):
 def test_one_batch_and_one_stream_dag_per_spec(tmp_path):
     pipelines = tmp_path / "pipelines"
     pipelines.mkdir()
-    for name in ("clicks", "orders"):
-        (pipelines / f"{name}.yaml").write_text(f"name: {name}\nlake: /tmp/lake\n")
-    (pipelines / "notes.yaml").write_text("just: a list\n")  # not a spec: no name
-    dags = parse(tmp_path, pipelines)["dags"]
+    make_spec(pipelines, name="clicks")
+    make_spec(pipelines, name="orders")
+    (pipelines / "orders.yaml").rename(pipelines / "orders.yml")  # both extensions are specs
+    parsed = parse(tmp_path, pipelines)
+    dags = parsed["dags"]
+    assert parsed["errors"] == {}
     assert sorted(dags) == ["clicks_batch", "clicks_stream", "lake_maintenance", "orders_batch", "orders_stream"]
     assert sorted(dags["lake_maintenance"]["tasks"]) == ["maintain_clicks", "maintain_orders"]
     assert dags["orders_stream"]["pools"]["reduce"] == dags["orders_batch"]["pools"]["reduce"] == "aggregates_orders"
+
+
+def test_a_broken_spec_is_an_import_error_naming_it_and_the_others_keep_their_dags(tmp_path):
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    make_spec(pipelines, name="clicks")
+    make_spec(pipelines, name="orders")
+    (pipelines / "typo.yaml").write_text("name: typo\nsource: {path: [unclosed\n")  # a YAML error
+    (pipelines / "refused.yml").write_text((pipelines / "orders.yaml").read_text().replace("fn: count", "fn: cnt"))
+    (pipelines / "twin.yaml").write_text((pipelines / "clicks.yaml").read_text())  # a name already taken
+    parsed = parse(tmp_path, pipelines)
+    assert sorted(parsed["dags"]) == ["clicks_batch", "clicks_stream", "lake_maintenance", "orders_batch",
+                                      "orders_stream"]
+    [(file, error)] = parsed["errors"].items()  # the check file's, not the factory's: its DAGs stay scheduled
+    assert file.endswith("dags/pipeline_specs_check.py")
+    assert f"BrokenPipelineSpecs: 3 of 5 pipeline specs in {pipelines} do not load" in error
+    assert f"invalid pipeline spec {pipelines / 'typo.yaml'}:\n  - not valid YAML at line 3" in error
+    assert f"invalid pipeline spec {pipelines / 'refused.yml'}:\n  - aggregates[0].fn: unknown function 'cnt'" in error
+    assert f"invalid pipeline spec {pipelines / 'twin.yaml'}:\n  - name: 'clicks' is also the name of" in error

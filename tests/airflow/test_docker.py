@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -40,3 +41,27 @@ def test_the_compose_file_is_valid_and_wires_airflow_to_the_spark_cluster():
     for name in ("airflow-scheduler", "spark-connect", "spark-worker-1", "spark-worker-2"):
         mounts = [v.get("target") if isinstance(v, dict) else str(v).split(":")[1] for v in services[name]["volumes"]]
         assert "/data" in mounts, name  # the shared lake
+
+
+def test_the_init_step_creates_each_pipelines_pool_from_the_specs_folder_the_dags_read():
+    config = yaml.safe_load(COMPOSE.read_text())
+    services = config["services"]
+    script = "\n".join(services["airflow-init"]["command"])
+    folder = services["airflow-scheduler"]["environment"]["SPARK_JOBS_PIPELINES"]
+    assert f"python -m spark_jobs_airflow.pipelines {folder}" in script
+    assert script.index("airflow db migrate") < script.index("spark_jobs_airflow.pipelines")
+    assert script.index(f"> {folder}/page_views.yaml") < script.index("spark_jobs_airflow.pipelines")
+    for name in ("airflow-scheduler", "airflow-dag-processor", "airflow-api-server", "airflow-triggerer"):
+        assert services[name]["depends_on"]["airflow-init"]["condition"] == "service_completed_successfully"
+    readme = (ROOT / "docker" / "README.md").read_text()
+    for setting in ("spark_connect_default", "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT", "aggregates_<name>",
+                    "spark_jobs_airflow.pipelines", "SPARK_JOBS_PIPELINES", "spark://spark-master:7077", "15002"):
+        assert setting in readme, setting
+    assert "15002" in str(services["spark-connect"]["command"])
+
+
+def test_the_pools_command_refuses_a_missing_folder(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "spark_jobs_airflow.pipelines", str(tmp_path / "nope")],
+                          capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "plugins")})
+    assert proc.returncode == 2 and "usage: python -m spark_jobs_airflow.pipelines FOLDER" in proc.stderr

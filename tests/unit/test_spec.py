@@ -331,6 +331,7 @@ def test_spec_file_that_is_not_yaml(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match=re.escape(str(path)) + r":\n  - not valid YAML") as info:
         load_spec(path)
     assert info.value.origin == str(path)
+    assert re.search(r"not valid YAML at line \d+, column \d+: .+; fix the YAML syntax there", str(info.value))
 
 
 def test_spec_file_that_does_not_exist(tmp_path: Path) -> None:
@@ -400,3 +401,32 @@ def test_a_bad_window_still_checks_the_rollups(tmp_path) -> None:
     assert any(p.startswith("rollups[0].name: bad name 'Daily'") for p in problems)
     assert any(p.startswith("rollups[0].by: 'nope' is not a group key") for p in problems)
     assert not any("tumbling" in p for p in problems)
+
+
+# --- source.on_bad_file ----------------------------------------------------------------------------
+
+
+def test_on_bad_file_defaults_to_quarantine_and_takes_fail(tmp_path: Path) -> None:
+    assert parse(raw_spec(), tmp_path).source.on_bad_file == "quarantine"
+    spec = parse(raw_spec(lambda r: r["source"].__setitem__("on_bad_file", "fail")), tmp_path)
+    assert spec.source.on_bad_file == "fail"
+
+
+def test_an_unknown_on_bad_file_names_both_policies(tmp_path: Path) -> None:
+    with pytest.raises(SpecError) as info:
+        parse(raw_spec(lambda r: r["source"].__setitem__("on_bad_file", "skip")), tmp_path)
+    assert info.value.problems == ["source.on_bad_file: unknown policy 'skip'; use quarantine (record an unreadable "
+                                   "landing file in dead_letter and go on) or fail (stop the job, naming the file)"]
+
+
+def test_the_lake_records_on_bad_file_only_when_it_is_not_the_default(tmp_path: Path) -> None:
+    """A lake recorded before the setting existed keeps its fingerprint; `fail` is a settings-only change."""
+    from spark_jobs.lake.spec_record import normalise
+    from spark_jobs.plan.evolution import compare
+
+    default = parse(raw_spec(), tmp_path)
+    fail = parse(raw_spec(lambda r: r["source"].__setitem__("on_bad_file", "fail")), tmp_path)
+    assert "on_bad_file" not in normalise(default)["source"]
+    assert normalise(fail)["source"]["on_bad_file"] == "fail"
+    [change] = compare(default, fail).changes
+    assert (change.kind, change.field) == ("settings", "source.on_bad_file")

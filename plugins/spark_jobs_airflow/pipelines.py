@@ -1,0 +1,86 @@
+"""The pipelines a deployment runs: every spec (``*.yaml``, ``*.yml``) in one folder, and their pools.
+
+One place decides which specs load, for the DAG factory (a broken spec loses only its own DAGs) and for
+``python -m spark_jobs_airflow.pipelines FOLDER``, the deployment step that creates each pipeline's pool
+(docker compose's init runs it). Loading a spec is pure Python: no pyspark, no Great Expectations.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from spark_jobs.errors import SpecError
+from spark_jobs.spec import PipelineSpec, load_spec
+
+__all__ = ["BrokenPipelineSpecs", "aggregates_pool", "create_pools", "load_specs", "specs_folder"]
+
+SPECS_ENV = "SPARK_JOBS_PIPELINES"
+
+
+class BrokenPipelineSpecs(Exception):
+    """Specs in the folder that do not load, each with its file and message (``dags/pipeline_specs_check.py``)."""
+
+
+def specs_folder() -> Path:
+    """``$SPARK_JOBS_PIPELINES``, else the repository's ``pipelines/``."""
+    return Path(os.environ.get(SPECS_ENV) or Path(__file__).resolve().parents[2] / "pipelines")
+
+
+def aggregates_pool(pipeline: str) -> str:
+    """The one-slot Airflow pool the writers of ``<pipeline>.aggregates`` share (create it before the DAGs run)."""
+    return f"aggregates_{pipeline}"
+
+
+def load_specs(folder: Path) -> tuple[list[PipelineSpec], list[str]]:
+    """The specs in ``folder`` that load, and the message of each one that does not (bad YAML, a field the jobs
+    would refuse, a name an earlier file took)."""
+    specs: list[PipelineSpec] = []
+    broken: list[str] = []
+    for path in sorted(p for p in folder.glob("*") if p.suffix in (".yaml", ".yml") and p.is_file()):
+        try:
+            spec = load_spec(path)
+        except SpecError as exc:
+            broken.append(str(exc))
+            continue
+        taken = next((s for s in specs if s.name == spec.name), None)
+        if taken is not None:
+            broken.append(f"invalid pipeline spec {path}:\n  - name: {spec.name!r} is also the name of {taken.origin}; "
+                          "give each pipeline its own name")
+            continue
+        specs.append(spec)
+    return specs, broken
+
+
+def create_pools(specs: Sequence[PipelineSpec], airflow: str = "airflow", env: Mapping[str, str] | None = None
+                 ) -> list[str]:
+    """``airflow pools set`` each pipeline's pool: idempotent, so a deployment can run it on every start.
+    Without its pool Airflow never schedules a pipeline's reduce or stream task."""
+    pools = []
+    for spec in specs:
+        pool = aggregates_pool(spec.name)
+        subprocess.run([airflow, "pools", "set", pool, "1", f"writers of {spec.name}.aggregates"], check=True,
+                       stdout=subprocess.DEVNULL, timeout=300, env=env)
+        pools.append(pool)
+    return pools
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1 or not Path(args[0]).is_dir():
+        print("usage: python -m spark_jobs_airflow.pipelines FOLDER  (the folder of the pipeline specs, "
+              "$SPARK_JOBS_PIPELINES): creates each pipeline's Airflow pool", file=sys.stderr)
+        return 2
+    specs, broken = load_specs(Path(args[0]))
+    for message in broken:  # it has no DAGs either: Airflow's import errors list it
+        print(f"skipped: {message}", file=sys.stderr)
+    for pool in create_pools(specs):
+        print(f"pool {pool}: 1 slot")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""Landing files that cannot be read, found before their rows are counted: a file counts all or nothing.
+
+An interrupted upload (a truncated Parquet file), a text file named ``.parquet`` or a file whose
+column holds another type would otherwise fail Spark's read of the whole batch, and the stream,
+whose next batch is that file again, could never get past it. Each file is screened on the driver
+(its size, and for Parquet its footer and column types: no data pages are read), and a read that
+fails anyway is narrowed down to its file by reading the batch's files one at a time.
+
+``source.on_bad_file`` says what follows: ``quarantine`` (default) records each such file in
+``dead_letter`` (path, size, reason, job and run) and the batch goes on without it; ``fail`` stops
+the job naming the files, the tables untouched. A zero-byte file has no rows: it is skipped and
+counted (``runs.files_skipped``), never quarantined.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from spark_jobs.errors import InputError
+from spark_jobs.spec import PipelineSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["CASTABLE", "BadFile", "Screen", "castable", "file_rows", "isolate_unreadable", "screen", "spark_read_error",
+           "spark_type"]
+
+QUARANTINED = "file quarantined"
+
+CASTABLE = {  # spec type -> Parquet/Spark types that convert to it without losing meaning
+    "string": {"string"},
+    "int": {"int", "smallint", "tinyint", "bigint", "string"},
+    "bigint": {"int", "smallint", "tinyint", "bigint", "string"},
+    "float": {"float", "double", "int", "bigint", "string"},
+    "double": {"float", "double", "int", "bigint", "decimal", "string"},
+    "boolean": {"boolean", "string"},
+    "date": {"date", "timestamp", "string"},
+    "timestamp": {"timestamp", "timestamp_ntz", "date", "string"},
+}
+
+
+_ARROW_TO_SPARK = {"int8": "tinyint", "int16": "smallint", "int32": "int", "int64": "bigint", "float": "float",
+                   "double": "double", "string": "string", "large_string": "string", "bool": "boolean",
+                   "date32": "date", "timestamp": "timestamp"}
+
+
+def spark_type(arrow_type: str) -> str:
+    """The Spark SQL type of a Parquet column's Arrow type name (``decimal128(10, 2)`` -> ``decimal(10,2)``)."""
+    if arrow_type.startswith("decimal"):
+        return "decimal" + arrow_type[arrow_type.index("("):].replace(" ", "") if "(" in arrow_type else "decimal"
+    return _ARROW_TO_SPARK.get(arrow_type, arrow_type)
+
+
+def castable(arrow_type: str, spec_type: str) -> bool:
+    """Whether a Parquet column of ``arrow_type`` converts to ``spec_type`` (a day read with its own types)."""
+    return spark_type(arrow_type).split("(")[0] in CASTABLE[spec_type]
+
+
+# Parquet (Arrow) type -> the spec types Spark reads it as, for a read with the spec's schema (the stream):
+# the type itself and the widenings Spark's Parquet reader makes
+_READS_AS = {
+    "int8": {"int", "bigint", "double"}, "int16": {"int", "bigint", "double"}, "int32": {"int", "bigint", "double"},
+    "int64": {"bigint"}, "float": {"float", "double"}, "double": {"double"},
+    "string": {"string"}, "large_string": {"string"}, "bool": {"boolean"}, "date32": {"date", "timestamp"},
+}
+
+
+@dataclass(frozen=True)
+class BadFile:
+    path: str
+    size: int
+    reason: str
+
+    def describe(self) -> str:
+        return f"{self.path} ({self.size:,} bytes): {self.reason}"
+
+
+@dataclass
+class Screen:
+    """A batch's files sorted into the ones to read, the unreadable ones and the empty ones."""
+
+    readable: list[str] = field(default_factory=list)
+    bad: list[BadFile] = field(default_factory=list)
+    empty: list[str] = field(default_factory=list)
+    types: dict[str, str] = field(default_factory=dict)  # Parquet: the Spark type to read each column as
+
+    def check(self, spec: PipelineSpec, what: str) -> None:
+        """With ``on_bad_file: fail``, stop before anything is written, naming every bad file."""
+        if self.bad and spec.source.on_bad_file == "fail":
+            raise InputError(f"{what}: {len(self.bad)} landing file(s) cannot be read (source.on_bad_file: fail): "
+                             + "; ".join(b.describe() for b in self.bad)
+                             + "; fix or remove the files, or set source.on_bad_file: quarantine")
+
+    def drop(self, bad: Sequence[BadFile]) -> None:
+        gone = {b.path for b in bad}
+        self.readable = [p for p in self.readable if p not in gone]
+        self.bad.extend(bad)
+
+
+def _local(path: str) -> str:
+    """A local path from a Spark file URI (``file:/a%20b/x.parquet`` -> ``/a b/x.parquet``)."""
+    if not path.startswith("file:"):
+        return path
+    from urllib.parse import unquote, urlparse
+
+    return unquote(urlparse(path).path)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(_local(path))
+    except OSError:
+        return -1
+
+
+def _arrow_type(typ: object) -> str:
+    import pyarrow as pa
+
+    if pa.types.is_timestamp(typ):  # type: ignore[arg-type]
+        return "timestamp"
+    return str(typ)
+
+
+def _footer(path: str) -> tuple[dict[str, str] | None, str | None]:
+    """A Parquet file's column types (Arrow names), or why its footer cannot be read."""
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.read_schema(_local(path))
+    except Exception as exc:  # ArrowInvalid, OSError, ...: an interrupted upload, or not Parquet at all
+        return None, f"not a readable Parquet file ({str(exc).splitlines()[0][:200]})"
+    return {f.name: _arrow_type(f.type) for f in schema}, None
+
+
+def _reads_as(have: str, want: str) -> bool:
+    """Whether Spark reads a Parquet column of ``have`` with the spec's type ``want`` as its read schema."""
+    return (have == want == "timestamp") or want in _READS_AS.get(have, ())
+
+
+def screen(paths: Sequence[str], spec: PipelineSpec, *, exact: bool = True) -> Screen:
+    """Sort ``paths`` before any is read: empty, unreadable or readable, reading no data page.
+
+    A Parquet file is unreadable when its footer is not there or a column's type cannot be read as the
+    spec's. ``exact=False`` (a day's combine) also takes a column that every file of the day holds as one
+    type that casts to the spec's, e.g. a day landed as strings: its values are cast, and rejected, row by
+    row. ``Screen.types`` is then the type to read each column with."""
+    out = Screen()
+    footers: dict[str, dict[str, str]] = {}
+    for path in paths:
+        size = _size(path)
+        if size == 0:
+            out.empty.append(path)
+        elif size < 0:
+            out.bad.append(BadFile(path, size, "cannot be opened"))
+        elif spec.source.format != "parquet":
+            out.readable.append(path)  # text: a line that does not parse is a rejected row, with its reason
+        else:
+            types, problem = _footer(path)
+            if types is None:
+                out.bad.append(BadFile(path, size, problem or "unreadable"))
+            else:
+                footers[path] = types
+    if spec.source.format != "parquet":
+        return out
+    for col, want in spec.source.schema:
+        held = {types[col] for types in footers.values() if col in types}
+        if not exact and len(held) == 1 and castable(next(iter(held)), want):
+            out.types[col] = spark_type(next(iter(held)))  # one type for the whole day: read as it, cast row by row
+        elif held:
+            out.types[col] = want
+    spec_columns = {c for c, _ in spec.source.schema}
+    for col in sorted({c for types in footers.values() for c in types} - spec_columns):
+        held = {types[col] for types in footers.values() if col in types}
+        if len(held) == 1:  # other columns are kept in a rejected row's raw record
+            out.types[col] = spark_type(next(iter(held)))
+    for path, types in footers.items():
+        wrong = [f"column {col} holds {types[col]}, the spec reads {want}" for col, want in spec.source.schema
+                 if col in types and col in out.types and out.types[col] == want and not _reads_as(types[col], want)]
+        if wrong:
+            out.bad.append(BadFile(path, _size(path), "; ".join(wrong) + "; fix the file or source.schema"))
+        else:
+            out.readable.append(path)
+    out.readable.sort()
+    return out
+
+
+def isolate_unreadable(paths: Sequence[str], read_one: Callable[[str], object]) -> list[BadFile]:
+    """After Spark failed reading a batch: read each file alone (``read_one`` runs an action over it)
+    and return the ones that fail, with Spark's reason."""
+    bad = []
+    for path in paths:
+        try:
+            read_one(path)
+        except Exception as exc:
+            bad.append(BadFile(path, _size(path), f"cannot be read: {spark_read_error(exc)}"))
+    return bad
+
+
+def file_rows(spark: SparkSession, bad: Sequence[BadFile]) -> DataFrame:
+    """The quarantined files as rejects (``_reason``, ``_raw``, ``_file``), one per file, for ``dead_letter``:
+    ``raw`` holds the path and size, ``reason`` starts with ``file quarantined``."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    schema = StructType([StructField(c, StringType()) for c in ("_reason", "_raw", "_file")])
+    return spark.createDataFrame(
+        [(f"{QUARANTINED}: {b.reason}", json.dumps({"path": b.path, "size": b.size}), b.path) for b in bad], schema)
+
+
+def spark_read_error(exc: BaseException) -> str:
+    """Spark's own reason for a failure (and its cause), without the JVM stack or py4j wrapper."""
+    lines = [line.strip() for line in str(exc).splitlines()]
+    found: list[str] = []
+    for line in lines:
+        if not line or line.startswith(("at ", "...", "JVM stacktrace", "Traceback", "An error occurred while")):
+            continue
+        if line.startswith("Caused by:"):
+            line = line[len("Caused by:"):].strip()
+        if ("Exception" in line.split(":")[0] or "Error" in line.split(":")[0]) and ":" in line:
+            line = line.split(":", 1)[1].strip()
+        if line and line not in found:
+            found.append(line)
+        if len(found) == 2:
+            break
+    return "; caused by: ".join(found)[:800] or str(exc)[:800]
