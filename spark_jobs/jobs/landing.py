@@ -11,7 +11,7 @@ import os
 from typing import TYPE_CHECKING
 
 from spark_jobs.errors import InputError, SchemaMismatchError
-from spark_jobs.jobs.landing_files import CASTABLE, Screen, screen, spark_read_error
+from spark_jobs.jobs.landing_files import Screen, screen, spark_read_error
 from spark_jobs.spec import OPS, PipelineSpec
 
 if TYPE_CHECKING:
@@ -20,6 +20,16 @@ if TYPE_CHECKING:
 __all__ = ["CORRUPT", "classify", "read_partition", "screen_partition", "spark_read_error", "with_raw"]
 
 CORRUPT = "_corrupt_record"
+_CASTABLE = {  # spec type -> Parquet/Spark types that convert to it without losing meaning
+    "string": {"string"},
+    "int": {"int", "smallint", "tinyint", "bigint", "string"},
+    "bigint": {"int", "smallint", "tinyint", "bigint", "string"},
+    "float": {"float", "double", "int", "bigint", "string"},
+    "double": {"float", "double", "int", "bigint", "decimal", "string"},
+    "boolean": {"boolean", "string"},
+    "date": {"date", "timestamp", "string"},
+    "timestamp": {"timestamp", "timestamp_ntz", "date", "string"},
+}
 
 
 def screen_partition(spec: PipelineSpec, date: str) -> Screen:
@@ -53,7 +63,7 @@ def read_partition(spark: SparkSession, spec: PipelineSpec, date: str, found: Sc
     if fmt == "parquet":
         read_types = ", ".join(f"`{c}` {t}" for c, t in found.types.items())
         try:
-            df = spark.read.schema(read_types).parquet(*files)
+            df = (spark.read.schema(read_types) if read_types else spark.read).parquet(*files)
         except Exception as exc:
             raise InputError(f"cannot read landing partition {path}: {spark_read_error(exc)}") from exc
         _check_parquet_schema(df, spec, path)
@@ -105,7 +115,7 @@ def _check_parquet_schema(df: DataFrame, spec: PipelineSpec, path: str) -> None:
     wrong = []
     for col, typ in spec.source.schema:
         have = found[col].split("(")[0]
-        if have not in CASTABLE[typ]:
+        if have not in _CASTABLE[typ]:
             wrong.append(f"{col} is {found[col]}, spec says {typ}")
     if wrong:
         raise SchemaMismatchError(

@@ -26,26 +26,17 @@ from spark_jobs.spec import PipelineSpec
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["CASTABLE", "BadFile", "Screen", "castable", "file_rows", "isolate_unreadable", "screen", "spark_read_error",
+__all__ = ["BadFile", "Screen", "file_rows", "isolate_unreadable", "screen", "spark_read_error",
            "spark_type"]
 
 QUARANTINED = "file quarantined"
 
-CASTABLE = {  # spec type -> Parquet/Spark types that convert to it without losing meaning
-    "string": {"string"},
-    "int": {"int", "smallint", "tinyint", "bigint", "string"},
-    "bigint": {"int", "smallint", "tinyint", "bigint", "string"},
-    "float": {"float", "double", "int", "bigint", "string"},
-    "double": {"float", "double", "int", "bigint", "decimal", "string"},
-    "boolean": {"boolean", "string"},
-    "date": {"date", "timestamp", "string"},
-    "timestamp": {"timestamp", "timestamp_ntz", "date", "string"},
-}
-
-
 _ARROW_TO_SPARK = {"int8": "tinyint", "int16": "smallint", "int32": "int", "int64": "bigint", "float": "float",
                    "double": "double", "string": "string", "large_string": "string", "bool": "boolean",
                    "date32": "date", "timestamp": "timestamp"}
+
+
+_SPARK_TYPES = {*_ARROW_TO_SPARK.values(), "decimal"}
 
 
 def spark_type(arrow_type: str) -> str:
@@ -53,11 +44,6 @@ def spark_type(arrow_type: str) -> str:
     if arrow_type.startswith("decimal"):
         return "decimal" + arrow_type[arrow_type.index("("):].replace(" ", "") if "(" in arrow_type else "decimal"
     return _ARROW_TO_SPARK.get(arrow_type, arrow_type)
-
-
-def castable(arrow_type: str, spec_type: str) -> bool:
-    """Whether a Parquet column of ``arrow_type`` converts to ``spec_type`` (a day read with its own types)."""
-    return spark_type(arrow_type).split("(")[0] in CASTABLE[spec_type]
 
 
 # Parquet (Arrow) type -> the spec types Spark reads it as, for a read with the spec's schema (the stream):
@@ -168,8 +154,8 @@ def screen(paths: Sequence[str], spec: PipelineSpec, *, exact: bool = True) -> S
         return out
     for col, want in spec.source.schema:
         held = {types[col] for types in footers.values() if col in types}
-        if not exact and len(held) == 1 and castable(next(iter(held)), want):
-            out.types[col] = spark_type(next(iter(held)))  # one type for the whole day: read as it, cast row by row
+        if not exact and len(held) == 1:  # one type for the whole day: read as it, cast row by row (or, when
+            out.types[col] = spark_type(next(iter(held)))  # it does not cast, the day's schema is refused)
         elif held:
             out.types[col] = want
     spec_columns = {c for c, _ in spec.source.schema}
@@ -177,6 +163,8 @@ def screen(paths: Sequence[str], spec: PipelineSpec, *, exact: bool = True) -> S
         held = {types[col] for types in footers.values() if col in types}
         if len(held) == 1:  # other columns are kept in a rejected row's raw record
             out.types[col] = spark_type(next(iter(held)))
+    if any(t.split("(")[0] not in _SPARK_TYPES for t in out.types.values()):
+        out.types = {}  # a nested type: read with the files' own schema, which the job then refuses
     for path, types in footers.items():
         wrong = [f"column {col} holds {types[col]}, the spec reads {want}" for col, want in spec.source.schema
                  if col in types and col in out.types and out.types[col] == want and not _reads_as(types[col], want)]

@@ -1,7 +1,8 @@
 """Landing files that cannot be read, next to good ones, in combine and in the stream.
 
 Each kind an operator meets: an interrupted upload (a truncated Parquet file), a text file named
-``.parquet``, a Parquet file whose number column holds strings, and a zero-byte file. A file counts
+``.parquet``, a Parquet file whose number column holds strings, one whose footer is whole but a data page
+is not (only Spark's read finds it), and a zero-byte file. A file counts
 all or nothing; ``source.on_bad_file`` quarantines it (dead_letter, runs) or stops the job.
 """
 
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -48,9 +51,16 @@ def land_bad_files(part: Path, good: pa.Table) -> dict[str, Path]:
     strings = part / "strings.parquet"
     pq.write_table(good.slice(0, 20).set_column(good.schema.get_field_index("duration_ms"), "duration_ms",
                                                 pa.array([str(i) for i in range(20)])), strings)
+    page = part / "corrupt-page.parquet"
+    pq.write_table(good, page)
+    data = bytearray(page.read_bytes())
+    column = pq.read_metadata(page).row_group(0).column(good.schema.get_field_index("duration_ms"))
+    data[column.data_page_offset + 40: column.data_page_offset + 640] = b"\xab" * 600
+    page.write_bytes(bytes(data))
     empty = part / "empty.parquet"
     empty.write_bytes(b"")
-    return {"truncated": _touch(truncated), "text": _touch(text), "strings": _touch(strings), "empty": _touch(empty)}
+    return {"truncated": _touch(truncated), "text": _touch(text), "strings": _touch(strings), "page": _touch(page),
+            "empty": _touch(empty)}
 
 
 def with_policy(spec: PipelineSpec, policy: str) -> PipelineSpec:
@@ -80,33 +90,34 @@ def file_records(spec: PipelineSpec) -> list[dict]:
 
 def assert_quarantined(spec: PipelineSpec, bad: dict[str, Path], job: str) -> None:
     records = file_records(spec)
-    assert [Path(r["source_file"].removeprefix("file:")).name for r in records] == \
-        ["notes.parquet", "strings.parquet", "upload-interrupted.parquet"]
+    assert [Path(r["source_file"]).name for r in records] == \
+        ["corrupt-page.parquet", "notes.parquet", "strings.parquet", "upload-interrupted.parquet"]
     assert {r["job"] for r in records} == {job}
     for r in records:
         raw = json.loads(r["raw"])
         assert raw["path"] == r["source_file"] and raw["size"] == os.path.getsize(bad[{
-            "notes.parquet": "text", "strings.parquet": "strings", "upload-interrupted.parquet": "truncated"}[
-            Path(raw["path"]).name]])
+            "notes.parquet": "text", "strings.parquet": "strings", "upload-interrupted.parquet": "truncated",
+            "corrupt-page.parquet": "page"}[Path(raw["path"]).name]])
         assert r["run_id"]
     reasons = {Path(r["source_file"]).name: r["reason"] for r in records}
     assert "not a readable Parquet file" in reasons["upload-interrupted.parquet"]
     assert "not a readable Parquet file" in reasons["notes.parquet"]
     assert "column duration_ms holds string, the spec reads bigint" in reasons["strings.parquet"]
+    assert reasons["corrupt-page.parquet"].startswith("file quarantined: cannot be read: ")  # Spark's reason
 
 
 def test_combine_quarantines_each_bad_file_and_counts_the_rest_once(spark, landed):
     spec, rows, bad = landed
     record = combine.run(spark, spec, DAY)
     reduce.run(spark, spec)
-    assert (record.files_quarantined, record.files_skipped) == (3, 1)
+    assert (record.files_quarantined, record.files_skipped) == (4, 1)
     assert record.rows_in == 400 and record.reconciles
     assert_quarantined(spec, bad, "combine")
     assert_matches(actual(PipelineTables(spec.lake, spec.name).aggregates, spec), expected(rows, spec), spec)
     runs = DeltaTable(PipelineTables(spec.lake, spec.name).runs).to_pyarrow_table().to_pylist()
-    assert [(r["files_quarantined"], r["files_skipped"]) for r in runs if r["job"] == "combine"] == [(3, 1)]
+    assert [(r["files_quarantined"], r["files_skipped"]) for r in runs if r["job"] == "combine"] == [(4, 1)]
     combine.run(spark, spec, DAY)  # a rerun replaces the day's records: still one per file
-    assert len(file_records(spec)) == 3
+    assert len(file_records(spec)) == 4
 
 
 def test_combine_with_on_bad_file_fail_names_the_files_and_writes_nothing(spark, landed):
@@ -115,6 +126,7 @@ def test_combine_with_on_bad_file_fail_names_the_files_and_writes_nothing(spark,
     with pytest.raises(InputError) as info:
         combine.run(spark, spec, DAY)
     message = str(info.value)
+    # the ones found before the day is read: the job stops before Spark reads a row
     assert "3 landing file(s) cannot be read (source.on_bad_file: fail)" in message
     for kind in ("truncated", "text", "strings"):
         assert str(bad[kind]) in message
@@ -126,10 +138,10 @@ def test_combine_with_on_bad_file_fail_names_the_files_and_writes_nothing(spark,
 def test_the_stream_quarantines_bad_files_never_rereads_them_and_reads_a_fixed_one(spark, landed, tmp_path):
     spec, rows, bad = landed
     summary = stream.run(spark, spec, available_now=True)
-    assert sum(b.files_quarantined for b in summary.batches) == 3
+    assert sum(b.files_quarantined for b in summary.batches) == 4
     # Spark's file source hands out no zero-byte file (nothing to split): it is neither read nor counted here
     assert sum(b.files_skipped for b in summary.batches) == 0
-    assert "3 landing file(s) quarantined (see dead_letter)" in summary.summary()
+    assert "4 landing file(s) quarantined (see dead_letter)" in summary.summary()
     assert_quarantined(spec, bad, "stream")
     tables = PipelineTables(spec.lake, spec.name)
     assert_matches(actual(tables.aggregates, spec), expected(rows, spec), spec)
@@ -159,3 +171,11 @@ def test_the_stream_with_on_bad_file_fail_stops_naming_the_file(spark, landed):
         stream.run(spark, spec, available_now=True)
     assert str(bad["strings"]) in str(info.value)
     assert not os.path.exists(PipelineTables(spec.lake, spec.name).aggregates)
+
+
+def test_the_cli_says_what_it_quarantined_and_exits_zero(landed):
+    spec, _, _ = landed
+    proc = subprocess.run([sys.executable, "-m", "spark_jobs", "combine", "--pipeline", spec.origin, "--date", DAY],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "4 file(s) quarantined, 1 empty file(s) skipped" in proc.stdout + proc.stderr

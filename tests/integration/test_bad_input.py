@@ -19,6 +19,7 @@ from spark_jobs.errors import InputError, LakeError, SchemaMismatchError, SpecCh
 from spark_jobs.jobs import combine, reduce
 from spark_jobs.lake import PipelineTables
 from tests.builders import FAST_AGGREGATES, day_events, events, make_spec, write_day, write_text
+from tests.integration.test_bad_files import with_policy
 from tests.oracle import actual, assert_matches, expected
 
 pytestmark = pytest.mark.spark
@@ -74,7 +75,8 @@ def test_a_missing_landing_partition_is_an_input_error_and_creates_no_table(spar
 
 
 def test_a_corrupt_parquet_file_fails_the_day_and_leaves_partials_untouched(spark, tmp_path):
-    spec = make_spec(tmp_path, aggregates=FAST_AGGREGATES)
+    """With ``source.on_bad_file: fail``; the default quarantines it (tests/integration/test_bad_files.py)."""
+    spec = with_policy(make_spec(tmp_path, aggregates=FAST_AGGREGATES), "fail")
     tables = PipelineTables(spec.lake, spec.name)
     write_day(tmp_path / "landing", D1, day_events(D1, 40))
     combine.run(spark, spec, D1)
@@ -83,7 +85,7 @@ def test_a_corrupt_parquet_file_fails_the_day_and_leaves_partials_untouched(spar
     write_day(tmp_path / "landing", D2, day_events(D2, 40))
     corrupt = tmp_path / "landing" / f"event_date={D2}" / "part-00001.parquet"
     corrupt.write_bytes(os.urandom(4096))
-    with pytest.raises(InputError, match=rf"part-00001\.parquet|combine of {D2} failed") as err:
+    with pytest.raises(InputError, match=rf"combine of {D2}: 1 landing file\(s\) cannot be read .*part-00001\.parquet") as err:
         combine.run(spark, spec, D2)
     assert not isinstance(err.value, SchemaMismatchError)
 
@@ -197,15 +199,15 @@ def test_csv_columns_are_read_by_header_name_in_any_order(spark, tmp_path):
     assert (record.rows_in, record.rows_rejected) == (3, 0)
 
 
-def test_a_read_failure_in_a_spark_job_reports_spark_s_reason(spark, tmp_path):
-    spec = make_spec(tmp_path, aggregates=FAST_AGGREGATES)
+def test_an_unreadable_file_is_named_with_its_reason_and_no_py4j_noise(spark, tmp_path):
+    spec = with_policy(make_spec(tmp_path, aggregates=FAST_AGGREGATES), "fail")
     write_day(tmp_path / "landing", D1, day_events(D1, 20))
     (tmp_path / "landing" / f"event_date={D1}" / "part-00001.parquet").write_bytes(os.urandom(4096))
-    with pytest.raises(InputError, match=rf"combine of {D1} failed") as err:
+    with pytest.raises(InputError, match=rf"combine of {D1}: 1 landing file\(s\) cannot be read") as err:
         combine.run(spark, spec, D1)
     message = str(err.value)
     assert "An error occurred while calling" not in message
-    assert "part-00001.parquet" in message or "not a Parquet file" in message, message
+    assert "part-00001.parquet (4,096 bytes): not a readable Parquet file" in message, message
 
 
 # ------------------------------------------------------------------------------------- lake state
