@@ -223,7 +223,8 @@ DOC_PICTURES = {"01-tables": "lake-page-tables", "06-chart": "lake-page-table-ch
 def shot(driver, name: str) -> None:
     driver.save_screenshot(str(ARTIFACTS / f"{name}.png"))
     if name in DOC_PICTURES and os.environ.get("UPDATE_DOC_PICTURES") == "1":
-        driver.save_screenshot(str(ROOT / "docs" / "images" / f"{DOC_PICTURES[name]}.png"))
+        (ROOT / "docs" / "images").mkdir(exist_ok=True)
+        assert driver.save_screenshot(str(ROOT / "docs" / "images" / f"{DOC_PICTURES[name]}.png")), name
 
 
 def wait_for(driver, css: str, timeout: float = 60) -> Any:
