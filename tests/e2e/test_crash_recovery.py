@@ -34,6 +34,7 @@ from spark_jobs.lake import PipelineTables
 from spark_jobs.session import ensure_java_home
 from spark_jobs.spec import PipelineSpec
 from tests.builders import make_spec
+from tests.integration.test_bad_files import with_policy
 from tests.oracle import actual, assert_matches, expected, read_landing
 
 pytestmark = pytest.mark.slow
@@ -281,8 +282,9 @@ def test_kill_run_at_a_random_moment_then_rerun(tmp_path, seed):
 
 
 def test_a_corrupt_input_file_records_a_failed_run(tmp_path):
-    """combine D1..D2 with a corrupt Parquet file in D2: D1 commits, D2 fails with exit 3 and a failed run."""
-    spec = make_pipeline(tmp_path)
+    """combine D1..D2 with a corrupt Parquet file in D2 and ``source.on_bad_file: fail``: D1 commits, D2 fails
+    with exit 3 and a failed run (the default quarantines the file: tests/integration/test_bad_files.py)."""
+    spec = with_policy(make_pipeline(tmp_path), "fail")
     tables = PipelineTables(spec.lake, spec.name)
     corrupt = tmp_path / "landing" / f"event_date={D2}" / "part-00002.parquet"
     corrupt.write_bytes(random.Random(0).randbytes(4096))
@@ -292,7 +294,7 @@ def test_a_corrupt_input_file_records_a_failed_run(tmp_path):
     assert f"combine {D1} success" in proc.stdout
     err = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert err, _explain(proc)
-    assert D2 in err[0] and str(corrupt.parent) in err[0], err[0]
+    assert D2 in err[0] and str(corrupt) in err[0], err[0]
     assert "Traceback" not in proc.stderr
 
     recorded = runs(spec)

@@ -238,13 +238,21 @@ def wait_for(driver, css: str, timeout: float = 60) -> Any:
 def click_and_load(driver, element: Any, css: str, timeout: float = 60) -> Any:
     """Click something that loads a page, wait until the old page is gone, then for ``css`` on the new one
     (else a wait could find the old page's element and see it go stale)."""
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
 
     old = driver.find_element(By.TAG_NAME, "html")
     element.click()
-    WebDriverWait(driver, timeout).until(ec.staleness_of(old))
+
+    def gone(_: Any) -> bool:  # stale, or (Chrome mid-navigation) "Node ... does not belong to the document"
+        try:
+            old.is_enabled()
+        except WebDriverException:
+            return True
+        return False
+
+    WebDriverWait(driver, timeout).until(gone)
     return wait_for(driver, css, timeout)
 
 

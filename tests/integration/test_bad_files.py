@@ -152,6 +152,14 @@ def test_the_stream_quarantines_bad_files_never_rereads_them_and_reads_a_fixed_o
     assert [b for b in again.batches if not b.replayed] == []
     assert DeltaTable(tables.dead_letter).version() == dead_version
     assert DeltaTable(tables.stream_state).version() == state_version
+    # a mini-batch of only a broken file: recorded, nothing else changes
+    part = tmp_path / "landing" / f"event_date={DAY}"
+    (part / "another-interrupted.parquet").write_bytes(b"PAR1\x15\x00")
+    _touch(part / "another-interrupted.parquet")
+    lone = stream.run(spark, spec, available_now=True)
+    assert [(b.files_quarantined, b.rows_in) for b in lone.batches if not b.replayed] == [(1, 0)]
+    assert len(file_records(spec)) == 5 and DeltaTable(tables.stream_state).version() == state_version
+    assert_matches(actual(tables.aggregates, spec), expected(rows, spec), spec)
     # the upload lands again, whole, under a new name (the next day's: the stream's watermark is past this one's)
     part = tmp_path / "landing" / "event_date=2024-03-02"
     part.mkdir()
