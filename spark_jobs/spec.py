@@ -7,6 +7,7 @@ names the field path, the bad value and the fix.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -201,6 +202,21 @@ class PipelineSpec:
     def with_paths(self, *, lake: str | None = None, source_path: str | None = None) -> PipelineSpec:
         source = self.source if source_path is None else dataclasses.replace(self.source, path=_abs(source_path, None))
         return dataclasses.replace(self, source=source, lake=self.lake if lake is None else _abs(lake, None))
+
+
+SPECS_ENV = "SPARK_JOBS_PIPELINES"
+_REPO_SPECS = Path(__file__).resolve().parents[1] / "pipelines"
+
+
+def specs_folder() -> Path:
+    """The folder of a deployment's specs (the DAGs', the lake page's): ``$SPARK_JOBS_PIPELINES``, else the repo's
+    ``pipelines/``."""
+    return Path(os.environ.get(SPECS_ENV) or _REPO_SPECS)
+
+
+def spec_files(folder: Path) -> list[Path]:
+    """Every spec file in ``folder``: ``*.yaml`` and ``*.yml``, sorted."""
+    return sorted(p for pattern in ("*.yaml", "*.yml") for p in folder.glob(pattern) if p.is_file())
 
 
 def load_spec(path: str | Path, *, lake: str | None = None, source_path: str | None = None) -> PipelineSpec:

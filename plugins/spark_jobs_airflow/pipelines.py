@@ -7,27 +7,18 @@ One place decides which specs load, for the DAG factory (a broken spec loses onl
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from spark_jobs.errors import SpecError
-from spark_jobs.spec import PipelineSpec, load_spec
+from spark_jobs.spec import PipelineSpec, load_spec, spec_files, specs_folder
 
 __all__ = ["BrokenPipelineSpecs", "aggregates_pool", "create_pools", "load_specs", "specs_folder"]
 
-SPECS_ENV = "SPARK_JOBS_PIPELINES"
-
-
 class BrokenPipelineSpecs(Exception):
     """Specs in the folder that do not load, each with its file and message (``dags/pipeline_specs_check.py``)."""
-
-
-def specs_folder() -> Path:
-    """``$SPARK_JOBS_PIPELINES``, else the repository's ``pipelines/``."""
-    return Path(os.environ.get(SPECS_ENV) or Path(__file__).resolve().parents[2] / "pipelines")
 
 
 def aggregates_pool(pipeline: str) -> str:
@@ -40,7 +31,7 @@ def load_specs(folder: Path) -> tuple[list[PipelineSpec], list[str]]:
     would refuse, a name an earlier file took)."""
     specs: list[PipelineSpec] = []
     broken: list[str] = []
-    for path in sorted(p for p in folder.glob("*") if p.suffix in (".yaml", ".yml") and p.is_file()):
+    for path in spec_files(folder):
         try:
             spec = load_spec(path)
         except SpecError as exc:
@@ -63,7 +54,7 @@ def create_pools(specs: Sequence[PipelineSpec], airflow: str = "airflow", env: M
     for spec in specs:
         pool = aggregates_pool(spec.name)
         subprocess.run([airflow, "pools", "set", pool, "1", f"writers of {spec.name}.aggregates"], check=True,
-                       stdout=subprocess.DEVNULL, timeout=300, env=env)
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300, env=env)
         pools.append(pool)
     return pools
 
@@ -77,7 +68,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     specs, broken = load_specs(Path(args[0]))
     for message in broken:  # it has no DAGs either: Airflow's import errors list it
         print(f"skipped: {message}", file=sys.stderr)
-    for pool in create_pools(specs):
+    try:
+        pools = create_pools(specs)
+    except (OSError, subprocess.SubprocessError) as exc:  # no airflow on PATH, no migrated database, ...
+        detail = getattr(exc, "stderr", None) or exc
+        print(f"error: `airflow pools set` failed: {str(detail).strip()[-2000:]}; run this where the Airflow CLI "
+              "reaches the metadata database (after `airflow db migrate`)", file=sys.stderr)
+        return 1
+    for pool in pools:
         print(f"pool {pool}: 1 slot")
     return 0
 

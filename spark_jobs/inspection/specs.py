@@ -8,28 +8,15 @@ aggregate each accumulator column holds, the window) finds the spec by the pipel
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import yaml
 
 from spark_jobs.errors import InspectError, SpecError
 from spark_jobs.lake.spec_record import RecordedSpec, current
-from spark_jobs.spec import PipelineSpec, load_spec
+from spark_jobs.spec import SPECS_ENV, PipelineSpec, load_spec, spec_files, specs_folder
 
 __all__ = ["SPECS_ENV", "find_spec", "lake_spec", "specs_folder"]
-
-SPECS_ENV = "SPARK_JOBS_PIPELINES"
-_REPO_SPECS = Path(__file__).resolve().parents[2] / "pipelines"
-
-
-def specs_folder() -> Path:
-    """``$SPARK_JOBS_PIPELINES``, else the repo's ``pipelines/``."""
-    return Path(os.environ.get(SPECS_ENV) or _REPO_SPECS)
-
-
-def _spec_files(folder: Path) -> list[Path]:
-    return sorted(p for pattern in ("*.yaml", "*.yml") for p in folder.glob(pattern) if p.is_file())
 
 
 def find_spec(pipeline: str, folder: Path | None = None) -> PipelineSpec:
@@ -48,7 +35,7 @@ def find_spec(pipeline: str, folder: Path | None = None) -> PipelineSpec:
     matches: list[PipelineSpec] = []
     skipped: list[str] = []
     others: list[str] = []
-    for path in _spec_files(where):
+    for path in spec_files(where):
         try:
             raw = yaml.safe_load(path.read_text())
         except OSError as exc:

@@ -26,8 +26,7 @@ from spark_jobs.spec import PipelineSpec
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["BadFile", "Screen", "file_rows", "isolate_unreadable", "screen", "spark_read_error",
-           "spark_type"]
+__all__ = ["BadFile", "Screen", "file_rows", "isolate_unreadable", "screen", "spark_read_error"]
 
 QUARANTINED = "file quarantined"
 

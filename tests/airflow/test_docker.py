@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from tests.airflow.harness import ROOT
+from tests.builders import make_spec
 
 COMPOSE = ROOT / "docker" / "docker-compose.yaml"
 
@@ -65,3 +66,12 @@ def test_the_pools_command_refuses_a_missing_folder(tmp_path):
                           capture_output=True, text=True, timeout=120, check=False,
                           env={**os.environ, "PYTHONPATH": str(ROOT / "plugins")})
     assert proc.returncode == 2 and "usage: python -m spark_jobs_airflow.pipelines FOLDER" in proc.stderr
+
+
+def test_the_pools_command_says_when_airflow_cannot_set_them(tmp_path):
+    make_spec(tmp_path, name="clicks")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "plugins"), "PATH": "/nonexistent"}  # no airflow CLI
+    proc = subprocess.run([sys.executable, "-m", "spark_jobs_airflow.pipelines", str(tmp_path)], capture_output=True,
+                          text=True, timeout=120, check=False, env=env)
+    assert proc.returncode == 1 and "error: `airflow pools set` failed" in proc.stderr
+    assert "Traceback" not in proc.stderr
