@@ -40,8 +40,10 @@ import pyarrow.compute as pc
 from spark_jobs.errors import LakeError, SpecChangedError
 from spark_jobs.jobs import rollups
 from spark_jobs.jobs.conflicts import retry_conflicts
+from spark_jobs.jobs.forked import cores, forked_map
 from spark_jobs.jobs.runs import new_run_id, recorded_run
-from spark_jobs.lake import AppTxn, Lake, PipelineTables, open_lake
+from spark_jobs.lake import AppTxn, DataFile, Lake, PipelineTables, open_lake
+from spark_jobs.lake.arrow import read_data_files
 from spark_jobs.lake.coverage import day_versions
 from spark_jobs.lake.layout import SPEC_VERSION, TS, table_schema
 from spark_jobs.lake.reader import is_table, open_table
@@ -80,6 +82,7 @@ __all__ = ["ARROW_MAX_ROWS", "ApplyResult", "apply"]
 
 log = logging.getLogger("spark_jobs")
 
+_VALUE = "__value:"  # the value columns that ride along the merged partials
 ARROW_MAX_ROWS = 2_000_000  # rows of a table merged on the driver; a larger one merges in Spark
 Engine = Literal["auto", "arrow", "spark"]
 _US = 1_000_000
@@ -230,6 +233,8 @@ class _Migration:
         self.run_id, self.spark = run_id, spark
         self.version = target.version
         self.written: dict[str, int | None] = {}
+        # the partials this run merged and wrote (version, rows with values): the reduce starts from them
+        self.merged_partials: tuple[int | None, pa.Table] | None = None
         self.meta = {"run_id": run_id, "job": "apply", "spec_version": target.version}
         # the aggregates whose stored columns carry over: the new spec's, minus the ones added or changed
         kept = tuple(a for a in spec.aggregates if a.name not in diff.added)
@@ -268,6 +273,10 @@ class _Migration:
 
     def _rewrites(self) -> bool:
         return self.diff.reset or self.diff.derives
+
+    def _merges(self) -> bool:
+        """Rows merge (keys dropped, windows coarsened or removed), not only columns dropped."""
+        return bool(self.diff.dropped_keys or self.diff.coarsened or self.diff.window_removed)
 
     def _add_columns(self, path: str, schema: pa.Schema) -> int | None:
         have = set((self.lake.schema(path) or pa.schema([])).names)
@@ -334,9 +343,29 @@ class _Migration:
             rows_df = self._merged_spark(self.lake.read(path, version=read), extra_keys=["batch", "source", DAY],
                                          extra=[("run_id", "min"), ("created_at", "max")])
             return self._rewrite(self._conform_spark(rows_df, "partials"), path, read, partition_by=PARTIALS_PARTITIONS)
-        rows = self._merged(self.lake_table(path, read), extra_keys=["batch", "source", DAY],
-                            extra=[("run_id", "min"), ("created_at", "max")])
-        return self._rewrite(self._conform(rows, "partials"), path, read, partition_by=PARTIALS_PARTITIONS)
+        snapshot = open_table(path, read)
+        if not self._merges() or snapshot.reader_features:
+            rows = self._merged(snapshot.read(), extra_keys=["batch", "source", DAY],
+                                extra=[("run_id", "min"), ("created_at", "max")])
+            return self._rewrite(self._conform(rows, "partials"), path, read, partition_by=PARTIALS_PARTITIONS)
+        schema = snapshot.schema()
+        chunks = forked_map(lambda files: self._merged_files(path, files, schema),
+                            _balanced(self.lake.files(path, read), cores()))
+        rows = pa.concat_tables(chunks) if chunks else self._merged_files(path, [], schema)
+        version = self._rewrite(self._conform(rows, "partials"), path, read, partition_by=PARTIALS_PARTITIONS)
+        self.merged_partials = (version, rows)
+        return version
+
+    def _merged_files(self, path: str, files: list[DataFile], schema: pa.Schema) -> pa.Table:
+        """Some data files of ``partials`` (whole partitions) merged, with each aggregate's value per row
+        (``__value:<name>``: the reduce takes them when a row is its window's only one)."""
+        rows = read_data_files(path, files, schema)
+        merged, accs = self._merge(rows, extra_keys=["batch", "source", DAY], extra=[("run_id", "min"), ("created_at", "max")])
+        assert accs is not None
+        out = self._encoded(merged, accs, schema)
+        for name, values in value_columns(merged, accs, self.kept.entries, self.kept.coverage).items():
+            out = out.append_column(_VALUE + name, values)
+        return out
 
     def _aggregates(self, path: str, read: int | None) -> int | None:
         partials = self.lake.version(self.tables.partials)
@@ -355,7 +384,8 @@ class _Migration:
             counted = self.lake.read_files(self.tables.partials, list(counted_files(files)), version=partials)
             rows = self._conform_spark(reduce(counted, self.kept, run_id=self.run_id), "aggregates")
         else:
-            rows = self._conform(self._reduced(partials), "aggregates")
+            reduced = self._reduced_merged(partials)
+            rows = self._conform(reduced if reduced is not None else self._reduced(partials), "aggregates")
         return self.lake.rewrite(rows, path, read_version=read, app_txns=[self._txn, *extra], metadata=self.meta,
                                  sort_by=sort_keys(self.spec), cluster=cluster).version
 
@@ -391,14 +421,44 @@ class _Migration:
 
     def _merged(self, rows: pa.Table, *, extra_keys: list[str], extra: list[tuple[str, str]]) -> pa.Table:
         """The kept aggregates' accumulators merged per ``extra_keys`` and the new keys and windows."""
+        merged, accs = self._merge(rows, extra_keys=extra_keys, extra=extra)
+        return self._encoded(merged, accs, rows.schema)
+
+    def _merge(self, rows: pa.Table, *, extra_keys: list[str],
+               extra: list[tuple[str, str]]) -> tuple[pa.Table, dict[str, list[Any]] | None]:
+        """:func:`merge_groups` of ``rows`` in the new windows per ``extra_keys`` and the new keys; no merge
+        (None) when only columns were dropped: the rows stand as they are."""
         rows = self._windowed(rows)
-        keys = [*extra_keys, *self.spec.key_columns]
-        entries = self.kept.entries
-        if not self.diff.dropped_keys and not self.diff.coarsened and not self.diff.window_removed:
-            return rows  # only columns dropped: the rows stand as they are
-        merged, accs = merge_groups(rows, keys, entries, extra)
+        if not self._merges():
+            return rows, None
+        return merge_groups(rows, [*extra_keys, *self.spec.key_columns], self.kept.entries, extra)
+
+    def _encoded(self, merged: pa.Table, accs: dict[str, list[Any]] | None, schema: pa.Schema) -> pa.Table:
+        if accs is None:
+            return merged
         out = {c: merged.column(c) for c in merged.column_names}
-        out.update(encoded_columns(merged, accs, entries, rows.schema, self.kept.coverage))
+        out.update(encoded_columns(merged, accs, self.kept.entries, schema, self.kept.coverage))
+        return pa.table(out)
+
+    def _reduced_merged(self, partials: int | None) -> pa.Table | None:
+        """The reduce from the partials this run merged (version ``partials``), when each key's window has one
+        counted row there (a batch lake: one batch per day): its accumulators and values are the window's, so
+        they are neither read back nor merged again. None otherwise (:meth:`_reduced` reads and merges)."""
+        if self.merged_partials is None or self.merged_partials[0] != partials:
+            return None
+        rows = self.merged_partials[1]
+        batch = pc.equal(rows.column("source"), BATCH)
+        counted = pc.or_(batch, pc.invert(pc.is_in(rows.column(DAY), pc.unique(rows.column(DAY).filter(batch)))))
+        if self.spec.source.op_column is not None:
+            counted = pc.and_(counted, pc.not_equal(rows.column("n_rows"), 0))
+        rows = rows.filter(counted)
+        keys = list(self.spec.key_columns)
+        if rows.select(keys).group_by(keys, use_threads=False).aggregate([]).num_rows != rows.num_rows:
+            return None
+        now = pa.scalar(dt.datetime.now(dt.UTC), TS)
+        out = {c.removeprefix(_VALUE): rows.column(c) for c in rows.column_names}
+        out["updated_at"] = pa.repeat(now, rows.num_rows)
+        out["run_id"] = pa.repeat(pa.scalar(self.run_id), rows.num_rows)
         return pa.table(out)
 
     def _reduced(self, partials: int | None) -> pa.Table:
@@ -439,7 +499,7 @@ class _Migration:
         from pyspark.sql import functions as F
 
         rows = self._windowed_spark(rows)
-        if not self.diff.dropped_keys and not self.diff.coarsened and not self.diff.window_removed:
+        if not self._merges():
             return rows
         aggs = [getattr(F, how)(F.col(c)).alias(c) for c, how in extra]
         merged = final_aggregate(rows, self.kept, extra_keys=extra_keys, extra_aggs=aggs)
@@ -475,3 +535,18 @@ class _Migration:
                              if f.name in rows.columns and f.name not in self.fresh
                              else F.lit(None).cast(from_arrow_type(f.type)).alias(f.name)
                              for f in table_schema(self.spec, table)))
+
+
+def _balanced(files: list[DataFile], chunks: int) -> list[list[DataFile]]:
+    """The files in up to ``chunks`` lists of whole partitions, of about equal bytes (largest first, each to
+    the lightest list): a merge never spans two lists."""
+    partitions: dict[tuple[tuple[str, str | None], ...], list[DataFile]] = {}
+    for f in files:
+        partitions.setdefault(tuple(sorted(f.partition_values.items())), []).append(f)
+    out: list[list[DataFile]] = [[] for _ in range(min(chunks, len(partitions)))]
+    load = [0] * len(out)
+    for group in sorted(partitions.values(), key=lambda g: -sum(f.size for f in g)):
+        i = load.index(min(load))
+        out[i].extend(group)
+        load[i] += sum(f.size for f in group)
+    return out

@@ -24,7 +24,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs.jobs.conflicts import retry_conflicts
+from spark_jobs.jobs.forked import cores, forked_map
 from spark_jobs.lake import AppTxn, Cluster, Lake, PipelineTables
+from spark_jobs.lake.arrow import split_by
 from spark_jobs.lake.layout import SPEC_VERSION, table_schema
 from spark_jobs.lake.reader import Snapshot, open_table
 from spark_jobs.lake.rules import rollup_app_id
@@ -45,6 +47,7 @@ __all__ = ["refresh"]
 
 log = logging.getLogger("spark_jobs")
 _US = 1_000_000
+PARALLEL_ROWS = 50_000  # rows of aggregates a rollup merges on every core (fewer: in this process)
 MAX_FILES = 64  # files a refresh lays its rows out in: about one per bucket, so the next refresh rewrites few
 
 
@@ -127,6 +130,15 @@ def rollup_rows(aggregates: Snapshot, compiled: CompiledAggregates, rollup: Roll
     grain = rollup.grain.seconds
     rows = rows.drop_columns(["window_start"]).append_column(
         "window_start", bucket_starts(rows.column("window_start"), grain))
+    pieces = split_by(rows, "window_start", 2 * cores()) if rows.num_rows >= PARALLEL_ROWS else [rows]
+    rolled = forked_map(lambda piece: _rolled(piece, compiled, rollup, schema, versions, run_id=run_id), pieces)
+    return pa.concat_tables(rolled) if len(rolled) > 1 else rolled[0]
+
+
+def _rolled(rows: pa.Table, compiled: CompiledAggregates, rollup: RollupSpec, schema: pa.Schema, versions: list[str],
+            *, run_id: str) -> pa.Table:
+    """The rollup rows of whole buckets (``window_start`` holds each row's bucket)."""
+    spec, entries, grain = compiled.spec, compiled.entries, rollup.grain.seconds
     merged, accs = merge_groups(rows, [*rollup.by, "window_start"], entries)
     end = pc.add(merged.column("window_start").cast(pa.int64()), grain * _US).cast(TS)
     now = pa.scalar(dt.datetime.now(dt.UTC), TS)

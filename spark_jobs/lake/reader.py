@@ -65,6 +65,11 @@ class Snapshot:
     def partition_columns(self) -> list[str]:
         return list(self._table.metadata().partition_columns)
 
+    @property
+    def reader_features(self) -> set[str]:
+        """The protocol's reader features (``deletionVectors``, ``columnMapping`` ...) a reader must support."""
+        return set(getattr(self._table.protocol(), "reader_features", None) or [])
+
     def add_actions(self) -> pa.Table:
         """One row per data file: ``path``, ``size_bytes``, ``num_records``, ``partition.<column>``,
         ``min.<column>``/``max.<column>`` statistics."""

@@ -22,11 +22,13 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from spark_jobs.lake import PipelineTables
@@ -423,16 +425,19 @@ def _is_date(text: str) -> bool:
 
 def rejected_only_for(dead_letter: str, reasons: Sequence[str]) -> set[str]:
     """Event days with rows in ``dead_letter`` rejected for nothing but ``reasons`` (each a whole reason)."""
-    if not is_table(dead_letter):
+    allowed = pa.array(sorted(set(reasons)), pa.string())
+    if not is_table(dead_letter) or not len(allowed):
         return set()
-    rows = open_table(dead_letter).read(["reason", "source_file", "batch", "job"]).to_pylist()
-    allowed = set(reasons)
-    days = set()
-    for row in rows:
-        parts = set((row["reason"] or "").split("; "))
-        if parts and parts <= allowed:
-            found = re.search(r"event_date=(\d{4}-\d{2}-\d{2})", row["source_file"] or "")
-            day = found.group(1) if found else row["batch"] if row["job"] == "combine" else None
-            if day:
-                days.add(day)
-    return days
+    only = pc.match_substring(pc.field("reason"), allowed[0].as_py())
+    for reason in allowed[1:]:  # read only the rows that name one of them (a row's reasons are joined by "; ")
+        only = only | pc.match_substring(pc.field("reason"), reason.as_py())
+    rows = open_table(dead_letter).read(["reason", "source_file", "batch", "job"], filter=only)
+    parts = pc.split_pattern(rows.column("reason").combine_chunks(), "; ")
+    other = pc.list_parent_indices(parts).filter(pc.invert(pc.is_in(pc.list_flatten(parts), allowed)))
+    keep = np.ones(rows.num_rows, dtype=bool)
+    keep[other.to_numpy()] = False
+    rows = rows.filter(keep)
+    found = pc.extract_regex(rows.column("source_file"), r"event_date=(?P<day>\d{4}-\d{2}-\d{2})")
+    batch = pc.if_else(pc.equal(rows.column("job"), "combine"), rows.column("batch"), pa.scalar(None, pa.string()))
+    days = pc.coalesce(pc.struct_field(found, "day"), batch)
+    return {d for d in pc.unique(days).to_pylist() if d}

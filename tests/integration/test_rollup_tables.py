@@ -2,7 +2,7 @@
 
 One lake walks through batch days, a backfill that changes a day, the stream (then a batch combine
 of a streamed day: the hybrid rule), and a ``kill -9`` between the ``aggregates`` commit and the
-rollup's. After each step every declared rollup table must equal ``inspect rollup`` of the whole
+rollup's; every refresh merges on forked workers. After each step every declared rollup table must equal ``inspect rollup`` of the whole
 range at its grain and keys (the ad-hoc merge, from scratch), its exact values must equal DuckDB
 over the raw rows, and its app transaction must name the latest ``aggregates`` version.
 """
@@ -23,7 +23,7 @@ import pytest
 
 from spark_jobs.errors import SpecChangedError, SpecError
 from spark_jobs.inspection.rollup import Rollup, rollup
-from spark_jobs.jobs import combine, reduce, stream
+from spark_jobs.jobs import combine, reduce, rollups, stream
 from spark_jobs.jobs.apply import apply
 from spark_jobs.lake import PipelineTables
 from spark_jobs.lake.reader import open_table
@@ -71,6 +71,14 @@ def assert_same(got: pd.DataFrame, scratch: pd.DataFrame, spec: PipelineSpec, by
     columns = [*by, "start", "n_rows", *(a.name for a in spec.aggregates if a.fn != "approx_percentile")]
     got, scratch = (f.sort_values([*by, "start"]).reset_index(drop=True)[columns] for f in (got, scratch))
     pd.testing.assert_frame_equal(got, scratch, check_dtype=False)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def forked_merges():
+    """Every refresh here merges its buckets on every core (forked workers), as a large one does."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rollups, "PARALLEL_ROWS", 1)
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,60 @@
+"""spark_jobs.jobs.forked and the Arrow file helpers the forked merges use: order, errors, layout."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from spark_jobs.jobs.forked import forked_map
+from spark_jobs.lake import DataFile
+from spark_jobs.lake.arrow import read_data_files, split_by, split_rows
+
+
+def _pid_and_square(x: int) -> tuple[int, int]:
+    return os.getpid(), x * x
+
+
+def test_results_come_back_in_order_from_other_processes():
+    out = forked_map(_pid_and_square, list(range(7)), workers=2)
+    assert [v for _, v in out] == [x * x for x in range(7)]
+    assert out[0][0] == os.getpid()  # this process takes the first item
+    assert {pid for pid, _ in out[1:]} - {os.getpid()}  # forked workers the rest
+    assert forked_map(_pid_and_square, [3], workers=2) == [(os.getpid(), 9)]
+    assert forked_map(_pid_and_square, [], workers=2) == []
+
+
+def test_a_workers_error_is_raised_here():
+    def boom(x: int) -> int:
+        if x == 2:
+            raise ValueError(f"bad item {x}")
+        return x
+
+    with pytest.raises(ValueError, match="bad item 2"):
+        forked_map(boom, [0, 1, 2, 3], workers=2)
+    assert forked_map(boom, [0, 1], workers=2) == [0, 1]  # and the next map works
+
+
+def test_split_rows_and_split_by_keep_every_row_once_in_order():
+    table = pa.table({"k": [3, 1, None, 2, 1, 3], "i": list(range(6))})
+    pieces = split_rows(table, np.array([1, 0, 1, 2, 0, 2]), 4)
+    assert [p.column("i").to_pylist() for p in pieces] == [[1, 4], [0, 2], [3, 5]]
+    ranges = split_by(table, "k", 2)
+    assert sorted(i for p in ranges for i in p.column("i").to_pylist()) == list(range(6))
+    assert all(len({v for v in p.column("k").to_pylist() if v is not None}) for p in ranges)
+    assert not set(ranges[0].column("k").to_pylist()) & set(ranges[1].column("k").to_pylist())
+
+
+def test_data_files_read_with_partition_values_and_later_columns_as_null(tmp_path):
+    schema = pa.schema([("x", pa.int64()), ("added", pa.string()), ("day", pa.date32()), ("source", pa.string())])
+    (tmp_path / "day=2024-01-02" / "source=batch").mkdir(parents=True)
+    pq.write_table(pa.table({"x": pa.array([1, 2], pa.int32())}), tmp_path / "day=2024-01-02/source=batch/a.parquet")
+    files = [DataFile("day=2024-01-02/source=batch/a.parquet", 1, 2, {"day": "2024-01-02", "source": "batch"})]
+    table = read_data_files(str(tmp_path), files, schema)
+    assert table.schema == schema
+    assert table.to_pylist() == [{"x": x, "added": None, "day": dt.date(2024, 1, 2), "source": "batch"} for x in (1, 2)]
+    assert read_data_files(f"file://{tmp_path}", [], schema).num_rows == 0
