@@ -47,7 +47,7 @@ __all__ = ["refresh"]
 
 log = logging.getLogger("spark_jobs")
 _US = 1_000_000
-PARALLEL_ROWS = 50_000  # rows of aggregates a rollup merges on every core (fewer: in this process)
+PARALLEL_ROWS = 20_000  # rows of aggregates a rollup merges on every core (fewer: in this process)
 MAX_FILES = 64  # files a refresh lays its rows out in: about one per bucket, so the next refresh rewrites few
 
 
