@@ -132,12 +132,34 @@ class SourceSpec:
 
 @dataclass(frozen=True)
 class WindowSpec:
-    size: Duration
+    """Tumbling (``size``), hopping (``size`` and ``slide``) or session (``gap``) windows.
+
+    A session is ``[first event, last event + gap)`` per group key: an event at or before ``last + gap``
+    joins it, so sessions that touch merge (Spark's ``session_window``, Flink's SESSION)."""
+
+    size: Duration | None = None
     slide: Duration | None = None
+    gap: Duration | None = None
 
     @property
     def hopping(self) -> bool:
         return self.slide is not None and self.slide != self.size
+
+    @property
+    def session(self) -> bool:
+        return self.gap is not None
+
+    @property
+    def length(self) -> Duration:
+        """The fixed windows' size (what ``size`` is for them); a session's gap, the least a session spans."""
+        length = self.gap if self.gap is not None else self.size
+        assert length is not None
+        return length
+
+    def __str__(self) -> str:
+        if self.gap is not None:
+            return f"sessions (gap {self.gap})"
+        return f"{self.size}" + (f" every {self.slide}" if self.hopping else "")
 
 
 @dataclass(frozen=True)
@@ -289,7 +311,7 @@ def parse_spec(raw: Any, *, origin: str = "<memory>", base_dir: Path | None = No
     src, schema = _check_source(c, top.get("source", {}))
     op_column = src.get("op_column")
     keys = _check_group_by(c, top.get("group_by"), schema)
-    window = _check_window(c, top.get("window"))
+    window = _check_window(c, top.get("window"), op_column)
     aggregates = _check_aggregates(c, top.get("aggregates"), schema, op_column)
     stream = _check_stream(c, top.get("stream"))
     rollups = _check_rollups(c, top.get("rollups"), keys, window, window_given=top.get("window") is not None)
@@ -391,10 +413,16 @@ def _check_group_by(c: _Checker, group_by: Any, schema: dict[str, str]) -> tuple
     return keys
 
 
-def _check_window(c: _Checker, raw: Any) -> WindowSpec | None:
+def _check_window(c: _Checker, raw: Any, op_column: str | None) -> WindowSpec | None:
     if raw is None:
         return None
-    w = c.mapping(raw, "window", ("size", "slide"), ("size",))
+    w = c.mapping(raw, "window", ("size", "slide", "gap"))
+    if isinstance(raw, Mapping) and "gap" in raw:
+        return _check_session(c, w, op_column)
+    if isinstance(raw, Mapping) and raw.get("size") is None:
+        c.add("window.size", "is required: declare {size: 1 hour} (tumbling), {size: 1 hour, slide: 15 minutes} "
+                             "(hopping) or {gap: 30 minutes} (sessions)")
+        return None
     try:
         size = parse_duration(w.get("size"))
         slide = parse_duration(w["slide"]) if w.get("slide") is not None else None
@@ -404,6 +432,23 @@ def _check_window(c: _Checker, raw: Any) -> WindowSpec | None:
     if slide is not None and slide.seconds > size.seconds:
         c.add("window.slide", f"slide {slide} is longer than size {size}; use a slide <= size")
     return WindowSpec(size, slide)
+
+
+def _check_session(c: _Checker, w: dict[str, Any], op_column: str | None) -> WindowSpec | None:
+    if "size" in w or "slide" in w:
+        c.add("window", "a session window has a gap and no size or slide: {gap: 30 minutes}; or give a size for "
+                        "tumbling windows")
+        return None
+    try:
+        gap = parse_duration(w.get("gap"))
+    except ValueError as exc:
+        c.add("window.gap", str(exc))
+        return None
+    if op_column is not None:  # a retraction may split a session, which no accumulator can undo
+        c.add("window.gap", "session windows need an append-only source: source.op_column retracts rows, and "
+                            "retracting an event may split its session; drop op_column or use tumbling windows")
+        return None
+    return WindowSpec(gap=gap)
 
 
 def _check_aggregates(c: _Checker, raw_aggs: Any, schema: dict[str, str], op_column: str | None) -> list[AggregateSpec]:
@@ -491,6 +536,10 @@ def _check_rollups(c: _Checker, raw: Any, keys: tuple[str, ...], window: WindowS
     if not isinstance(raw, list):
         c.add("rollups", f"expected a list, e.g. [{{name: daily, grain: 1 day, by: [page]}}], got {raw!r}")
         return []
+    if raw and window is not None and window.session:
+        c.add("rollups", "rollups merge whole tumbling windows, and sessions have no fixed bucket; drop rollups "
+                         "from a session pipeline (each session row is in aggregates)")
+        return []
     if raw and ((window is None and not window_given) or (window is not None and window.hopping)):
         c.add("rollups", "rollups merge whole tumbling windows; declare a window without a slide (hopping windows "
                          "overlap, so merging them would count rows several times)")
@@ -510,11 +559,11 @@ def _check_rollups(c: _Checker, raw: Any, keys: tuple[str, ...], window: WindowS
                 grain = parse_duration(r["grain"])
             except ValueError as exc:
                 c.add(f"{field}.grain", str(exc))
-        if grain is not None and window is not None and grain.seconds % window.size.seconds:
+        if grain is not None and window is not None and grain.seconds % window.length.seconds:
             c.add(f"{field}.grain", f"grain {grain} is not a whole number of {window.size} windows; a window would "
                                     "fall in two buckets")
         if grain is not None and window is not None and grain.seconds % (7 * 86400) == 0 and (
-                4 * 86400) % window.size.seconds:  # weeks start on Monday, 4 days after the epoch's windows
+                4 * 86400) % window.length.seconds:  # weeks start on Monday, 4 days after the epoch's windows
             c.add(f"{field}.grain", f"weekly buckets start on Monday, which cuts a {window.size} window (windows "
                                     "count from Thursday 1970-01-01); use a grain of whole days")
         if not isinstance(by, list) or not all(isinstance(k, str) for k in by):

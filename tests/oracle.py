@@ -54,7 +54,11 @@ def expected(raw: pa.Table, spec: PipelineSpec) -> pd.DataFrame:
     et = spec.source.event_time
     keys = list(spec.group_by)
     source = "rows"
-    if spec.window is not None:
+    if spec.window is not None and spec.window.gap is not None:
+        source = _sessions_sql(spec, "rows")
+        keys += ["window_start", "window_end"]
+    elif spec.window is not None:
+        assert spec.window.size is not None
         size = spec.window.size.seconds
         slide = spec.window.slide.seconds if spec.window.slide else size
         n = -(-size // slide)
@@ -70,6 +74,21 @@ def expected(raw: pa.Table, spec: PipelineSpec) -> pd.DataFrame:
     group = f"GROUP BY {', '.join(keys)}" if keys else ""
     df = con.sql(f"SELECT {', '.join(select)} FROM {source} {group}").df()
     return _normalise(df, keys)
+
+
+def _sessions_sql(spec: PipelineSpec, rows: str) -> str:
+    """Gaps and islands: per key, a new session when an event is more than ``gap`` after the one before it;
+    the session is [first event, last event + gap)."""
+    assert spec.window is not None and spec.window.gap is not None
+    et, gap = spec.source.event_time, spec.window.gap.seconds
+    part = f"PARTITION BY {', '.join(spec.group_by)}" if spec.group_by else ""
+    return (
+        f"(SELECT *, min({et}) OVER (PARTITION BY {', '.join([*spec.group_by, 'sid'])}) AS window_start,"
+        f" max({et}) OVER (PARTITION BY {', '.join([*spec.group_by, 'sid'])}) + INTERVAL {gap} SECOND AS window_end"
+        f" FROM (SELECT *, sum(CASE WHEN prev IS NULL OR epoch_us({et}) - epoch_us(prev) > {gap * 1_000_000}"
+        f"   THEN 1 ELSE 0 END) OVER ({part} ORDER BY {et} ROWS UNBOUNDED PRECEDING) AS sid"
+        f" FROM (SELECT *, lag({et}) OVER ({part} ORDER BY {et}) AS prev FROM {rows})))"
+    )
 
 
 def aggregate_sql(spec: PipelineSpec) -> list[str]:

@@ -74,10 +74,13 @@ def _check(spec: PipelineSpec, request: Rollup) -> int:
     if spec.window is None:
         raise InspectError(f"pipeline {spec.name} has no window: its aggregates hold all time per key, so there is "
                            "no range to roll up")
+    if spec.window.session:
+        raise InspectError(f"pipeline {spec.name} has session windows: they have no fixed bucket to merge into; "
+                           f"read its sessions with `inspect show {spec.name}.aggregates`")
     if spec.window.hopping:
         raise InspectError(f"pipeline {spec.name} has hopping windows ({spec.window.slide} slides of "
                            f"{spec.window.size}): they overlap, and merging them would count rows several times")
-    size = spec.window.size.seconds
+    size = spec.window.length.seconds
     if request.end <= request.start:
         raise InspectError(f"--to {request.end:%Y-%m-%d %H:%M:%S} is not after --from {request.start:%Y-%m-%d %H:%M:%S}")
     for flag, t in (("--from", request.start), ("--to", request.end)):

@@ -200,7 +200,8 @@ def _adopt(lake: Lake, spec: PipelineSpec, run_id: str) -> RecordedSpec:
                 [*(f"lacks {c} ({t})" for c, t in missing.items()), *(f"has {c} ({t})" for c, t in extra.items())]))
     if spec.window is not None and is_table(tables.aggregates):
         row = open_table(tables.aggregates).head(1, ["window_start", "window_end"]).to_pylist()
-        if row and (row[0]["window_end"] - row[0]["window_start"]).total_seconds() != spec.window.size.seconds:
+        if row and not spec.window.session and (
+                (row[0]["window_end"] - row[0]["window_start"]).total_seconds() != spec.window.length.seconds):
             size = (row[0]["window_end"] - row[0]["window_start"]).total_seconds()
             problems.append(f"aggregates: windows of {size:.0f} s, the spec says {spec.window.size}")
     if problems:
@@ -374,11 +375,13 @@ class _Migration:
             return self._rewrite(self._empty("aggregates"), path, read, extra=extra)
         if not self._rewrites():
             return self._add_columns(path, table_schema(self.spec, "aggregates"))
-        # the serving table is the reduce of the new partials (recorded as merged), as a full reduce would merge them
         files = self.lake.files(self.tables.partials, partials)
         cluster = window_cluster(self.spec, len({f.partition_values.get(DAY) for f in files}))
         rows: pa.Table | DataFrame
-        if self.spark is not None:
+        if not self._merges():  # only aggregates dropped: the rows stand, without their columns
+            rows = (self._conform_spark(self.lake.read(path, version=read), "aggregates") if self.spark is not None
+                    else self._conform(self.lake_table(path, read), "aggregates"))
+        elif self.spark is not None:  # the reduce of the new partials (recorded as merged), as a full reduce merges them
             from spark_jobs.jobs.reduce import reduce
 
             counted = self.lake.read_files(self.tables.partials, list(counted_files(files)), version=partials)
@@ -412,7 +415,7 @@ class _Migration:
             return rows.drop_columns(["window_start", "window_end"])
         if not self.diff.coarsened or self.spec.window is None or rows.num_rows == 0:
             return rows
-        size = self.spec.window.size.seconds * _US
+        size = self.spec.window.length.seconds * _US
         ticks = rows.column("window_start").cast(TS).cast(pa.int64()).to_numpy()
         start = ticks // size * size  # Spark counts windows from the epoch
         rows = rows.drop_columns(["window_start", "window_end"])
@@ -489,7 +492,7 @@ class _Migration:
             return rows.drop("window_start", "window_end")
         if not self.diff.coarsened or self.spec.window is None:
             return rows
-        size = self.spec.window.size.seconds * _US
+        size = self.spec.window.length.seconds * _US
         micros = F.unix_micros(F.col("window_start"))
         start = micros - F.pmod(micros, F.lit(size))
         return (rows.withColumn("window_start", F.timestamp_micros(start))

@@ -22,7 +22,7 @@ from spark_jobs.lake import AppTxn, Lake, PipelineTables, open_lake
 from spark_jobs.lake.layout import SPEC_VERSION
 from spark_jobs.lake.rules import counted_files, day_bounds, in_days, reduce_app_id, sort_keys, window_cluster
 from spark_jobs.lake.spec_record import ensure_applied
-from spark_jobs.plan.phases import CompiledAggregates, final_aggregate
+from spark_jobs.plan.phases import CompiledAggregates, final_aggregate, merge_sessions
 from spark_jobs.spec import PipelineSpec
 
 if TYPE_CHECKING:
@@ -37,6 +37,8 @@ def reduce(partials: DataFrame, compiled: CompiledAggregates, *, run_id: str) ->
     """Pure transform: partial rows -> ``aggregates`` rows."""
     from pyspark.sql import functions as F
 
+    if compiled.spec.window is not None and compiled.spec.window.session:
+        partials = merge_sessions(partials, compiled.spec)
     out = final_aggregate(partials, compiled)
     return out.select(*(c for c in out.columns if c != SPEC_VERSION), F.current_timestamp().alias("updated_at"),
                       F.lit(run_id).alias("run_id"), *([SPEC_VERSION] if SPEC_VERSION in out.columns else []))
@@ -70,7 +72,10 @@ def _merge(lake: Lake, spec: PipelineSpec, tables: PipelineTables, compiled: Com
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    keys = list(spec.key_columns)
+    sessions = spec.window is not None and spec.window.session
+    # the rows a change replaces: a key's windows, or all of a key's sessions (a day's partials may merge or
+    # split the sessions the days beside it hold); sessions of one global key are all replaced
+    keys = list(spec.group_by if sessions else spec.key_columns)
     version = lake.version(tables.partials)
     if version is None:
         raise LakeError(f"no partials table at {tables.partials}; run combine for at least one day first")
@@ -85,7 +90,7 @@ def _merge(lake: Lake, spec: PipelineSpec, tables: PipelineTables, compiled: Com
         return
     now = counted_files(lake.files(tables.partials, version))
     changed: list[str] | None = None
-    if consumed is not None and not full:
+    if consumed is not None and not full and keys:
         try:
             before = counted_files(lake.files(tables.partials, consumed))
             changed = sorted(set(now) ^ set(before))
@@ -104,7 +109,7 @@ def _merge(lake: Lake, spec: PipelineSpec, tables: PipelineTables, compiled: Com
     else:
         touched = lake.read_files(tables.partials, changed).select(*keys).distinct()
         paths = list(now)
-        if spec.window is not None and changed:
+        if spec.window is not None and not sessions and changed:
             bounds = touched.agg(F.min("window_start").alias("lo"), F.max("window_end").alias("hi")).first()
             if bounds is not None and bounds["lo"] is not None:
                 prune = ("window_start", bounds["lo"], bounds["hi"])

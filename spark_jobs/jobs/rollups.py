@@ -121,7 +121,7 @@ def rollup_rows(aggregates: Snapshot, compiled: CompiledAggregates, rollup: Roll
     """The rollup table's rows for the buckets in ``ranges`` (all when None), from ``aggregates``,
     with its column order and types (``by`` keys, bucket bounds, values, ``n_rows``, accumulators,
     ``spec_version``)."""
-    spec, entries = compiled.spec, compiled.entries
+    entries = compiled.entries
     schema = aggregates.schema()
     acc = [c for e in entries for c in e.acc_columns]
     versions = [SPEC_VERSION] if SPEC_VERSION in schema.names else []

@@ -43,7 +43,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs.errors import InputError, LakeError, PipelineError
+from spark_jobs.errors import InputError, LakeError, PipelineError, UsageError
 from spark_jobs.jobs import rollups
 from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.jobs.landing import CORRUPT, classify, spark_read_error, with_raw
@@ -316,7 +316,7 @@ class MiniBatchAggregator:
         """The hybrid rule for the batch's keys: the days they can hold rows of that have a batch
         combine, and those days' batch partial files (whose rows count instead of the stream's)."""
         window = self.spec.window
-        reach = dt.timedelta(seconds=window.size.seconds) if window else None
+        reach = dt.timedelta(seconds=window.length.seconds) if window else None
         bounds = day_bounds(span[0] - reach, span[1] + reach) if reach is not None else None
         files = batch_files_in(self.lake.files(self.tables.partials), bounds)
         days = frozenset(dt.date.fromisoformat(d) for d in batch_days(files))
@@ -391,6 +391,10 @@ def run(spark: SparkSession, spec: PipelineSpec, *, available_now: bool = False,
         run_id: str | None = None, stop: threading.Event | None = None,
         driver_max_keys: int = DRIVER_MAX_KEYS) -> StreamSummary:
     """Run the stream: until the landing files present are done (``available_now``) or until stopped."""
+    if spec.window is not None and spec.window.session:
+        raise UsageError(f"pipeline {spec.name} has session windows, which run in batch: combine and reduce (`run`, "
+                         "the batch DAG, backfills); the stream does not cut sessions yet. Use tumbling windows to "
+                         "stream this pipeline")
     lake = lake or open_lake(spark)
     tables = PipelineTables(spec.lake, spec.name)
     _check_checkpoint(lake, tables, spec)

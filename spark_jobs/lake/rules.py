@@ -97,6 +97,6 @@ def stream_layout(spec: PipelineSpec, span: tuple[dt.datetime, dt.datetime]
     window = spec.window
     if window is None:
         return None, None
-    prune = ("window_start", span[0] - dt.timedelta(seconds=window.size.seconds), span[1])  # starts in (t - size, t]
-    windows = (prune[2] - prune[1]).total_seconds() // (window.slide or window.size).seconds
+    prune = ("window_start", span[0] - dt.timedelta(seconds=window.length.seconds), span[1])  # starts in (t - size, t]
+    windows = (prune[2] - prune[1]).total_seconds() // (window.slide or window.length).seconds
     return prune, window_cluster(spec, int(windows) + 1, by="hash")

@@ -132,6 +132,10 @@ def compare(old: PipelineSpec, new: PipelineSpec) -> Diff:
         reset = True
         add(Change("raw", "group_by", f"keys added: {', '.join(added_keys)}",
                    "the stored rows hold no value for them: every day's partials are dropped and must be recombined"))
+    elif dropped_keys and new.window is not None and new.window.session:
+        reset = True
+        add(Change("raw", "group_by", f"keys dropped: {', '.join(dropped_keys)}",
+                   "sessions are cut per key: every day's partials are dropped and must be recombined"))
     elif dropped_keys:
         add(Change("stored", "group_by", f"keys dropped: {', '.join(dropped_keys)}",
                    "partials, aggregates, rollups and the stream's state are merged across them"))
@@ -144,8 +148,12 @@ def compare(old: PipelineSpec, new: PipelineSpec) -> Diff:
     if ow != nw:
         if ow is None:
             reset = True
-            add(Change("raw", "window", f"window added: {nw.size if nw else ''}",
+            add(Change("raw", "window", f"window added: {nw or ''}",
                        "the stored rows span all time: every day's partials are dropped and must be recombined"))
+        elif ow.session or (nw is not None and nw.session):
+            reset = True
+            add(Change("raw", "window", f"window {ow} -> {nw or 'none'}",
+                       "sessions are cut from the events: every day's partials are dropped and must be recombined"))
         elif nw is None:
             if ow.hopping:
                 reset = True
@@ -154,16 +162,16 @@ def compare(old: PipelineSpec, new: PipelineSpec) -> Diff:
                            "are dropped and must be recombined"))
             else:
                 window_removed = True
-                add(Change("stored", "window", f"window of {ow.size} removed",
+                add(Change("stored", "window", f"window of {ow.length} removed",
                            "every key's windows are merged into one row"))
-        elif (not ow.hopping and not nw.hopping and nw.size.seconds > ow.size.seconds
-              and nw.size.seconds % ow.size.seconds == 0):
+        elif (not ow.hopping and not nw.hopping and nw.length.seconds > ow.length.seconds
+              and nw.length.seconds % ow.length.seconds == 0):
             coarsened = True
-            add(Change("stored", "window", f"window {ow.size} -> {nw.size}",
-                       f"each {nw.size} window merges its {nw.size.seconds // ow.size.seconds} {ow.size} windows"))
+            add(Change("stored", "window", f"window {ow.length} -> {nw.length}",
+                       f"each {nw.length} window merges its {nw.length.seconds // ow.length.seconds} {ow.length} windows"))
         else:
             reset = True
-            how = "refined" if nw.size.seconds < ow.size.seconds else "shifted or made hopping"
+            how = "refined" if nw.length.seconds < ow.length.seconds else "shifted or made hopping"
             add(Change("raw", "window", f"window {_window(ow)} -> {_window(nw)} ({how})",
                        "the stored windows do not tile the new ones: every day's partials are dropped and must be "
                        "recombined"))
@@ -219,7 +227,7 @@ def compare(old: PipelineSpec, new: PipelineSpec) -> Diff:
 
 
 def _window(w: Any) -> str:
-    return f"{w.size}" + (f" every {w.slide}" if w.hopping else "")
+    return str(w)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING, Literal
 
 from spark_jobs.aggregates.builtins import Builtin
 from spark_jobs.lake.rules import DAY
-from spark_jobs.plan.phases import SIGN, CompiledAggregates, assign_windows, final_aggregate, partial_aggregate
+from spark_jobs.plan.phases import (
+    SIGN,
+    CompiledAggregates,
+    assign_windows,
+    final_aggregate,
+    merge_sessions,
+    partial_aggregate,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -69,6 +76,8 @@ def phase_frame(spark: SparkSession, compiled: CompiledAggregates, phase: Phase)
     if phase == "reduce":
         partials = partial_aggregate(rows, compiled)
         empty = spark.createDataFrame([], partials.schema)
+        if spec.window is not None and spec.window.session:
+            empty = merge_sessions(empty, spec)
         return final_aggregate(empty, compiled)
     et = F.col(spec.source.event_time)
     delta = partial_aggregate(rows.withColumn(DAY, F.to_date(et)), compiled, extra_keys=[DAY],
@@ -85,7 +94,17 @@ def explain(spark: SparkSession, compiled: CompiledAggregates, phase: Phase) -> 
     rows = aggregate_table(compiled)
     lines = [f"{spec.name}: {phase} = {_OPERATOR[phase]}",
              f"  group by: {', '.join(keys) or '(one global group)'}"
-             + ("; source is a changelog: -U/-D rows retract (_sign = -1)" if compiled.retracting else ""), ""]
+             + ("; source is a changelog: -U/-D rows retract (_sign = -1)" if compiled.retracting else "")]
+    if spec.window is not None and spec.window.session:
+        gap = spec.window.gap
+        lines.append({
+            "combine": f"  sessions: per key, events ordered by time; a new session after a gap of more than {gap}; "
+                       f"window_start = first event, window_end = last event + {gap}",
+            "reduce": "  session merge (MergingWindowSet): per key, partial sessions ordered by start; one that "
+                      "starts at or before the latest end so far joins it (the halves of a session two days cut, "
+                      "or that an event bridges); window_start/end = the merged bounds, then grouped as below",
+            "stream": "  sessions: not streamed (batch only)"}[phase])
+    lines.append("")
     for row in rows:
         lines.append(f"  {row['aggregate']} = {row['function']}")
         for label in ("stored as", "local (combine)", "global (reduce)", "value"):

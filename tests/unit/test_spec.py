@@ -162,6 +162,12 @@ def test_hopping_window(tmp_path: Path) -> None:
     assert spec.window.hopping
 
 
+def test_session_window(tmp_path: Path) -> None:
+    spec = parse(raw_spec(lambda r: r.update(window={"gap": "30 minutes"})), tmp_path)
+    assert spec.window is not None and spec.window.session and spec.window.gap == Duration(1800)
+    assert not spec.window.hopping and spec.window.size is None
+
+
 # --- rejections --------------------------------------------------------------------------------
 
 REJECTIONS: list[Any] = [
@@ -193,6 +199,17 @@ REJECTIONS: list[Any] = [
     pytest.param(lambda r: r.update(window={"size": "-5 minutes"}),
                  "window", "bad duration '-5 minutes'; write a positive whole number and a unit",
                  id="duration-negative"),
+    pytest.param(lambda r: r.update(window={"gap": "30 minutes", "size": "1 hour"}),
+                 "window", "a session window has a gap and no size or slide", id="session-with-size"),
+    pytest.param(lambda r: r.update(window={"gap": "soon"}),
+                 "window.gap", "bad duration 'soon'", id="session-bad-gap"),
+    pytest.param(lambda r: r.update(window={"slide": "1 hour"}),
+                 "window.size", "is required: declare {size: 1 hour} (tumbling)", id="window-without-size"),
+    pytest.param(lambda r: (r.update(window={"gap": "30 minutes"}), r["source"]["schema"].update(op="string"),
+                            r["source"].update(op_column="op")),
+                 "window.gap", "session windows need an append-only source", id="session-with-retractions"),
+    pytest.param(lambda r: r.update(window={"gap": "30 minutes"}, rollups=[{"name": "daily", "grain": "1 day"}]),
+                 "rollups", "rollups merge whole tumbling windows, and sessions have no fixed bucket", id="session-rollups"),
     pytest.param(lambda r: r.update(window={"size": "1 hour", "slide": "2 hours"}),
                  "window.slide", "slide 2 hours is longer than size 1 hour; use a slide <= size",
                  id="slide-longer-than-size"),

@@ -54,6 +54,7 @@ def test_the_same_spec_has_no_changes_and_the_record_reads_back_as_the_spec():
     (lambda r: r.update(window={"size": "30 minutes"}) or r.pop("rollups"), "window", "raw"),
     (lambda r: r.update(window={"size": "90 minutes"}) or r.pop("rollups"), "window", "raw"),
     (lambda r: r.update(window={"size": "1 hour", "slide": "30 minutes"}) or r.pop("rollups"), "window", "raw"),
+    (lambda r: r.update(window={"gap": "30 minutes"}) or r.pop("rollups"), "window", "raw"),
     (lambda r: r["source"]["schema"].update(duration_ms="double"), "source.schema.duration_ms", "raw"),
     (lambda r: r["source"]["schema"].update(referrer="string"), "source.schema.referrer", "raw"),
 ])
@@ -106,3 +107,18 @@ def test_a_new_name_is_refused():
     new = raw()
     new["name"] = "page_hits"
     assert [c.kind for c in compare(spec(raw()), spec(new)).refused] == ["refused"]
+
+
+def test_sessions_change_only_with_raw_data_and_are_recorded_with_their_gap():
+    sessions = raw()
+    sessions.pop("rollups")
+    sessions["window"] = {"gap": "30 minutes"}
+    longer = copy.deepcopy(sessions)
+    longer["window"] = {"gap": "1 hour"}
+    fewer_keys = copy.deepcopy(sessions)
+    fewer_keys["group_by"] = []
+    assert kinds(sessions, longer) == {"window": "raw"}
+    assert kinds(sessions, fewer_keys) == {"group_by": "raw"}  # sessions are cut per key: they cannot be merged
+    assert compare(spec(sessions), spec(fewer_keys)).reset
+    assert normalise(spec(sessions))["window"] == {"gap": "30 minutes"}
+    assert str(spec(sessions).window) == "sessions (gap 30 minutes)"
