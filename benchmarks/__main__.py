@@ -46,6 +46,12 @@ def cmd_evolution(args: argparse.Namespace) -> int:
     return evolution_bench(args)
 
 
+def cmd_sessions(args: argparse.Namespace) -> int:
+    from benchmarks.sessions import sessions_bench
+
+    return sessions_bench(args)
+
+
 def cmd_airflow(args: argparse.Namespace) -> int:
     from benchmarks.orchestration import airflow_bench
 
@@ -98,6 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     common(e, 30)
     spark(e, "two per core, at least 8")
     e.set_defaults(func=cmd_evolution)
+
+    n = sub.add_parser("sessions", help="session windows per user vs Spark's one-shot session_window",
+                       description="combine + reduce of a fresh day and the daily reduce of session windows (gap 30 "
+                                   "minutes, keyed by user) against Spark's one-shot groupBy(session_window(...)).")
+    common(n, 30)
+    spark(n, 8)
+    n.set_defaults(func=cmd_sessions)
 
     s = sub.add_parser("stream", help="mini-batches vs Spark's windowed streaming aggregation",
                        description="Stream throughput for a few mini-batch sizes against Spark's own windowed "

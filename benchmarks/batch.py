@@ -30,7 +30,7 @@ from spark_jobs.spec import AggregateSpec, PipelineSpec, load_spec
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["PeakRss", "batch", "fresh", "one_shot"]
+__all__ = ["PeakRss", "batch", "fresh", "landing", "native_aggregate", "one_shot"]
 
 SAMPLE = Path(__file__).resolve().parent.parent / "pipelines" / "page_views.yaml"
 
@@ -80,34 +80,37 @@ def one_shot(raw: DataFrame, spec: PipelineSpec) -> DataFrame:
     et = F.col(spec.source.event_time)
     valid = raw.where(et.isNotNull() & F.col(spec.group_by[0]).isNotNull()) if spec.group_by else raw
     rows = assign_windows(valid, spec)
-
-    def native(agg: AggregateSpec) -> Column:
-        if not agg.columns:
-            return F.count(F.lit(1))
-        c = F.col(agg.columns[0])
-        if agg.fn == "count":
-            return F.count(c)
-        if agg.fn in ("sum", "min", "max", "avg"):
-            return getattr(F, agg.fn)(c)
-        if agg.fn == "count_distinct":
-            return F.count_distinct(c)
-        if agg.fn == "approx_count_distinct":
-            return F.approx_count_distinct(c, 0.016)
-        if agg.fn == "approx_percentile":
-            return F.percentile_approx(c, float(agg.arg("q")), 200)
-        if agg.fn in ("first", "last"):
-            pick = F.min_by if agg.fn == "first" else F.max_by
-            return pick(c, F.when(c.isNotNull(), F.struct(et, c)))
-        if agg.fn.endswith(":WeightedAvg"):
-            v, w = (F.col(x) for x in agg.columns)
-            both = v.isNotNull() & w.isNotNull()
-            return F.sum(F.when(both, v * w)) / F.sum(F.when(both, w))
-        if agg.fn.endswith(":VectorSum"):
-            return F.sum(c)
-        raise ValueError(f"no native baseline for {agg.fn}")
-
-    return rows.groupBy(*spec.key_columns).agg(*(native(a).alias(a.name) for a in spec.aggregates),
+    return rows.groupBy(*spec.key_columns).agg(*(native_aggregate(a, et).alias(a.name) for a in spec.aggregates),
                                                F.count(F.lit(1)).alias("n_rows"))
+
+
+def native_aggregate(agg: AggregateSpec, et: Column) -> Column:
+    """Spark's own one-shot function for an aggregate of the spec."""
+    from pyspark.sql import functions as F
+
+    if not agg.columns:
+        return F.count(F.lit(1))
+    c = F.col(agg.columns[0])
+    if agg.fn == "count":
+        return F.count(c)
+    if agg.fn in ("sum", "min", "max", "avg"):
+        return getattr(F, agg.fn)(c)
+    if agg.fn == "count_distinct":
+        return F.count_distinct(c)
+    if agg.fn == "approx_count_distinct":
+        return F.approx_count_distinct(c, 0.016)
+    if agg.fn == "approx_percentile":
+        return F.percentile_approx(c, float(agg.arg("q")), 200)
+    if agg.fn in ("first", "last"):
+        pick = F.min_by if agg.fn == "first" else F.max_by
+        return pick(c, F.when(c.isNotNull(), F.struct(et, c)))
+    if agg.fn.endswith(":WeightedAvg"):
+        v, w = (F.col(x) for x in agg.columns)
+        both = v.isNotNull() & w.isNotNull()
+        return F.sum(F.when(both, v * w)) / F.sum(F.when(both, w))
+    if agg.fn.endswith(":VectorSum"):
+        return F.sum(c)
+    raise ValueError(f"no native baseline for {agg.fn}")
 
 
 def fresh(path: Path) -> Path:
@@ -116,22 +119,27 @@ def fresh(path: Path) -> Path:
     return path
 
 
-def batch(args: argparse.Namespace) -> int:
-    work = Path(args.work_dir)
-    landing = work / "landing"
-    config = GenerateConfig(out=str(landing), days=args.days, rows_per_day=args.events // args.days, seed=7,
-                            files_per_day=2)
+def landing(work: Path, days: int, events: int) -> GenerateConfig:
+    """The benchmark's sample events (generated once per size, then reused by every suite)."""
+    config = GenerateConfig(out=str(work / "landing"), days=days, rows_per_day=events // days, seed=7, files_per_day=2)
     marker = work / "landing.json"
     wanted = json.dumps(dataclasses.asdict(config), sort_keys=True)
     if not marker.exists() or marker.read_text() != wanted:
         print(f"generating {config.rows_per_day * config.days:,} events over {config.days} days ...", flush=True)
         generate(config)
         marker.write_text(wanted)
+    return config
+
+
+def batch(args: argparse.Namespace) -> int:
+    work = Path(args.work_dir)
+    config = landing(work, args.days, args.events)
+    landing_dir = Path(config.out)
     spark = build_session(SessionConfig(master=args.master or "local[*]",
                                         shuffle_partitions=args.shuffle_partitions or 8, app_name="bench"))
     lake = open_lake(spark)
     dates = config.dates
-    spec = load_spec(SAMPLE, lake=str(work / "lake"), source_path=str(landing))
+    spec = load_spec(SAMPLE, lake=str(work / "lake"), source_path=str(landing_dir))
     figures: dict[str, Any] = {"events": config.rows_per_day * config.days, "days": config.days,
                                "cores": os.cpu_count(), "spark_master": spark.sparkContext.master}
 

@@ -1,0 +1,97 @@
+"""``python -m benchmarks sessions``: session windows per user, against Spark's one-shot ``session_window``.
+
+The sample aggregates over the 10M-event data, keyed by ``user_id`` with ``window: {gap: 30 minutes}``, loaded
+day by day (combine, then reduce). In the same process, Spark's own single-phase aggregation
+``groupBy(user_id, session_window(event_time, "30 minutes"))`` of the same aggregates, written to Delta through
+the same commit path, is the baseline:
+
+- combine + reduce of a fresh day against the one-shot aggregation of that day (target <= 1.3x);
+- the daily reduce (the fresh day's partial sessions merged with every other day's, for the users it touched)
+  against recomputing all days from raw in one shot (target >= 20x faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from benchmarks.batch import SAMPLE, fresh, landing, native_aggregate
+from spark_jobs.jobs import combine, reduce
+from spark_jobs.lake import PipelineTables, open_lake
+from spark_jobs.session import SessionConfig, build_session
+from spark_jobs.spec import Duration, PipelineSpec, WindowSpec, load_spec
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["sessions_bench"]
+
+GAP = Duration(1800)
+
+
+def one_shot_sessions(raw: DataFrame, spec: PipelineSpec) -> DataFrame:
+    """Spark alone: ``session_window`` in one ``groupBy`` with its built-in aggregate functions."""
+    from pyspark.sql import functions as F
+
+    et = F.col(spec.source.event_time)
+    valid = raw.where(et.isNotNull() & F.col(spec.group_by[0]).isNotNull())
+    session = F.session_window(et, GAP.spark)
+    rows = valid.groupBy(*spec.group_by, session.alias("session")).agg(
+        *(native_aggregate(a, et).alias(a.name) for a in spec.aggregates), F.count(F.lit(1)).alias("n_rows"))
+    return rows.select(*spec.group_by, F.col("session.start").alias("window_start"),
+                       F.col("session.end").alias("window_end"), *(a.name for a in spec.aggregates), "n_rows")
+
+
+def _timed(fn: Any) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def sessions_bench(args: argparse.Namespace) -> int:
+    work = Path(args.work_dir)
+    config = landing(work, args.days, args.events)
+    spark = build_session(SessionConfig(master=args.master or "local[*]",
+                                        shuffle_partitions=args.shuffle_partitions or 8, app_name="bench-sessions"))
+    lake = open_lake(spark)
+    sample = load_spec(SAMPLE, lake=str(work / "lake-sessions"), source_path=config.out)
+    spec = dataclasses.replace(sample, group_by=("user_id",), window=WindowSpec(gap=GAP), rollups=())
+    dates = config.dates
+
+    def baseline(days: list[str], target: Path) -> None:
+        raw = spark.read.parquet(*(spec.source.partition_path(d) for d in days))
+        lake.append(one_shot_sessions(raw, spec), str(fresh(target)))
+
+    print("warming up ...", flush=True)
+    warm = dataclasses.replace(spec, lake=str(fresh(work / "lake-sessions-warm")))
+    combine.run(spark, warm, dates[0])
+    reduce.run(spark, warm)
+    baseline([dates[0]], work / "baseline-sessions-warm")
+
+    fresh(Path(spec.lake))
+    print(f"loading {len(dates) - 1} days of sessions ...", flush=True)
+    figures: dict[str, Any] = {"events": config.rows_per_day * config.days, "days": config.days, "gap": str(GAP)}
+    figures["combine_initial_days_s"] = _timed(lambda: [combine.run(spark, spec, d) for d in dates[:-1]])
+    figures["initial_reduce_s"] = _timed(lambda: reduce.run(spark, spec))
+    figures["fresh_day_combine_s"] = _timed(lambda: combine.run(spark, spec, dates[-1]))
+    figures["daily_reduce_s"] = _timed(lambda: reduce.run(spark, spec))
+    figures["fresh_day_s"] = figures["fresh_day_combine_s"] + figures["daily_reduce_s"]
+    figures["one_shot_day_s"] = _timed(lambda: baseline([dates[-1]], work / "baseline-sessions-day"))
+    figures["recompute_all_s"] = _timed(lambda: baseline(dates, work / "baseline-sessions-all"))
+    tables = PipelineTables(spec.lake, spec.name)
+    figures["sessions"] = sum(f.num_records or 0 for f in lake.files(tables.aggregates))
+    figures["partial_sessions"] = sum(f.num_records or 0 for f in lake.files(tables.partials))
+    figures["fresh_day_ratio"] = figures["fresh_day_s"] / figures["one_shot_day_s"]
+    figures["daily_reduce_speedup"] = figures["recompute_all_s"] / figures["daily_reduce_s"]
+    print(f"  fresh day: combine + reduce {figures['fresh_day_s']:6.2f} s vs one-shot session_window "
+          f"{figures['one_shot_day_s']:6.2f} s: {figures['fresh_day_ratio']:.2f}x  [target <= 1.3x]")
+    print(f"  daily reduce {figures['daily_reduce_s']:6.2f} s vs recomputing all {config.days} days "
+          f"{figures['recompute_all_s']:6.2f} s: {figures['daily_reduce_speedup']:.1f}x faster  [target >= 20x]")
+    print(f"  {figures['sessions']:,} sessions from {figures['partial_sessions']:,} partial sessions")
+    (work / "bench-sessions.json").write_text(json.dumps(figures, indent=2))
+    print(f"\nfigures written to {work / 'bench-sessions.json'}")
+    return 0
