@@ -157,6 +157,5 @@ def maintenance_dag(specs: list[PipelineSpec]) -> DAG:
 SPECS, _ = load_specs(PIPELINES)  # the broken ones are pipeline_specs_check.py's import error
 for _spec in SPECS:
     globals()[f"{_spec.name}_batch"] = batch_dag(_spec)
-    if _spec.window is None or not _spec.window.session:  # session windows run in batch only
-        globals()[f"{_spec.name}_stream"] = stream_dag(_spec)
+    globals()[f"{_spec.name}_stream"] = stream_dag(_spec)
 lake_maintenance = maintenance_dag(SPECS)

@@ -12,7 +12,7 @@ Which partial files count is the hybrid rule of :mod:`spark_jobs.lake.rules`.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from spark_jobs.errors import LakeError
 from spark_jobs.jobs import rollups
@@ -106,6 +106,16 @@ def _merge(lake: Lake, spec: PipelineSpec, tables: PipelineTables, compiled: Com
         paths = list(now)
         touched = None
         inputs = lake.read_files(tables.partials, paths)
+    elif sessions and planned is not None:
+        touched, extents, prune = _sessions_in_reach(lake, spec, tables, changed, planned)
+        keys = list(spec.key_columns)  # the sessions in reach are replaced, with whatever their partials merge into
+        paths = list(now)
+        if prune is not None:
+            days = day_bounds(prune[1], prune[2])
+            paths = [p for p, f in now.items() if in_days(f.partition_values.get("event_date"), days)]
+        inputs = (lake.read_files(tables.partials, paths).join(extents, list(spec.group_by))
+                  .where((F.col("window_start") <= F.col("_hi")) & (F.col("window_end") >= F.col("_lo")))
+                  .drop("_lo", "_hi"))
     else:
         touched = lake.read_files(tables.partials, changed).select(*keys).distinct()
         paths = list(now)
@@ -133,3 +143,26 @@ def _merge(lake: Lake, spec: PipelineSpec, tables: PipelineTables, compiled: Com
     record.rows_in = record.rows_aggregated = sum(now[p].num_records or 0 for p in paths)
     record.versions_written = {"aggregates": commit.version}
     record.message = "full merge" if changed is None else f"{len(changed)} partial files changed"
+
+
+def _sessions_in_reach(lake: Lake, spec: PipelineSpec, tables: PipelineTables, changed: list[str],
+                       planned: int) -> tuple[DataFrame, DataFrame, tuple[str, Any, Any] | None]:
+    """What a change of some partial files can re-derive, per key: the served sessions that touch the span of
+    its changed partial sessions, and that span grown to cover them (``_lo``, ``_hi``). A partial outside it
+    cannot join a session inside: it would have been in one of those sessions already. So only the partials
+    in the span are merged, and only those sessions replaced (the sessions, the spans, and the window starts
+    both lie in)."""
+    from pyspark.sql import functions as F
+
+    group = list(spec.group_by)
+    changes = (lake.read_files(tables.partials, changed).groupBy(*group)
+               .agg(F.min("window_start").alias("_lo"), F.max("window_end").alias("_hi")))
+    served = lake.read(tables.aggregates, version=planned).select(*spec.key_columns)
+    hit = (served.join(changes, group)
+           .where((F.col("window_start") <= F.col("_hi")) & (F.col("window_end") >= F.col("_lo")))
+           .select(*spec.key_columns))
+    extents = (changes.unionByName(hit.select(*group, F.col("window_start").alias("_lo"), F.col("window_end").alias("_hi")))
+               .groupBy(*group).agg(F.min("_lo").alias("_lo"), F.max("_hi").alias("_hi")))
+    bounds = extents.agg(F.min("_lo").alias("lo"), F.max("_hi").alias("hi")).first()
+    prune = ("window_start", bounds["lo"], bounds["hi"]) if bounds is not None and bounds["lo"] is not None else None
+    return hit, extents, prune

@@ -43,14 +43,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs.errors import InputError, LakeError, PipelineError, UsageError
+from spark_jobs.errors import InputError, LakeError, PipelineError
 from spark_jobs.jobs import rollups
 from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.jobs.landing import CORRUPT, classify, spark_read_error, with_raw
 from spark_jobs.jobs.landing_files import isolate_unreadable, screen
 from spark_jobs.jobs.runs import new_run_id, recorded_run
 from spark_jobs.jobs.stream_driver import DRIVER_MAX_KEYS, DriverEngine
-from spark_jobs.jobs.stream_spark import SparkEngine
+from spark_jobs.jobs.stream_spark import SessionEngine, SparkEngine
 from spark_jobs.jobs.stream_step import Committed, MergeEngine, MiniBatch, commit_outputs
 from spark_jobs.lake import AppTxn, Lake, PipelineTables, open_lake
 from spark_jobs.lake.layout import SPEC_VERSION
@@ -160,6 +160,8 @@ class MiniBatchAggregator:
         # the first engine that accepts a batch merges it
         self.engines: list[MergeEngine] = [DriverEngine(self.compiled, lake, driver_max_keys),
                                            SparkEngine(spark, self.compiled, lake)]
+        if spec.window is not None and spec.window.session:  # sessions merge across a key's days: in Spark
+            self.engines = [SessionEngine(spark, self.compiled, lake)]
         self.app = stream_app_id(spec)
         self.lock = threading.Lock()
         self.stopping = False
@@ -391,10 +393,6 @@ def run(spark: SparkSession, spec: PipelineSpec, *, available_now: bool = False,
         run_id: str | None = None, stop: threading.Event | None = None,
         driver_max_keys: int = DRIVER_MAX_KEYS) -> StreamSummary:
     """Run the stream: until the landing files present are done (``available_now``) or until stopped."""
-    if spec.window is not None and spec.window.session:
-        raise UsageError(f"pipeline {spec.name} has session windows, which run in batch: combine and reduce (`run`, "
-                         "the batch DAG, backfills); the stream does not cut sessions yet. Use tumbling windows to "
-                         "stream this pipeline")
     lake = lake or open_lake(spark)
     tables = PipelineTables(spec.lake, spec.name)
     _check_checkpoint(lake, tables, spec)

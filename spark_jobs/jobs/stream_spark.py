@@ -13,13 +13,14 @@ from spark_jobs.jobs.reduce import reduce
 from spark_jobs.jobs.stream_step import BatchOutputs, MiniBatch
 from spark_jobs.lake import Lake, PipelineTables
 from spark_jobs.lake.layout import SPEC_VERSION
-from spark_jobs.lake.rules import DAY, STREAM
+from spark_jobs.lake.rules import DAY, STREAM, counted_files
 from spark_jobs.plan import CompiledAggregates, final_aggregate
+from spark_jobs.plan.phases import merge_sessions
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["SparkEngine", "changelog_rows"]
+__all__ = ["SessionEngine", "SparkEngine", "changelog_rows"]
 
 
 def changelog_rows(before: DataFrame, after: DataFrame, first_seen: DataFrame, compiled: CompiledAggregates,
@@ -30,15 +31,23 @@ def changelog_rows(before: DataFrame, after: DataFrame, first_seen: DataFrame, c
     whose row count falls to zero ``-D``; an unchanged key nothing. A key that is missing or
     has a row count of zero does not exist. ``seq`` orders the rows within the batch: keys by
     their first event in the batch, then by key.
+
+    A session is named by its group key and start: one that grew keeps its name (``-U`` with its old
+    end, ``+U`` with its new one); one absorbed by another, or whose start a merge moved, is deleted
+    (``-D``) and the merged session inserted or updated under its own start.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    keys = list(compiled.spec.key_columns)
-    names = compiled.value_names
+    spec = compiled.spec
+    sessions = spec.window is not None and spec.window.session
+    keys = [*spec.group_by, "window_start"] if sessions else list(spec.key_columns)
+    names = (["window_end"] if sessions else []) + compiled.value_names
     old = before.select(*keys, F.struct(*names, "n_rows").alias("_old"))
     new = after.select(*keys, F.struct(*names, "n_rows").alias("_new"))
-    both = old.join(new, keys, "full_outer").join(first_seen, keys, "left")
+    both = old.join(new, keys, "full_outer")
+    both = both.join(first_seen, list(spec.group_by), "left") if sessions and spec.group_by else (
+        both.crossJoin(first_seen) if sessions else both.join(first_seen, keys, "left"))
     same = F.lit(True)
     for name in names:
         same = same & F.col(f"_old.{name}").eqNullSafe(F.col(f"_new.{name}"))
@@ -55,7 +64,7 @@ def changelog_rows(before: DataFrame, after: DataFrame, first_seen: DataFrame, c
            .otherwise(F.array()))
     rows = both.select(*keys, "_first_seen", F.explode(ops).alias("_c")).select(*keys, "_first_seen", "_c.*")
     order = Window.orderBy(F.col("_first_seen").asc_nulls_last(), *keys, "_order")
-    return rows.select("op", *keys, *names, F.lit(batch_id).cast("bigint").alias("batch_id"),
+    return rows.select("op", *spec.key_columns, *compiled.value_names, F.lit(batch_id).cast("bigint").alias("batch_id"),
                        (F.row_number().over(order) - 1).cast("bigint").alias("seq"))
 
 
@@ -135,3 +144,63 @@ class SparkEngine:
         counted = self.lake.read_files(self.tables.partials, list(batch.batch_files)).join(touched, self.keys,
                                                                                             "left_semi")
         return live.unionByName(counted.select(*columns))
+
+
+class SessionEngine:
+    """Merges session windows in Spark: a batch's partial sessions with every partial session of the keys it
+    touched that counts (the hybrid rule), as the reduce merges them, so a late event that bridges two served
+    sessions merges them. The state keeps each key's open sessions per event day (for the watermark, and to
+    inspect); the sessions before and after come from ``partials`` without this batch's own rows, so a replay
+    after a crash derives the same changelog."""
+
+    name = "spark"
+
+    def __init__(self, spark: SparkSession, compiled: CompiledAggregates, lake: Lake) -> None:
+        self.spark, self.compiled, self.lake = spark, compiled, lake
+        spec = compiled.spec
+        self.tables = PipelineTables(spec.lake, spec.name)
+        self.group = list(spec.group_by)
+        self.partial_columns = [*spec.key_columns, "n_rows", *compiled.acc_columns, SPEC_VERSION]
+        self.state_columns = [DAY, *spec.key_columns, "n_rows", *compiled.acc_columns, "max_event_time", SPEC_VERSION]
+
+    def accepts(self, keys: int) -> bool:
+        return True
+
+    def merge(self, batch: MiniBatch) -> BatchOutputs:
+        from pyspark.sql import functions as F
+
+        compiled, group = self.compiled, self.group
+        delta = batch.delta
+        touched = delta.select(*group).distinct() if group else None
+        first_seen = delta.groupBy(*group).agg(F.min("_first_seen").alias("_first_seen"))
+        files = list(counted_files(self.lake.files(self.tables.partials)))
+        stored = self._of_touched(self.lake.read_files(self.tables.partials, files).where(
+            F.col("batch") != F.lit(batch.name)), touched) if files else None
+        live = delta.where(~F.col(DAY).isin(sorted(batch.batch_days))) if batch.batch_days else delta
+        if stored is None:
+            stored = live.limit(0)
+        before = reduce(stored.select(*self.partial_columns), compiled, run_id=batch.run_id)
+        after = reduce(stored.select(*self.partial_columns).unionByName(live.select(*self.partial_columns)),
+                       compiled, run_id=batch.run_id)
+        state = (self.lake.read(self.tables.stream_state) if self.lake.version(self.tables.stream_state) is not None
+                 else self.spark.createDataFrame([], delta.select(*self.state_columns).schema))
+        opened = merge_sessions(self._of_touched(state, touched).select(*self.state_columns).unionByName(
+            delta.select(*self.state_columns)), compiled.spec, extra_keys=[DAY])
+        merged = final_aggregate(opened, compiled, extra_keys=[DAY],
+                                 extra_aggs=[F.max("max_event_time").alias("max_event_time")]).select(*self.state_columns)
+        kept = state.join(touched, group, "left_anti") if touched is not None else state.limit(0)
+        new_state = kept.select(*self.state_columns).unionByName(merged)
+        if batch.closes is not None:  # an event at the watermark still joins a session ending there
+            new_state = new_state.where(F.col("window_end") >= F.lit(batch.closes))
+        return BatchOutputs(
+            aggregates=after, touched=touched,
+            changelog=changelog_rows(before, after, first_seen, compiled, batch.batch_id),
+            partials=batch_columns(delta.select(*self.state_columns).drop("max_event_time"), batch=batch.name,
+                                   source=STREAM, event_date=F.col(DAY), run_id=batch.run_id),
+            state=new_state)
+
+    def committed(self, state_version: int | None, outputs: BatchOutputs) -> None:
+        pass
+
+    def _of_touched(self, rows: DataFrame, touched: DataFrame | None) -> DataFrame:
+        return rows.join(touched, self.group, "left_semi") if touched is not None else rows

@@ -51,7 +51,7 @@ class BatchOutputs:
     """What one mini-batch writes, as Spark DataFrames or Arrow tables, laid out as their tables."""
 
     aggregates: Rows  # the touched keys that still exist, as ``aggregates`` rows
-    touched: Rows  # the touched keys: their other rows in ``aggregates`` are replaced
+    touched: Rows | None  # the touched keys: their other rows in ``aggregates`` are replaced (None: every row)
     changelog: Rows
     partials: Rows  # the batch's pre-aggregated rows as ``partials`` rows (source ``stream``)
     state: Rows  # the whole new state
@@ -99,9 +99,12 @@ def commit_outputs(lake: Lake, spec: PipelineSpec, txn: AppTxn, *, run_id: str, 
         done.written["dead_letter"] = dead.version
     if batch is None or out is None:
         return done
-    keys = list(spec.key_columns)
+    sessions = spec.window is not None and spec.window.session
+    keys = list(spec.group_by if sessions else spec.key_columns)  # a touched key's sessions are all replaced
     meta: dict[str, Any] = {"run_id": batch.run_id, "job": "stream", "batch_id": batch.batch_id}
     prune, cluster = stream_layout(spec, batch.span)
+    if sessions:  # a session may have started any time before the batch, and its key's rows are replaced
+        prune, cluster = None, None
     if pending(lake, t.aggregates, txn):  # first: it is what readers wait for
         done.written["aggregates"] = lake.replace_keys(
             out.aggregates, t.aggregates, keys=keys, touched=out.touched, app_txn=txn, metadata=meta,

@@ -103,7 +103,8 @@ def explain(spark: SparkSession, compiled: CompiledAggregates, phase: Phase) -> 
             "reduce": "  session merge (MergingWindowSet): per key, partial sessions ordered by start; one that "
                       "starts at or before the latest end so far joins it (the halves of a session two days cut, "
                       "or that an event bridges); window_start/end = the merged bounds, then grouped as below",
-            "stream": "  sessions: not streamed (batch only)"}[phase])
+            "stream": "  sessions: each mini-batch's partial sessions merged with the touched keys' partial sessions "
+                      "that count, as the reduce merges them; the state keeps the open sessions per event day"}[phase])
     lines.append("")
     for row in rows:
         lines.append(f"  {row['aggregate']} = {row['function']}")

@@ -126,20 +126,21 @@ def _sessions(df: DataFrame, spec: PipelineSpec) -> DataFrame:
             .drop("_session"))
 
 
-def merge_sessions(partials: DataFrame, spec: PipelineSpec) -> DataFrame:
+def merge_sessions(partials: DataFrame, spec: PipelineSpec, *, extra_keys: Sequence[str] = ()) -> DataFrame:
     """Partial sessions relabelled with the session they belong to: per key, sorted by start, a partial joins
     the one before it when it starts at or before the latest end so far (sessions that touch merge, as events
     ``gap`` apart do), so a session two days' combines cut in halves, or that an event bridges, is one again.
-    Merging touching intervals is exact: each partial holds a run of events less than ``gap`` apart."""
+    Merging touching intervals is exact: each partial holds a run of events less than ``gap`` apart.
+    ``extra_keys`` merge finer (the stream's state, per event day)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    by_key = Window.partitionBy(*spec.group_by).orderBy("window_start", "window_end")
+    by_key = Window.partitionBy(*extra_keys, *spec.group_by).orderBy("window_start", "window_end")
     latest = F.max("window_end").over(by_key.rowsBetween(Window.unboundedPreceding, -1))
     new = F.when(latest.isNull() | (F.col("window_start") > latest), 1).otherwise(0)
     rows = partials.withColumn("_new", new).withColumn(
         "_session", F.sum("_new").over(by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)))
-    session = Window.partitionBy(*spec.group_by, "_session")
+    session = Window.partitionBy(*extra_keys, *spec.group_by, "_session")
     return (rows.withColumn("window_start", F.min("window_start").over(session))
             .withColumn("window_end", F.max("window_end").over(session))
             .drop("_new", "_session"))

@@ -87,19 +87,17 @@ def test_the_stream_and_maintenance_dags(parsed):
     assert parsed["dags"]["lake_maintenance"]["tasks"] == {"maintain_page_views": []}
 
 
-def test_one_batch_and_one_stream_dag_per_spec_and_no_stream_for_sessions(tmp_path):
+def test_one_batch_and_one_stream_dag_per_spec(tmp_path):
     pipelines = tmp_path / "pipelines"
     pipelines.mkdir()
     make_spec(pipelines, name="clicks")
     make_spec(pipelines, name="orders")
     (pipelines / "orders.yaml").rename(pipelines / "orders.yml")  # both extensions are specs
-    make_spec(pipelines, name="visits", window={"gap": "30 minutes"}, group_by=["user_id"])  # batch only
     parsed = parse(tmp_path, pipelines)
     dags = parsed["dags"]
     assert parsed["errors"] == {}
-    assert sorted(dags) == ["clicks_batch", "clicks_stream", "lake_maintenance", "orders_batch", "orders_stream",
-                            "visits_batch"]
-    assert sorted(dags["lake_maintenance"]["tasks"]) == ["maintain_clicks", "maintain_orders", "maintain_visits"]
+    assert sorted(dags) == ["clicks_batch", "clicks_stream", "lake_maintenance", "orders_batch", "orders_stream"]
+    assert sorted(dags["lake_maintenance"]["tasks"]) == ["maintain_clicks", "maintain_orders"]
     assert dags["orders_stream"]["pools"]["reduce"] == dags["orders_batch"]["pools"]["reduce"] == "aggregates_orders"
 
 

@@ -18,17 +18,20 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from deltalake import DeltaTable
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from spark_jobs.errors import UsageError
 from spark_jobs.jobs import combine, reduce, stream
 from spark_jobs.jobs.apply import apply
 from spark_jobs.lake import PipelineTables
 from spark_jobs.plan.explain import explain
 from spark_jobs.plan.phases import CompiledAggregates
 from spark_jobs.session import ensure_java_home
+from spark_jobs.spec import PipelineSpec
 from tests.builders import ALL_AGGREGATES, FAST_AGGREGATES, events, make_spec, write_day
+from tests.integration.test_stream import land as land_one
+from tests.integration.test_stream import with_stream
 from tests.oracle import actual, assert_matches, expected, read_landing
 
 pytestmark = pytest.mark.spark
@@ -146,13 +149,101 @@ def test_a_kill_after_the_aggregates_commit_then_a_rerun(spark, tmp_path):
     check(spec, tmp_path)
 
 
-def test_the_stream_refuses_and_explain_shows_the_merge(spark, tmp_path):
+def test_explain_shows_the_session_merge(spark, tmp_path):
     spec = make_spec(tmp_path, window=SESSION, group_by=["user_id"], aggregates=FAST_AGGREGATES)
-    with pytest.raises(UsageError, match="session windows, which run in batch"):
-        stream.run(spark, spec, available_now=True)
     text = explain(spark, CompiledAggregates(spec), "reduce")
     assert "session merge" in text and "starts at or before the latest end" in text
     assert "a new session after a gap of more than 30 minutes" in explain(spark, CompiledAggregates(spec), "combine")
+
+
+# ------------------------------------------------------------------------------------------- stream
+
+
+def streaming(root: Path, *, watermark: str = "1 day", **kw) -> PipelineSpec:
+    spec = make_spec(root, window=SESSION, group_by=["user_id"], aggregates=FAST_AGGREGATES, **kw)
+    return with_stream(spec, max_files_per_batch=1, watermark=watermark)
+
+
+def land_file(root: Path, rows: list[tuple]) -> None:
+    """One landing file per call, in its day's partition (as a live source lands them)."""
+    for day in {r[0].date().isoformat() for r in rows}:
+        land_one(root / "landing", day, events([r for r in rows if r[0].date().isoformat() == day]))
+
+
+def folded(spec: PipelineSpec) -> dict[tuple, tuple]:
+    """The changelog applied in order, by session (key and start): its end and views."""
+    log = DeltaTable(PipelineTables(spec.lake, spec.name).changelog).to_pandas().sort_values(["batch_id", "seq"])
+    out: dict[tuple, tuple] = {}
+    for row in log.itertuples():
+        key = (row.user_id, row.window_start)
+        if row.op in ("+I", "+U"):
+            out[key] = (row.window_end, row.views)
+        else:
+            out.pop(key, None)
+    return out
+
+
+def served(spec: PipelineSpec, root: Path) -> dict[tuple, tuple]:
+    got = check(spec, root)
+    return {(r.user_id, r.window_start): (r.window_end, r.views) for r in got.itertuples()}
+
+
+def test_the_stream_cuts_the_sessions_the_batch_path_does_and_its_changelog_folds_to_them(spark, tmp_path):
+    spec = streaming(tmp_path)
+    for r in sorted(MIDNIGHT):
+        land_file(tmp_path, [r])
+    summary = stream.run(spark, spec, available_now=True)
+    assert len(summary.batches) == len(MIDNIGHT)
+    assert folded(spec) == served(spec, tmp_path)
+
+
+def test_a_late_event_bridging_two_served_sessions_merges_them(spark, tmp_path):
+    spec = streaming(tmp_path)
+    land_file(tmp_path, [ev(at(0, 10), "u1"), ev(at(0, 11), "u1")])
+    stream.run(spark, spec, available_now=True)
+    assert len(served(spec, tmp_path)) == 2
+    land_file(tmp_path, [ev(at(0, 10, 30), "u1")])  # 30 minutes after one, 30 before the other
+    stream.run(spark, spec, available_now=True)
+    assert served(spec, tmp_path) == {("u1", pd.Timestamp(at(0, 10))): (pd.Timestamp(at(0, 11, 30)), 3)}
+    log = DeltaTable(PipelineTables(spec.lake, spec.name).changelog).to_pandas()
+    last = log[log["batch_id"] == log["batch_id"].max()].sort_values("seq")
+    assert [(r.op, r.window_start.to_pydatetime(), r.window_end.to_pydatetime(), r.views) for r in last.itertuples()] \
+        == [("-U", at(0, 10), at(0, 10, 30), 1), ("+U", at(0, 10), at(0, 11, 30), 3),
+            ("-D", at(0, 11), at(0, 11, 30), 1)]
+    assert folded(spec) == served(spec, tmp_path)
+
+
+def test_a_batch_day_supersedes_the_streams_and_the_next_day_streams_on_across_midnight(spark, tmp_path):
+    spec = streaming(tmp_path)
+    land_file(tmp_path, [ev(at(0, 22), "u1"), ev(at(0, 23, 40), "u2")])
+    land_file(tmp_path, [ev(at(0, 23, 50), "u1", 7)])
+    stream.run(spark, spec, available_now=True)
+    combine.run(spark, spec, at(0, 0).date().isoformat())  # the batch combine of the day counts instead
+    reduce.run(spark, spec)
+    served(spec, tmp_path)
+    land_file(tmp_path, [ev(at(1, 0, 15), "u1"), ev(at(1, 0, 5), "u2")])  # across midnight, into the batch day
+    stream.run(spark, spec, available_now=True)
+    sessions = served(spec, tmp_path)
+    assert sessions[("u1", pd.Timestamp(at(0, 23, 50)))] == (pd.Timestamp(at(1, 0, 45)), 2)
+    assert sessions[("u2", pd.Timestamp(at(0, 23, 40)))] == (pd.Timestamp(at(1, 0, 35)), 2)
+
+
+@pytest.mark.slow
+def test_a_kill_after_the_streams_aggregates_commit_then_a_restart(spark, tmp_path):
+    spec = streaming(tmp_path)
+    first, rest = MIDNIGHT[:3], MIDNIGHT[3:]
+    land_file(tmp_path, first)
+    stream.run(spark, spec, available_now=True)
+    land_file(tmp_path, rest)
+    ensure_java_home()
+    env = {**os.environ, "SPARK_JOBS_FAILPOINT": "commit:changelog:before", "SPARK_JOBS_DELTA_BACKEND": "embedded",
+           "PYSPARK_PYTHON": sys.executable}
+    done = subprocess.run([sys.executable, "-m", "spark_jobs", "stream", "--pipeline", spec.origin, "--available-now",
+                           "--master", "local[1]", "--shuffle-partitions", "2"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    stream.run(spark, spec, available_now=True)  # replays the batch: the tables it committed skip it
+    assert folded(spec) == served(spec, tmp_path)
 
 
 def test_apply_drops_an_aggregate_then_a_backfill_fills_one_added(spark, tmp_path):
