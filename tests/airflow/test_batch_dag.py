@@ -33,6 +33,15 @@ def setup(tmp_path: Path, server, days: tuple[str, ...] = DAYS, rows: int = 1500
     return spec, PipelineTables(spec.lake, spec.name), airflow_home(tmp_path, tmp_path, server)
 
 
+def create_backfill(af) -> None:
+    """The backfill's runs of ``DAYS``, two at once. Created before the scheduler writes to SQLite ("database is
+    locked"), with the DAG paused, so that no task starts before the API server its task processes report to is up."""
+    af.run("dags", "reserialize")
+    af.run("dags", "pause", "views_batch")
+    af.run("backfill", "create", "--dag-id", "views_batch", "--from-date", DAYS[0], "--to-date", DAYS[-1],
+           "--max-active-runs", "2")
+
+
 def test_dags_test_of_one_day_produces_the_oracle_tables_and_quality_reports(spark_server, tmp_path):
     spec, tables, af = setup(tmp_path, spark_server, DAYS[:1])
     af.run("dags", "test", "views_batch", DAYS[0], timeout=900)
@@ -95,12 +104,7 @@ def test_a_scheduler_backfill_beside_a_stream_run_queues_the_writers_and_matches
     (tmp_path / "typo.yml").write_text("name: typo\nsource: {path: [unclosed\n")  # costs this pipeline nothing
     af.env["SPARK_JOBS_STREAM_SCHEDULE"] = "none"  # only the run triggered below
     started = time.monotonic()
-    # parse the DAGs and create the backfill's runs before the scheduler writes to SQLite ("database is locked"),
-    # with the DAG paused, so that no task starts before the API server its task processes report to is up
-    af.run("dags", "reserialize")
-    af.run("dags", "pause", "views_batch")
-    af.run("backfill", "create", "--dag-id", "views_batch", "--from-date", DAYS[0], "--to-date", DAYS[-1],
-           "--max-active-runs", "2")
+    create_backfill(af)
     with running_airflow(af):
         af.retry("dags", "unpause", "views_batch")
         af.retry("dags", "unpause", "views_stream")
@@ -134,10 +138,7 @@ def test_a_scheduler_backfill_of_session_windows_matches_the_oracle(spark_server
     """Sessions per user over three days, backfilled in any order by the scheduler (two runs at once): each day's
     combine cuts partial sessions, each reduce merges the ones in reach, the gates pass, DuckDB agrees."""
     spec, tables, af = setup(tmp_path, spark_server, rows=400, window={"gap": "30 minutes"}, group_by=["user_id"])
-    af.run("dags", "reserialize")
-    af.run("dags", "pause", "views_batch")
-    af.run("backfill", "create", "--dag-id", "views_batch", "--from-date", DAYS[0], "--to-date", DAYS[-1],
-           "--max-active-runs", "2")
+    create_backfill(af)
     with running_airflow(af):
         af.retry("dags", "unpause", "views_batch")
         runs = wait_for_runs(af, "views_batch", 3, timeout=900)
