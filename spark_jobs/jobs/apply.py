@@ -236,6 +236,10 @@ class _Migration:
         self.written: dict[str, int | None] = {}
         # the partials this run merged and wrote (version, rows with values): the reduce starts from them
         self.merged_partials: tuple[int | None, pa.Table] | None = None
+        # aggregates had merged every partial when this run started: its rows can stand when only columns go
+        partials = lake.version(tables.partials)
+        self.reduced = partials is not None and is_table(tables.aggregates) and (
+            lake.txn_version(tables.aggregates, reduce_app_id(spec)) == partials)
         self.meta = {"run_id": run_id, "job": "apply", "spec_version": target.version}
         # the aggregates whose stored columns carry over: the new spec's, minus the ones added or changed
         kept = tuple(a for a in spec.aggregates if a.name not in diff.added)
@@ -381,6 +385,8 @@ class _Migration:
         if not self._merges():  # only aggregates dropped: the rows stand, without their columns
             rows = (self._conform_spark(self.lake.read(path, version=read), "aggregates") if self.spark is not None
                     else self._conform(self.lake_table(path, read), "aggregates"))
+            if not self.reduced:  # the reduce it had not run merges the rewritten partials (all of them) next time
+                extra = ()
         elif self.spark is not None:  # the reduce of the new partials (recorded as merged), as a full reduce merges them
             from spark_jobs.jobs.reduce import reduce
 
