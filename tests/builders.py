@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +106,17 @@ def write_text(landing: Path, date: str, name: str, text: str) -> Path:
     path = part / name
     path.write_text(text)
     return path
+
+
+def killed_at(failpoint: str, *args: str) -> None:
+    """Run ``python -m spark_jobs ARGS`` (local Spark, embedded Delta) and check it was killed with SIGKILL at
+    ``failpoint``."""
+    from spark_jobs.session import ensure_java_home
+
+    ensure_java_home()
+    env = {**os.environ, "SPARK_JOBS_FAILPOINT": failpoint, "SPARK_JOBS_DELTA_BACKEND": "embedded",
+           "PYSPARK_PYTHON": sys.executable}
+    done = subprocess.run([sys.executable, "-m", "spark_jobs", *args, "--master", "local[1]", "--shuffle-partitions",
+                           "2"], cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]

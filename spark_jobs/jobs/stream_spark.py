@@ -146,25 +146,17 @@ class SparkEngine:
         return live.unionByName(counted.select(*columns))
 
 
-class SessionEngine:
+class SessionEngine(SparkEngine):
     """Merges session windows in Spark: a batch's partial sessions with every partial session of the keys it
     touched that counts (the hybrid rule), as the reduce merges them, so a late event that bridges two served
     sessions merges them. The state keeps each key's open sessions per event day (for the watermark, and to
     inspect); the sessions before and after come from ``partials`` without this batch's own rows, so a replay
     after a crash derives the same changelog."""
 
-    name = "spark"
-
     def __init__(self, spark: SparkSession, compiled: CompiledAggregates, lake: Lake) -> None:
-        self.spark, self.compiled, self.lake = spark, compiled, lake
-        spec = compiled.spec
-        self.tables = PipelineTables(spec.lake, spec.name)
-        self.group = list(spec.group_by)
-        self.partial_columns = [*spec.key_columns, "n_rows", *compiled.acc_columns, SPEC_VERSION]
-        self.state_columns = [DAY, *spec.key_columns, "n_rows", *compiled.acc_columns, "max_event_time", SPEC_VERSION]
-
-    def accepts(self, keys: int) -> bool:
-        return True
+        super().__init__(spark, compiled, lake)
+        self.group = list(compiled.spec.group_by)
+        self.partial_columns = [*self.keys, "n_rows", *compiled.acc_columns, SPEC_VERSION]
 
     def merge(self, batch: MiniBatch) -> BatchOutputs:
         from pyspark.sql import functions as F
@@ -198,9 +190,6 @@ class SessionEngine:
             partials=batch_columns(delta.select(*self.state_columns).drop("max_event_time"), batch=batch.name,
                                    source=STREAM, event_date=F.col(DAY), run_id=batch.run_id),
             state=new_state)
-
-    def committed(self, state_version: int | None, outputs: BatchOutputs) -> None:
-        pass
 
     def _of_touched(self, rows: DataFrame, touched: DataFrame | None) -> DataFrame:
         return rows.join(touched, self.group, "left_semi") if touched is not None else rows

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -29,9 +27,8 @@ from spark_jobs.lake import PipelineTables
 from spark_jobs.lake.reader import open_table
 from spark_jobs.lake.rules import rollup_app_id
 from spark_jobs.quality import gate
-from spark_jobs.session import ensure_java_home
 from spark_jobs.spec import Duration, PipelineSpec, RollupSpec, parse_spec
-from tests.builders import ALL_AGGREGATES, day_events, make_spec, write_day
+from tests.builders import ALL_AGGREGATES, day_events, killed_at, make_spec, write_day
 from tests.integration.test_rollup import assert_rollup, oracle
 from tests.oracle import read_landing, valid_rows
 
@@ -164,13 +161,7 @@ def test_commits_that_change_no_rows_still_advance_the_rollups(spark, spec):
 def test_a_kill_between_the_aggregates_and_rollup_commits(spark, spec):
     land(spec, "2024-03-07", 31)
     combine.run(spark, spec, "2024-03-07")
-    ensure_java_home()
-    env = {**os.environ, "SPARK_JOBS_FAILPOINT": "commit:aggregates:after", "SPARK_JOBS_DELTA_BACKEND": "embedded",
-           "PYSPARK_PYTHON": sys.executable}
-    done = subprocess.run([sys.executable, "-m", "spark_jobs", "reduce", "--pipeline", spec.origin, "--master",
-                           "local[1]", "--shuffle-partitions", "2"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
-    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    killed_at("commit:aggregates:after", "reduce", "--pipeline", spec.origin)
     tables = PipelineTables(spec.lake, spec.name)
     behind = open_table(tables.rollup("daily")).transaction_version(rollup_app_id(spec, spec.rollups[0]))
     assert behind is not None and behind < open_table(tables.aggregates).version()

@@ -9,11 +9,7 @@ once and whole. The oracle sessionises the raw rows with ``lag(event_time)`` per
 from __future__ import annotations
 
 import datetime as dt
-import os
 import shutil
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -27,15 +23,13 @@ from spark_jobs.jobs.apply import apply
 from spark_jobs.lake import PipelineTables
 from spark_jobs.plan.explain import explain
 from spark_jobs.plan.phases import CompiledAggregates
-from spark_jobs.session import ensure_java_home
 from spark_jobs.spec import PipelineSpec
-from tests.builders import ALL_AGGREGATES, FAST_AGGREGATES, events, make_spec, write_day
+from tests.builders import ALL_AGGREGATES, FAST_AGGREGATES, events, killed_at, make_spec, write_day
 from tests.integration.test_stream import land as land_one
 from tests.integration.test_stream import with_stream
 from tests.oracle import actual, assert_matches, expected, read_landing
 
 pytestmark = pytest.mark.spark
-REPO = Path(__file__).resolve().parents[2]
 DAY0 = dt.datetime(2024, 3, 1, tzinfo=dt.UTC)
 SESSION = {"gap": "30 minutes"}
 
@@ -138,13 +132,7 @@ def test_a_kill_after_the_aggregates_commit_then_a_rerun(spark, tmp_path):
     combine.run(spark, spec, days[0])
     reduce.run(spark, spec)
     combine.run(spark, spec, days[1])
-    ensure_java_home()
-    env = {**os.environ, "SPARK_JOBS_FAILPOINT": "commit:aggregates:before", "SPARK_JOBS_DELTA_BACKEND": "embedded",
-           "PYSPARK_PYTHON": sys.executable}
-    done = subprocess.run([sys.executable, "-m", "spark_jobs", "reduce", "--pipeline", spec.origin, "--master",
-                           "local[1]", "--shuffle-partitions", "2"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
-    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    killed_at("commit:aggregates:before", "reduce", "--pipeline", spec.origin)
     reduce.run(spark, spec)
     check(spec, tmp_path)
 
@@ -235,13 +223,7 @@ def test_a_kill_after_the_streams_aggregates_commit_then_a_restart(spark, tmp_pa
     land_file(tmp_path, first)
     stream.run(spark, spec, available_now=True)
     land_file(tmp_path, rest)
-    ensure_java_home()
-    env = {**os.environ, "SPARK_JOBS_FAILPOINT": "commit:changelog:before", "SPARK_JOBS_DELTA_BACKEND": "embedded",
-           "PYSPARK_PYTHON": sys.executable}
-    done = subprocess.run([sys.executable, "-m", "spark_jobs", "stream", "--pipeline", spec.origin, "--available-now",
-                           "--master", "local[1]", "--shuffle-partitions", "2"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    killed_at("commit:changelog:before", "stream", "--pipeline", spec.origin, "--available-now")
     stream.run(spark, spec, available_now=True)  # replays the batch: the tables it committed skip it
     assert folded(spec) == served(spec, tmp_path)
 
