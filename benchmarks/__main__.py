@@ -110,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "minutes, keyed by user) against Spark's one-shot groupBy(session_window(...)).")
     common(n, 30)
     spark(n, 8)
+    n.add_argument("--parts", default="batch,stream", help="batch, stream or both (default batch,stream)")
+    n.add_argument("--files", type=int, default=100, help="stream: landing files the events are split into "
+                                                          "(default 100)")
+    n.add_argument("--batch-files", default="20", help="stream: mini-batch sizes in files (default 20)")
     n.set_defaults(func=cmd_sessions)
 
     s = sub.add_parser("stream", help="mini-batches vs Spark's windowed streaming aggregation",

@@ -7,7 +7,12 @@ the same commit path, is the baseline:
 
 - combine + reduce of a fresh day against the one-shot aggregation of that day (target <= 1.3x);
 - the daily reduce (the fresh day's partial sessions merged with every other day's, for the users it touched)
-  against recomputing all days from raw in one shot (target >= 20x faster).
+  against recomputing all days from raw in one shot (target >= 20x faster);
+- the stream over the same events re-landed as time-ordered files (as ``benchmarks stream`` lands them) against
+  Spark Structured Streaming's ``session_window`` aggregation of the same files, mini-batches of the same size,
+  each batch's output appended to Delta (target >= 1.5x).
+
+``--parts batch`` or ``--parts stream`` runs one half.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchmarks.batch import SAMPLE, fresh, landing, native_aggregate
+from benchmarks.stream import pq_rows, time_ordered_landing
 from spark_jobs.jobs import combine, reduce
 from spark_jobs.lake import PipelineTables, open_lake
 from spark_jobs.session import SessionConfig, build_session
@@ -44,6 +50,51 @@ def one_shot_sessions(raw: DataFrame, spec: PipelineSpec) -> DataFrame:
         *(native_aggregate(a, et).alias(a.name) for a in spec.aggregates), F.count(F.lit(1)).alias("n_rows"))
     return rows.select(*spec.group_by, F.col("session.start").alias("window_start"),
                        F.col("session.end").alias("window_end"), *(a.name for a in spec.aggregates), "n_rows")
+
+
+def spark_session_stream(spark: Any, spec: PipelineSpec, lake: Any, checkpoint: Path) -> None:
+    """Spark Structured Streaming's ``session_window`` aggregation of the same aggregates (watermark, append
+    mode: the only one Spark allows for sessions), each batch's closed sessions appended to Delta."""
+    from spark_jobs.jobs.stream import landed_rows
+
+    rows = landed_rows(spark.readStream.option("maxFilesPerTrigger", spec.stream.max_files_per_batch), spec,
+                       None).withWatermark(spec.source.event_time, spec.stream.watermark.spark)
+    target = str(fresh(Path(spec.lake) / "spark_builtin"))
+    query = (one_shot_sessions(rows, spec).writeStream.outputMode("append")
+             .foreachBatch(lambda df, _: lake.append(df, target))
+             .option("checkpointLocation", str(fresh(checkpoint))).trigger(availableNow=True).start())
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise RuntimeError(str(query.exception()))
+
+
+def _stream_figures(spark: Any, lake: Any, spec: PipelineSpec, args: argparse.Namespace) -> dict[str, Any]:
+    from spark_jobs.jobs import stream
+
+    work = Path(args.work_dir)
+    source = time_ordered_landing(work, args.events, args.days, args.files)
+    events = sum(pq_rows(f) for f in source.rglob("*.parquet"))
+    figures: dict[str, Any] = {"events": events}
+    for size in (int(x) for x in args.batch_files.split(",")):
+        print(f"stream: mini-batches of {size} files ...", flush=True)
+
+        def spec_for(name: str, size: int = size) -> PipelineSpec:
+            return dataclasses.replace(spec.with_paths(lake=str(fresh(work / name)), source_path=str(source)),
+                                       stream=dataclasses.replace(spec.stream, max_files_per_batch=size))
+
+        ours = spec_for(f"lake-sessions-stream-{size}")
+        start = time.perf_counter()
+        summary = stream.run(spark, ours, available_now=True)
+        ours_s = time.perf_counter() - start
+        base = spec_for(f"lake-sessions-sss-{size}")
+        start = time.perf_counter()
+        spark_session_stream(spark, base, lake, work / f"ckpt-sessions-sss-{size}")
+        base_s = time.perf_counter() - start
+        figures[f"batch{size}"] = {"mini_batches": len(summary.batches), "ours_s": ours_s, "spark_s": base_s,
+                                   "on_driver": sum(b.on_driver for b in summary.batches),
+                                   "ours_events_per_s": events / ours_s, "spark_events_per_s": events / base_s,
+                                   "ours_over_spark": base_s / ours_s}
+    return figures
 
 
 def _timed(fn: Any) -> float:
@@ -72,10 +123,19 @@ def sessions_bench(args: argparse.Namespace) -> int:
     combine.run(spark, warm, dates[0])
     reduce.run(spark, warm)
     baseline([dates[0]], work / "baseline-sessions-warm")
+    figures: dict[str, Any] = {"events": config.rows_per_day * config.days, "days": config.days, "gap": str(GAP)}
+    if "stream" in args.parts:
+        figures["stream"] = _stream_figures(spark, lake, spec, args)
+        for size, f in ((k, v) for k, v in figures["stream"].items() if k.startswith("batch")):
+            print(f"  stream, {size.removeprefix('batch')}-file mini-batches: {f['ours_s']:6.1f} s "
+                  f"({f['ours_events_per_s']:,.0f} events/s) vs Spark Structured Streaming's session_window "
+                  f"{f['spark_s']:6.1f} s: {f['ours_over_spark']:.2f}x  [target >= 1.5x]", flush=True)
+    if "batch" not in args.parts:
+        (work / "bench-sessions.json").write_text(json.dumps(figures, indent=2))
+        return 0
 
     fresh(Path(spec.lake))
     print(f"loading {len(dates) - 1} days of sessions ...", flush=True)
-    figures: dict[str, Any] = {"events": config.rows_per_day * config.days, "days": config.days, "gap": str(GAP)}
     figures["combine_initial_days_s"] = _timed(lambda: [combine.run(spark, spec, d) for d in dates[:-1]])
     figures["initial_reduce_s"] = _timed(lambda: reduce.run(spark, spec))
     figures["fresh_day_combine_s"] = _timed(lambda: combine.run(spark, spec, dates[-1]))

@@ -27,13 +27,13 @@ from spark_jobs.spec import PipelineSpec, load_spec
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["stream"]
+__all__ = ["pq_rows", "stream", "time_ordered_landing"]
 
 
 STREAM_AGGREGATES = ("views", "total_ms", "max_ms", "avg_ms", "users", "p95_ms")
 
 
-def _time_ordered_landing(work: Path, events: int, days: int, files: int) -> Path:
+def time_ordered_landing(work: Path, events: int, days: int, files: int) -> Path:
     """Sample events re-landed as ``files`` files in event-time order, as a live source lands them."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -114,7 +114,7 @@ def stream(args: argparse.Namespace) -> int:
 
     work = Path(args.work_dir)
     files = args.files or 100
-    landing = _time_ordered_landing(work, args.events, args.days, files)
+    landing = time_ordered_landing(work, args.events, args.days, files)
     spark = build_session(SessionConfig(master=args.master or "local[*]",
                                         shuffle_partitions=args.shuffle_partitions or 4, app_name="bench stream"))
     lake = open_lake(spark)

@@ -50,6 +50,7 @@ from spark_jobs.jobs.landing import CORRUPT, classify, spark_read_error, with_ra
 from spark_jobs.jobs.landing_files import isolate_unreadable, screen
 from spark_jobs.jobs.runs import new_run_id, recorded_run
 from spark_jobs.jobs.stream_driver import DRIVER_MAX_KEYS, DriverEngine
+from spark_jobs.jobs.stream_driver_sessions import DriverSessionEngine
 from spark_jobs.jobs.stream_spark import SessionEngine, SparkEngine
 from spark_jobs.jobs.stream_step import Committed, MergeEngine, MiniBatch, commit_outputs
 from spark_jobs.lake import AppTxn, Lake, PipelineTables, open_lake
@@ -160,8 +161,9 @@ class MiniBatchAggregator:
         # the first engine that accepts a batch merges it
         self.engines: list[MergeEngine] = [DriverEngine(self.compiled, lake, driver_max_keys),
                                            SparkEngine(spark, self.compiled, lake)]
-        if spec.window is not None and spec.window.session:  # sessions merge across a key's days: in Spark
-            self.engines = [SessionEngine(spark, self.compiled, lake)]
+        if spec.window is not None and spec.window.session:  # sessions merge across a key's days
+            self.engines = [DriverSessionEngine(self.compiled, lake, driver_max_keys),
+                            SessionEngine(spark, self.compiled, lake)]
         self.app = stream_app_id(spec)
         self.lock = threading.Lock()
         self.stopping = False

@@ -28,7 +28,7 @@ from spark_jobs.lake.rules import DAY, STREAM
 from spark_jobs.plan import CompiledAggregates
 from spark_jobs.plan.local import LocalAggregates
 
-__all__ = ["DRIVER_MAX_KEYS", "DriverEngine", "merge_on_driver", "partial_rows"]
+__all__ = ["DRIVER_MAX_KEYS", "DriverEngine", "merge_on_driver", "partial_rows", "same_values"]
 
 DRIVER_MAX_KEYS = 50_000  # (day, key, window) rows of a pre-aggregated batch merged on the driver
 DRIVER_MAX_STATE = 2_000_000  # state rows held in driver memory for it
@@ -99,7 +99,7 @@ def merge_on_driver(delta: pa.Table, state: pa.Table, local: LocalAggregates, ke
             changes.append({"op": "+I", **key_cols, **new})
         elif was and gone:
             changes.append({"op": "-D", **key_cols, **(prev_values or {})})
-        elif was and prev_values is not None and not _same(prev_values, new):
+        elif was and prev_values is not None and not same_values(prev_values, new):
             changes.extend([{"op": "-U", **key_cols, **prev_values}, {"op": "+U", **key_cols, **new}])
         inputs = [r for r in after[key] if r[DAY] not in batch_days] + counted[key]
         if inputs:  # the key's aggregates row, from the partials that count (its state, unless the hybrid rule)
@@ -138,7 +138,7 @@ def partial_rows(delta: pa.Table, schema: pa.Schema, *, batch: str, run_id: str,
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+def same_values(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Spark's null-safe equality, NaN equal to NaN."""
     for name, x in a.items():
         y = b[name]
@@ -183,9 +183,7 @@ class DriverEngine:
         schemas = self._schemas
         assert schemas is not None, "merge follows accepts"
         state_schema = schemas["state"]
-        first_seen = pa.field("_first_seen", state_schema.field("max_event_time").type)
-        delta = batch.delta.toArrow().select([*state_schema.names, "_first_seen"]).cast(
-            pa.schema([*state_schema, first_seen]))
+        delta = self._delta(batch, state_schema)
         batch_rows = None
         if batch.batch_files:
             columns = [*self.keys, "n_rows", *self.local.compiled.acc_columns, SPEC_VERSION]
@@ -196,6 +194,12 @@ class DriverEngine:
                                batch_id=batch.batch_id, closes=batch.closes, retracting=self.local.compiled.retracting,
                                run_id=batch.run_id, now=dt.datetime.now(dt.UTC), batch_days=batch.batch_days,
                                batch_rows=batch_rows)
+
+    @staticmethod
+    def _delta(batch: MiniBatch, state_schema: pa.Schema) -> pa.Table:
+        first_seen = pa.field("_first_seen", state_schema.field("max_event_time").type)
+        return batch.delta.toArrow().select([*state_schema.names, "_first_seen"]).cast(
+            pa.schema([*state_schema, first_seen]))
 
     def committed(self, state_version: int | None, outputs: BatchOutputs) -> None:
         assert isinstance(outputs.state, pa.Table)

@@ -75,6 +75,8 @@ def _landing_batches(kind: str, sizes: list[int], seed: int) -> list[pa.Table]:
     if kind == "cdc":
         return [cdc_rows(b, start=100 * i) for i, b in enumerate(_cdc_batches(sizes, seed))]
     rows = day_events(DAY, sum(sizes), seed=seed, pages=("/a", "/b", "/c", "/d")).sort_by("event_time")
+    if kind == "sessions":  # out of order: a late event extends, bridges or starts a served session
+        rows = rows.take(random.Random(seed).sample(range(rows.num_rows), rows.num_rows))
     out, start = [], 0
     for size in sizes:
         out.append(rows.slice(start, size))
@@ -87,6 +89,9 @@ def _spec(kind: str, root: Path) -> PipelineSpec:
         return cdc_spec(root, udaf=True, max_files_per_batch=1)
     # lg_k 4: the sketch leaves its list and set modes after a few values, so HLL mode's union is compared too
     hll_mode = {"name": "users_k4", "fn": "approx_count_distinct", "column": "user_id", "args": {"lg_k": 4}}
+    if kind == "sessions":  # about one event per user and half hour: sessions that grow, merge and split days
+        return with_stream(make_spec(root, window={"gap": "30 minutes"}, group_by=["user_id"],
+                                     aggregates=[*ALL_AGGREGATES, hll_mode]), max_files_per_batch=1, watermark="1 day")
     return with_stream(make_spec(root, window={"size": "1 hour"}, aggregates=[*ALL_AGGREGATES, hll_mode]),
                        max_files_per_batch=1, watermark="3 hours")
 
@@ -161,7 +166,7 @@ def _tables(spec: PipelineSpec) -> dict[str, list[dict[str, Any]]]:
             "state": _rows(t.stream_state, (), ["event_date", *keys])}
 
 
-@pytest.mark.parametrize("kind", ["windowed", "cdc"])
+@pytest.mark.parametrize("kind", ["windowed", "cdc", "sessions"])
 @settings(max_examples=EXAMPLES, deadline=None, database=None, phases=[Phase.generate],
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(sizes=st.lists(st.integers(1, 400), min_size=2, max_size=4), combine_after=st.integers(1, 4),
