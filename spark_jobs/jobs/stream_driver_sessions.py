@@ -2,14 +2,15 @@
 :class:`spark_jobs.jobs.stream_spark.SessionEngine` in the aggregates' Python algebra (a test holds the two
 to the same tables).
 
-A batch's partial sessions merge with every partial session that counts for the keys it touched (the
-hybrid rule), read once from ``partials`` without the batch's own rows, so a late event that bridges two
-served sessions merges them and a replay derives the same changelog. The state keeps each key's open
+A batch's partial sessions merge with the partial sessions that count (the hybrid rule) of the sessions they
+reach, read from ``partials`` without the batch's own rows, so a late event that bridges two served sessions
+merges them and a replay derives the same changelog. The state keeps each key's open
 sessions per event day.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -20,10 +21,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs.jobs.stream_driver import DriverEngine, partial_rows, same_values
+from spark_jobs.jobs.stream_spark import sessions_in_reach
 from spark_jobs.jobs.stream_step import BatchOutputs, MiniBatch
+from spark_jobs.lake import Lake
 from spark_jobs.lake.arrow import key_mask
 from spark_jobs.lake.layout import SPEC_VERSION
-from spark_jobs.lake.rules import DAY, counted_files
+from spark_jobs.lake.rules import DAY
+from spark_jobs.plan import CompiledAggregates
 from spark_jobs.plan.local import LocalAggregates
 
 __all__ = ["DriverSessionEngine", "merge_sessions_on_driver"]
@@ -71,9 +75,10 @@ def merge_sessions_on_driver(delta: pa.Table, stored: pa.Table, state: pa.Table,
                              batch_days: frozenset[dt.date] = frozenset()) -> BatchOutputs:
     """Merge the batch's partial sessions ``delta`` (state columns plus ``_first_seen``, per event day).
 
-    ``stored``: the partial sessions that count for the touched keys, without the batch's own rows. The
-    touched keys' sessions before the batch are those of ``stored``; after it, those of ``stored`` and the
-    batch's rows of days without a batch combine. Both are served as ``aggregates`` rows of every touched key.
+    ``stored``: the partial sessions that count (without the batch's own rows) of the sessions the batch
+    reaches. The sessions before the batch are those of ``stored``; after it, those of ``stored`` and the
+    batch's rows of days without a batch combine, served as ``aggregates`` rows (``touched`` is left empty:
+    the engine names the served sessions they replace).
     """
     group = list(group)
     delta_rows = delta.to_pylist()
@@ -136,7 +141,7 @@ def merge_sessions_on_driver(delta: pa.Table, stored: pa.Table, state: pa.Table,
     aggregates = schemas["aggregates"]
     return BatchOutputs(
         aggregates=pa.Table.from_pylist(rows_out, schema=aggregates),
-        touched=None if touched is None else touched.cast(pa.schema([aggregates.field(k) for k in group])),
+        touched=aggregates.empty_table().select(list(local.compiled.spec.key_columns)),  # the engine names them
         changelog=pa.Table.from_pylist(changes, schema=schemas["changelog"]),
         partials=partial_rows(delta, schemas["partials"], batch=f"stream-{batch_id}", run_id=run_id, now=now),
         state=new_state,
@@ -144,8 +149,13 @@ def merge_sessions_on_driver(delta: pa.Table, stored: pa.Table, state: pa.Table,
 
 
 class DriverSessionEngine(DriverEngine):
-    """Merges session windows on the driver: one Spark read of the touched keys' counted partial sessions,
-    the rest in Python; the state of open sessions stays in memory between batches."""
+    """Merges session windows on the driver: the partial sessions in the batch's reach read in Spark
+    (:func:`~spark_jobs.jobs.stream_spark.sessions_in_reach`), merged in Python; the state of open sessions
+    stays in memory between batches."""
+
+    def __init__(self, compiled: CompiledAggregates, lake: Lake, max_keys: int) -> None:
+        super().__init__(compiled, lake, max_keys)
+        self._cached: list[Any] = []
 
     def merge(self, batch: MiniBatch) -> BatchOutputs:
         from pyspark.sql import functions as F
@@ -153,17 +163,21 @@ class DriverSessionEngine(DriverEngine):
         schemas = self._schemas
         assert schemas is not None, "merge follows accepts"
         compiled = self.local.compiled
-        group = list(compiled.spec.group_by)
-        delta = self._delta(batch, schemas["state"])
+        spec = compiled.spec
+        live = batch.delta.where(~F.col(DAY).isin(sorted(batch.batch_days))) if batch.batch_days else batch.delta
+        reach = sessions_in_reach(self.lake, self.tables, spec, batch, live)
+        self._cached = list(reach.cached)
         columns = [*self.keys, "n_rows", *compiled.acc_columns, SPEC_VERSION]
-        partials = schemas["partials"]
-        files = list(counted_files(self.lake.files(self.tables.partials)))
-        stored = partials.empty_table().select(columns)
-        if files:
-            rows = self.lake.read_files(self.tables.partials, files).where(F.col("batch") != F.lit(batch.name))
-            if group:
-                rows = rows.join(F.broadcast(batch.delta.select(*group).distinct()), group, "left_semi")
-            stored = rows.select(*columns).toArrow().cast(pa.schema([partials.field(c) for c in columns]))
-        return merge_sessions_on_driver(delta, stored, self._state(schemas["state"]), self.local, group,
-                                        schemas=schemas, batch_id=batch.batch_id, closes=batch.closes,
-                                        run_id=batch.run_id, now=dt.datetime.now(dt.UTC), batch_days=batch.batch_days)
+        stored = reach.stored.select(*columns).toArrow().cast(pa.schema([schemas["partials"].field(c) for c in columns]))
+        served = reach.served.toArrow().cast(pa.schema([schemas["aggregates"].field(c) for c in spec.key_columns]))
+        out = merge_sessions_on_driver(self._delta(batch, schemas["state"]), stored, self._state(schemas["state"]),
+                                       self.local, spec.group_by, schemas=schemas, batch_id=batch.batch_id,
+                                       closes=batch.closes, run_id=batch.run_id, now=dt.datetime.now(dt.UTC),
+                                       batch_days=batch.batch_days)
+        return dataclasses.replace(out, touched=served, read_version=reach.read_version)
+
+    def committed(self, state_version: int | None, outputs: BatchOutputs) -> None:
+        super().committed(state_version, outputs)
+        for df in self._cached:
+            df.unpersist()
+        self._cached = []

@@ -6,6 +6,8 @@ written once; the touched keys' values before and after come from one aggregatio
 
 from __future__ import annotations
 
+import datetime as dt
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs.jobs.combine import batch_columns
@@ -16,11 +18,12 @@ from spark_jobs.lake.layout import SPEC_VERSION
 from spark_jobs.lake.rules import DAY, STREAM, counted_files
 from spark_jobs.plan import CompiledAggregates, final_aggregate
 from spark_jobs.plan.phases import merge_sessions
+from spark_jobs.spec import PipelineSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["SessionEngine", "SparkEngine", "changelog_rows"]
+__all__ = ["SessionEngine", "SessionReach", "SparkEngine", "changelog_rows", "sessions_in_reach"]
 
 
 def changelog_rows(before: DataFrame, after: DataFrame, first_seen: DataFrame, compiled: CompiledAggregates,
@@ -146,9 +149,93 @@ class SparkEngine:
         return live.unionByName(counted.select(*columns))
 
 
+@dataclass(frozen=True)
+class SessionReach:
+    """What a mini-batch's partial sessions reach: the sessions (after it) that hold a live partial, whole."""
+
+    stored: DataFrame  # the counted partial sessions, without the batch's own, of the sessions it reaches
+    served: DataFrame  # key columns of the served sessions those replace, at ``read_version`` of aggregates
+    read_version: int | None
+    cached: tuple[DataFrame, ...] = ()  # released once the batch commits
+
+
+def sessions_in_reach(lake: Lake, tables: PipelineTables, spec: PipelineSpec, batch: MiniBatch,
+                      live: DataFrame) -> SessionReach:
+    """Read only the days of partials that the batch's sessions reach, not every day of the keys it touched.
+
+    A partial session of day d starts on d and ends before d + 1 day + gap. So sessions merged from the
+    partials of days [a, b] and the live ones are whole when each that holds a live partial starts at or after
+    a + gap (no partial of an earlier day can touch it) and ends before b + 1 day (nor of a later one);
+    otherwise the days widen, for the keys of those sessions only, and they merge again (a heavy user's
+    session may span every day). Sessions without a live partial are the same before and after the batch:
+    they give no changelog row and are not rewritten."""
+    from pyspark.sql import functions as F
+
+    assert spec.window is not None and spec.window.gap is not None
+    group, gap = list(spec.group_by), dt.timedelta(seconds=spec.window.gap.seconds)
+    files = counted_files(lake.files(tables.partials))
+    day_of = {p: dt.date.fromisoformat(d) for p, f in files.items() if (d := f.partition_values.get(DAY))}
+    days = sorted(set(day_of.values()))
+    spans = live.select(*group, "window_start", "window_end", F.lit(True).alias("_live"))
+    pending = live.select(*group).distinct()  # the keys whose sessions may reach further than the days read
+    stored: DataFrame | None = None
+    done: tuple[dt.date, dt.date] | None = None  # the days read so far for the pending keys
+    lo, hi = batch.span[0].date(), batch.span[1].date()
+    cached: list[DataFrame] = []
+    while True:
+        paths = [p for p, day in day_of.items() if lo <= day <= hi and not (done and done[0] <= day <= done[1])]
+        if paths:
+            rows = lake.read_files(tables.partials, paths).where(F.col("batch") != F.lit(batch.name))
+            rows = rows.join(F.broadcast(pending), group, "left_semi") if group else rows
+            stored = rows if stored is None else stored.unionByName(rows)
+        known = live.limit(0) if stored is None else stored  # (live has the columns of partials, and more)
+        sessions = merge_sessions(known.select(*group, "window_start", "window_end", F.lit(False).alias("_live"))
+                                  .unionByName(spans), spec)
+        reached = (sessions.groupBy(*group, "window_start", "window_end").agg(F.max("_live").alias("_live"))
+                   .where("_live").select(*group, F.col("window_start").alias("_lo"), F.col("window_end").alias("_hi"))
+                   .persist())
+        cached.append(reached)
+        earlier = (F.col("_lo") < F.lit(_midnight(lo) + gap)) if days and lo > days[0] else F.lit(False)
+        later = (F.col("_hi") >= F.lit(_midnight(hi + dt.timedelta(days=1)))) if days and hi < days[-1] else F.lit(False)
+        short = reached.join(pending, group, "left_semi") if group else reached
+        short = short.where(earlier | later).persist()
+        cached.append(short)
+        bounds = short.agg(F.min("_lo").alias("lo"), F.max("_hi").alias("hi")).first()
+        assert bounds is not None
+        if bounds["lo"] is None:
+            break
+        first, last = _utc(bounds["lo"]), _utc(bounds["hi"])
+        done, pending = (lo, hi), short.select(*group).distinct()
+        if first < _midnight(lo) + gap:
+            lo = min(lo - dt.timedelta(days=1), (first - gap).date())
+        if last >= _midnight(hi + dt.timedelta(days=1)):
+            hi = max(hi + dt.timedelta(days=1), last.date())
+
+    def within(rows: DataFrame) -> DataFrame:
+        joined = rows.join(reached, group) if group else rows.crossJoin(reached)
+        return joined.where((F.col("window_start") <= F.col("_hi")) & (F.col("window_end") >= F.col("_lo"))) \
+            .drop("_lo", "_hi")
+
+    version = lake.version(tables.aggregates)
+    served = live.select(*spec.key_columns).limit(0)
+    if version is not None:
+        served = within(lake.read(tables.aggregates, version=version).select(*spec.key_columns)).persist()
+        cached.append(served)
+    return SessionReach(stored=within(known), served=served, read_version=version, cached=tuple(cached))
+
+
+def _midnight(day: dt.date) -> dt.datetime:
+    return dt.datetime.combine(day, dt.time(), dt.UTC)
+
+
+def _utc(value: Any) -> Any:
+    """Spark returns naive datetimes in the driver's zone."""
+    return value.astimezone(dt.UTC) if isinstance(value, dt.datetime) else value
+
+
 class SessionEngine(SparkEngine):
-    """Merges session windows in Spark: a batch's partial sessions with every partial session of the keys it
-    touched that counts (the hybrid rule), as the reduce merges them, so a late event that bridges two served
+    """Merges session windows in Spark: a batch's partial sessions with the partial sessions that count (the
+    hybrid rule) of the sessions they reach, as the reduce merges them, so a late event that bridges two served
     sessions merges them. The state keeps each key's open sessions per event day (for the watermark, and to
     inspect); the sessions before and after come from ``partials`` without this batch's own rows, so a replay
     after a crash derives the same changelog."""
@@ -165,15 +252,12 @@ class SessionEngine(SparkEngine):
         delta = batch.delta
         touched = delta.select(*group).distinct() if group else None
         first_seen = delta.groupBy(*group).agg(F.min("_first_seen").alias("_first_seen"))
-        files = list(counted_files(self.lake.files(self.tables.partials)))
-        stored = self._of_touched(self.lake.read_files(self.tables.partials, files).where(
-            F.col("batch") != F.lit(batch.name)), touched) if files else None
         live = delta.where(~F.col(DAY).isin(sorted(batch.batch_days))) if batch.batch_days else delta
-        if stored is None:
-            stored = live.limit(0)
-        before = reduce(stored.select(*self.partial_columns), compiled, run_id=batch.run_id)
-        after = reduce(stored.select(*self.partial_columns).unionByName(live.select(*self.partial_columns)),
-                       compiled, run_id=batch.run_id)
+        reach = sessions_in_reach(self.lake, self.tables, compiled.spec, batch, live)
+        self._cached += reach.cached
+        stored = reach.stored.select(*self.partial_columns)
+        before = reduce(stored, compiled, run_id=batch.run_id)
+        after = reduce(stored.unionByName(live.select(*self.partial_columns)), compiled, run_id=batch.run_id)
         state = (self.lake.read(self.tables.stream_state) if self.lake.version(self.tables.stream_state) is not None
                  else self.spark.createDataFrame([], delta.select(*self.state_columns).schema))
         opened = merge_sessions(self._of_touched(state, touched).select(*self.state_columns).unionByName(
@@ -185,11 +269,11 @@ class SessionEngine(SparkEngine):
         if batch.closes is not None:  # an event at the watermark still joins a session ending there
             new_state = new_state.where(F.col("window_end") >= F.lit(batch.closes))
         return BatchOutputs(
-            aggregates=after, touched=touched,
+            aggregates=after, touched=reach.served,
             changelog=changelog_rows(before, after, first_seen, compiled, batch.batch_id),
             partials=batch_columns(delta.select(*self.state_columns).drop("max_event_time"), batch=batch.name,
                                    source=STREAM, event_date=F.col(DAY), run_id=batch.run_id),
-            state=new_state)
+            state=new_state, read_version=reach.read_version)
 
     def _of_touched(self, rows: DataFrame, touched: DataFrame | None) -> DataFrame:
         return rows.join(touched, self.group, "left_semi") if touched is not None else rows

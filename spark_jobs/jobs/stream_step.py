@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Union
 from spark_jobs.jobs.combine import write_dead_letters
 from spark_jobs.jobs.landing_files import BadFile
 from spark_jobs.lake import AppTxn, Lake, PipelineTables
-from spark_jobs.lake.rules import DAY, PARTIALS_PARTITIONS, sort_keys, stream_layout
+from spark_jobs.lake.rules import DAY, PARTIALS_PARTITIONS, sort_keys, stream_layout, window_cluster
 from spark_jobs.spec import PipelineSpec
 
 if TYPE_CHECKING:
@@ -55,6 +55,7 @@ class BatchOutputs:
     changelog: Rows
     partials: Rows  # the batch's pre-aggregated rows as ``partials`` rows (source ``stream``)
     state: Rows  # the whole new state
+    read_version: int | None = None  # sessions: ``touched`` names served sessions (key columns) of this version
 
 
 class MergeEngine(Protocol):
@@ -100,15 +101,16 @@ def commit_outputs(lake: Lake, spec: PipelineSpec, txn: AppTxn, *, run_id: str, 
     if batch is None or out is None:
         return done
     sessions = spec.window is not None and spec.window.session
-    keys = list(spec.group_by if sessions else spec.key_columns)  # a touched key's sessions are all replaced
+    keys = list(spec.key_columns)
     meta: dict[str, Any] = {"run_id": batch.run_id, "job": "stream", "batch_id": batch.batch_id}
     prune, cluster = stream_layout(spec, batch.span)
-    if sessions:  # a session may have started any time before the batch, and its key's rows are replaced
-        prune, cluster = None, None
+    if sessions:  # the served sessions in reach are replaced, in the files that hold them (a heavy user's may
+        # have started weeks ago, so no range of starts bounds them); files by session start, about a day each
+        prune, cluster = None, window_cluster(spec, (batch.span[1] - batch.span[0]).days + 1)
     if pending(lake, t.aggregates, txn):  # first: it is what readers wait for
         done.written["aggregates"] = lake.replace_keys(
             out.aggregates, t.aggregates, keys=keys, touched=out.touched, app_txn=txn, metadata=meta,
-            sort_by=sort_keys(spec), cluster=cluster, prune=prune).version
+            sort_by=sort_keys(spec), cluster=cluster, prune=prune, read_version=out.read_version).version
         done.visible_at = time.time()
     if pending(lake, t.changelog, txn):
         # a log: the columns of an aggregate or key a spec change dropped stay, NULL from then on

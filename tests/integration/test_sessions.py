@@ -217,6 +217,33 @@ def test_a_batch_day_supersedes_the_streams_and_the_next_day_streams_on_across_m
 
 
 @pytest.mark.slow
+@settings(max_examples=3, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(rows=st.lists(event, min_size=1, max_size=40), cuts=st.lists(st.integers(1, 39), max_size=5),
+       order=st.randoms(use_true_random=False), combined=st.integers(0, 2))
+def test_any_split_into_mini_batches_then_a_batch_day_gives_the_oracle(spark, tmp_path_factory, rows, cuts, order,
+                                                                       combined):
+    """Events out of order in random mini-batches (a file per batch and day), then a day combined and reduced:
+    the served sessions equal DuckDB's after the stream and after the batch, and the changelog folds to them."""
+    root = tmp_path_factory.mktemp("stream-sessions")
+    spec = streaming(root, watermark="3 days")
+    landed = [ev(at(d, 0) + dt.timedelta(minutes=30 * slot, seconds=s), user, ms, page)
+              for d, slot, s, user, page, ms in rows]
+    order.shuffle(landed)
+    bounds = sorted({0, len(landed), *(c for c in cuts if c < len(landed))})
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        land_file(root, landed[lo:hi])
+    stream.run(spark, spec, available_now=True)
+    assert folded(spec) == served(spec, root)
+    day = at(combined, 0).date().isoformat()
+    if any(r[0].date().isoformat() == day for r in landed):
+        combine.run(spark, spec, day)  # its batch partials count instead of the stream's
+        reduce.run(spark, spec)
+        check(spec, root)
+    shutil.rmtree(root)
+
+
+@pytest.mark.slow
 def test_a_kill_after_the_streams_aggregates_commit_then_a_restart(spark, tmp_path):
     spec = streaming(tmp_path)
     first, rest = MIDNIGHT[:3], MIDNIGHT[3:]
