@@ -105,9 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     spark(e, "two per core, at least 8")
     e.set_defaults(func=cmd_evolution)
 
-    n = sub.add_parser("sessions", help="session windows per user vs Spark's one-shot session_window",
+    n = sub.add_parser("sessions", help="session windows per user vs Spark's session_window, batch and stream",
                        description="combine + reduce of a fresh day and the daily reduce of session windows (gap 30 "
-                                   "minutes, keyed by user) against Spark's one-shot groupBy(session_window(...)).")
+                                   "minutes, keyed by user) against Spark's one-shot groupBy(session_window(...)); "
+                                   "the stream against Structured Streaming's session_window on the same files.")
     common(n, 30)
     spark(n, 8)
     n.add_argument("--parts", default="batch,stream", help="batch, stream or both (default batch,stream)")

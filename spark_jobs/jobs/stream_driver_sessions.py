@@ -166,7 +166,7 @@ class DriverSessionEngine(DriverEngine):
         spec = compiled.spec
         live = batch.delta.where(~F.col(DAY).isin(sorted(batch.batch_days))) if batch.batch_days else batch.delta
         reach = sessions_in_reach(self.lake, self.tables, spec, batch, live)
-        self._cached = list(reach.cached)
+        self._cached += reach.cached
         columns = [*self.keys, "n_rows", *compiled.acc_columns, SPEC_VERSION]
         stored = reach.stored.select(*columns).toArrow().cast(pa.schema([schemas["partials"].field(c) for c in columns]))
         served = reach.served.toArrow().cast(pa.schema([schemas["aggregates"].field(c) for c in spec.key_columns]))

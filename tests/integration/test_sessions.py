@@ -9,6 +9,7 @@ once and whole. The oracle sessionises the raw rows with ``lag(event_time)`` per
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import shutil
 from pathlib import Path
 
@@ -231,7 +232,7 @@ def test_any_split_into_mini_batches_then_a_batch_day_gives_the_oracle(spark, tm
               for d, slot, s, user, page, ms in rows]
     order.shuffle(landed)
     bounds = sorted({0, len(landed), *(c for c in cuts if c < len(landed))})
-    for lo, hi in zip(bounds, bounds[1:], strict=False):
+    for lo, hi in itertools.pairwise(bounds):
         land_file(root, landed[lo:hi])
     stream.run(spark, spec, available_now=True)
     assert folded(spec) == served(spec, root)
