@@ -128,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--trigger", type=int, default=2, help="latency run: trigger interval in seconds (default 2)")
     s.add_argument("--latency-files", type=int, default=30, help="latency run: files landed (default 30)")
     s.add_argument("--latency-rows", type=int, default=5000, help="latency run: events per file (default 5000)")
+    s.add_argument("--peer", choices=["flink"], help="also run Flink 2.3's local mini-cluster over the same events "
+                                                    "(installs apache-flink into its own venv under --work-dir)")
     s.add_argument("--latency-interval", type=float, default=1.0,
                    help="latency run: seconds between files (default 1.0)")
     s.set_defaults(func=cmd_stream)

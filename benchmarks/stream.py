@@ -152,6 +152,17 @@ def stream(args: argparse.Namespace) -> int:
             "mean_rows_per_key_per_batch": aggregated / max(writes, 1),
         }
 
+    if args.peer == "flink":
+        from benchmarks.flink_peer import flink_peer
+
+        spec = _stream_spec(work, landing, "lake-peer", 1)
+        assert spec.window is not None
+        flink = flink_peer(work, landing, parallelism=os.cpu_count() or 2,
+                           watermark_minutes=spec.stream.watermark.seconds // 60,
+                           window_minutes=spec.window.length.seconds // 60)
+        flink["events_per_s"] = rows_total / flink["job_s"]
+        figures["flink"] = flink
+
     print("latency: small files landing while the stream runs ...", flush=True)
     latency_files = args.latency_files
     # each trigger takes every file landed since the last one: a one-file cap would make the
@@ -211,6 +222,15 @@ def stream(args: argparse.Namespace) -> int:
               f"for large ones]; {f['ours_over_spark_throughput']:.2f}x Spark's built-in windowed streaming "
               f"aggregation [target >= 0.8]; {f['state_writes_per_row']:.4f} state writes per row = 1 / "
               f"{f['mean_rows_per_key_per_batch']:.1f} rows per key per batch")
+    if "flink" in figures:
+        f = figures["flink"]
+        print(f"  Flink 2.3 local (mini-batch, local-global; COUNT DISTINCT for the sketches, no percentile): "
+              f"{f['job_s']:.1f} s, {f['events_per_s']:,.0f} events/s ({f['command_s']:.1f} s with its JVM's "
+              f"start; {f['events_counted']:,} of {rows_total:,} events counted in its windows)")
+        for size in sizes:
+            ours = figures[f"batch{size}"]["ours_events_per_s"]
+            figures[f"batch{size}"]["ours_over_flink"] = ours / f["events_per_s"]
+            print(f"  ours at {size}-file mini-batches / Flink: {ours / f['events_per_s']:.2f}x  [target >= 1.5x]")
     lat_f = figures["latency"]
     print(f"  latency p50 {lat_f['p50_s']:.2f} s, p95 {lat_f['p95_s']:.2f} s with a {args.trigger} s trigger "
           f"[target p50 <= trigger + 2 s]")

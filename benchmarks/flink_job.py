@@ -1,0 +1,56 @@
+"""Flink SQL's windowed aggregation over CSV files, timed: run by :mod:`benchmarks.flink_peer` with the
+Python of a separate virtual environment holding ``apache-flink`` (its pins conflict with ours). It imports
+nothing of this repository.
+
+Streaming mode with an event-time watermark, mini-batch and local-global (two-phase) aggregation enabled,
+a tumbling window TVF per page, written to CSV files. Prints one JSON line: the job's wall time (submit to
+finish) and the command's (JVM start included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+
+def main() -> None:
+    started = time.perf_counter()
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--source", required=True, help="directory of headerless CSV files")
+    parser.add_argument("--sink", required=True, help="directory the results go to")
+    parser.add_argument("--parallelism", type=int, default=2)
+    parser.add_argument("--watermark-minutes", type=int, default=10)
+    parser.add_argument("--window-minutes", type=int, default=60)
+    args = parser.parse_args()
+
+    from pyflink.table import EnvironmentSettings, TableEnvironment
+
+    env = TableEnvironment.create(EnvironmentSettings.in_streaming_mode())
+    config = env.get_config()
+    for key, value in {"parallelism.default": str(args.parallelism),
+                       "table.exec.mini-batch.enabled": "true", "table.exec.mini-batch.allow-latency": "1 s",
+                       "table.exec.mini-batch.size": "5000", "table.optimizer.agg-phase-strategy": "TWO_PHASE"}.items():
+        config.set(key, value)
+    env.execute_sql(f"""
+        CREATE TABLE events (event_time TIMESTAMP(3), user_id STRING, page STRING, duration_ms BIGINT,
+                             WATERMARK FOR event_time AS event_time - INTERVAL '{args.watermark_minutes}' MINUTE)
+        WITH ('connector' = 'filesystem', 'path' = '{args.source}', 'format' = 'csv',
+              'csv.ignore-parse-errors' = 'true')""")  # an empty duration_ms is NULL
+    env.execute_sql(f"""
+        CREATE TABLE results (page STRING, window_start TIMESTAMP(3), window_end TIMESTAMP(3), `views` BIGINT,
+                              total_ms BIGINT, max_ms BIGINT, avg_ms BIGINT, users BIGINT)
+        WITH ('connector' = 'filesystem', 'path' = '{args.sink}', 'format' = 'csv')""")
+    submitted = time.perf_counter()
+    env.execute_sql(f"""
+        INSERT INTO results
+        SELECT page, window_start, window_end, COUNT(*), SUM(duration_ms), MAX(duration_ms), AVG(duration_ms),
+               COUNT(DISTINCT user_id)
+        FROM TABLE(TUMBLE(TABLE events, DESCRIPTOR(event_time), INTERVAL '{args.window_minutes}' MINUTE))
+        GROUP BY page, window_start, window_end""").wait()
+    done = time.perf_counter()
+    print(json.dumps({"job_s": done - submitted, "command_s": done - started}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""``benchmarks stream --peer flink``: Flink 2.3's local mini-cluster over the same events, in the same run.
+
+``apache-flink`` goes into its own virtual environment under the work dir (its pins conflict with ours), the
+time-ordered Parquet landing files are mirrored once as CSV (the wheel has CSV and JSON formats, not Parquet),
+and :mod:`benchmarks.flink_job` runs there as a subprocess. Only when asked: no test depends on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.batch import fresh
+
+__all__ = ["FLINK", "flink_peer"]
+
+FLINK = "apache-flink==2.3.*"
+INSTALL_TIMEOUT_S = 1800
+JOB_TIMEOUT_S = 3600
+
+
+def _venv(work: Path) -> Path:
+    """The Flink virtual environment's Python, created and installed once."""
+    venv = work / "flink-venv"
+    python = venv / "bin" / "python"
+    marker = venv / ".installed"
+    if marker.exists() and marker.read_text() == FLINK:
+        return python
+    print(f"installing {FLINK} into {venv} (once; a few minutes) ...", flush=True)
+    fresh(venv)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    try:
+        subprocess.run([str(python), "-m", "pip", "install", "-q", FLINK], check=True, timeout=INSTALL_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        raise SystemExit(f"pip install {FLINK} took more than {INSTALL_TIMEOUT_S} s; check the network and "
+                         f"run again (it resumes from a fresh venv)") from exc
+    marker.write_text(FLINK)
+    return python
+
+
+def _csv_mirror(landing: Path, work: Path) -> Path:
+    """The landing Parquet files as headerless CSV (event_time, user_id, page, duration_ms), once."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    out = work / "flink-csv"
+    sources = sorted(landing.rglob("*.parquet"))
+    marker = out / ".mirrored"
+    wanted = json.dumps([str(p) for p in sources])
+    if marker.exists() and marker.read_text() == wanted:
+        return out
+    print(f"mirroring {len(sources)} landing files as CSV for Flink ...", flush=True)
+    fresh(out)
+    for i, path in enumerate(sources):
+        table = pq.read_table(path, columns=["event_time", "user_id", "page", "duration_ms"])
+        when = pc.strftime(table["event_time"].cast(pa.timestamp("ms", "UTC")), format="%Y-%m-%d %H:%M:%S")
+        table = table.set_column(0, "event_time", when)
+        pcsv.write_csv(table, out / f"part-{i:05d}.csv", pcsv.WriteOptions(include_header=False))
+    marker.write_text(wanted)
+    return out
+
+
+def flink_peer(work: Path, landing: Path, *, parallelism: int, watermark_minutes: int,
+               window_minutes: int) -> dict[str, Any]:
+    """Flink's figures: job and command wall times, and the events its windows counted (a check that
+    the watermark dropped none as late)."""
+    import pyarrow.csv as pcsv
+
+    python = _venv(work)
+    source = _csv_mirror(landing, work)
+    sink = fresh(work / "flink-results")
+    env = dict(os.environ)
+    print(f"Flink SQL over the same events (parallelism {parallelism}) ...", flush=True)
+    start = time.perf_counter()
+    try:
+        done = subprocess.run([str(python), str(Path(__file__).with_name("flink_job.py")), "--source", str(source),
+                               "--sink", str(sink), "--parallelism", str(parallelism),
+                               "--watermark-minutes", str(watermark_minutes), "--window-minutes", str(window_minutes)],
+                              check=True, capture_output=True, text=True, timeout=JOB_TIMEOUT_S, env=env)
+    except subprocess.CalledProcessError as exc:
+        raise SystemExit(f"the Flink job failed (exit {exc.returncode}):\n{exc.stderr[-3000:]}") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise SystemExit(f"the Flink job took more than {JOB_TIMEOUT_S} s") from exc
+    wall = time.perf_counter() - start
+    times = json.loads(done.stdout.strip().splitlines()[-1])
+    counted = 0
+    for part in sink.rglob("*"):
+        if part.is_file() and not part.name.startswith("."):
+            rows = pcsv.read_csv(part, read_options=pcsv.ReadOptions(autogenerate_column_names=True))
+            counted += int(rows.column(3).to_numpy().sum()) if rows.num_rows else 0
+    return {"job_s": times["job_s"], "command_s": times["command_s"], "subprocess_s": wall, "events_counted": counted}
