@@ -57,10 +57,11 @@ def _csv_mirror(landing: Path, work: Path) -> Path:
     if marker.exists() and marker.read_text() == wanted:
         return out
     print(f"mirroring {len(sources)} landing files as CSV for Flink ...", flush=True)
-    fresh(out)
+    fresh(out).mkdir(parents=True)
     for i, path in enumerate(sources):
         table = pq.read_table(path, columns=["event_time", "user_id", "page", "duration_ms"])
-        when = pc.strftime(table["event_time"].cast(pa.timestamp("ms", "UTC")), format="%Y-%m-%d %H:%M:%S")
+        millis = pc.cast(table["event_time"], pa.timestamp("ms", "UTC"), safe=False)  # TIMESTAMP(3): truncated
+        when = pc.strftime(millis, format="%Y-%m-%d %H:%M:%S")
         table = table.set_column(0, "event_time", when)
         pcsv.write_csv(table, out / f"part-{i:05d}.csv", pcsv.WriteOptions(include_header=False))
     marker.write_text(wanted)
