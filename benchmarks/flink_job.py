@@ -32,9 +32,12 @@ def main() -> None:
                        "table.exec.mini-batch.enabled": "true", "table.exec.mini-batch.allow-latency": "1 s",
                        "table.exec.mini-batch.size": "5000", "table.optimizer.agg-phase-strategy": "TWO_PHASE"}.items():
         config.set(key, value)
+    days, minutes = divmod(args.watermark_minutes, 24 * 60)
+    hours, minutes = divmod(minutes, 60)  # each field within its interval type's default precision
     env.execute_sql(f"""
         CREATE TABLE events (event_time TIMESTAMP(3), user_id STRING, page STRING, duration_ms BIGINT,
-                             WATERMARK FOR event_time AS event_time - INTERVAL '{args.watermark_minutes}' MINUTE)
+                             WATERMARK FOR event_time AS event_time - INTERVAL '{days}' DAY
+                                                         - INTERVAL '{hours}' HOUR - INTERVAL '{minutes}' MINUTE)
         WITH ('connector' = 'filesystem', 'path' = '{args.source}', 'format' = 'csv',
               'csv.ignore-parse-errors' = 'true')""")  # an empty duration_ms is NULL
     env.execute_sql(f"""
