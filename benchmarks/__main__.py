@@ -111,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "the stream against Structured Streaming's session_window on the same files.")
     common(n, 30)
     spark(n, 8)
-    n.add_argument("--parts", default="batch,stream", help="batch, stream or both (default batch,stream)")
+    n.add_argument("--parts", default="batch,stream", choices=["batch", "stream", "batch,stream"],
+                   help="batch, stream or both (default batch,stream)")
     n.add_argument("--files", type=int, default=100, help="stream: landing files the events are split into "
                                                           "(default 100)")
     n.add_argument("--batch-files", default="20", help="stream: mini-batch sizes in files (default 20)")
