@@ -116,6 +116,15 @@ class AggregateFunction(ABC, Generic[ACC, OUT]):
         an override does not handle) leaves it to the caller: ``decode`` and ``merge_all`` row by row."""
         return None
 
+    def merge_groups_stored(self, columns: Sequence[pa.Array], offsets: np.ndarray) -> list[pa.Array] | None:
+        """Optional, before ``merge_groups``: the merged accumulators as their stored columns (one array per
+        ``acc_fields`` column, a row per group), never made Python objects; see ``stored_values``."""
+        return None
+
+    def stored_values(self, columns: Sequence[pa.Array]) -> pa.Array | None:
+        """Optional: ``get_value`` of each stored accumulator, column-wise (None: decoded row by row)."""
+        return None
+
     # storage encoding ---------------------------------------------------------
     def encode(self, acc: ACC) -> list[Any]:
         """The accumulator as the values of its ``acc_fields`` columns (Python values of Arrow types)."""

@@ -647,7 +647,11 @@ class _ByEventTime(Builtin):
         return None if acc is None else acc[1]
 
     def merge_groups(self, columns: Sequence[pa.Array], offsets: np.ndarray) -> list[tuple[Any, Any] | None] | None:
-        """Column-wise: per group the earliest (latest) time, then the smallest (largest) value at it.
+        stored = self.merge_groups_stored(columns, offsets)
+        return None if stored is None else [self.decode([cell]) for cell in stored[0].to_pylist()]
+
+    def merge_groups_stored(self, columns: Sequence[pa.Array], offsets: np.ndarray) -> list[pa.Array] | None:
+        """Column-wise, as stored: per group the earliest (latest) time, then the smallest (largest) value at it.
 
         The same order as the tuples' ``min``/``max``, for times as timestamps and values Arrow and
         Python order alike (integers, strings, binary, booleans, dates, times, timestamps); else None.
@@ -661,7 +665,7 @@ class _ByEventTime(Builtin):
             return None
         groups = len(offsets) - 1
         if groups == 0:
-            return []
+            return [acc.slice(0, 0)]
         at, value = acc.flatten()
         valid = np.asarray(acc.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
         at_valid = np.asarray(at.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
@@ -681,11 +685,18 @@ class _ByEventTime(Builtin):
                       .group_by("g", use_threads=False).aggregate([("v", how)]))
         except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
             return None
-        values: list[Any] = [None] * groups
-        for g, v in zip(picked.column("g").to_pylist(), picked.column(f"v_{how}").to_pylist(), strict=True):
-            values[g] = v
-        times = pa.array(best, pa.int64(), mask=~present).cast(acc.type.field("at").type).to_pylist()
-        return [(t, v) if has else None for t, v, has in zip(times, values, present.tolist(), strict=True)]
+        where = np.zeros(groups, dtype=np.int64)  # each present group's row of ``picked``
+        where[picked.column("g").to_numpy()] = np.arange(picked.num_rows)
+        missing = pa.array(~present)
+        values = picked.column(f"v_{how}").combine_chunks().take(pa.array(where, mask=~present))
+        times = pa.array(best, pa.int64(), mask=~present).cast(acc.type.field("at").type)
+        return [pa.StructArray.from_arrays([times, values.cast(acc.type.field("value").type)], fields=list(acc.type),
+                                           mask=missing)]
+
+    def stored_values(self, columns: Sequence[pa.Array]) -> pa.Array:
+        """``get_value`` of each stored accumulator, column-wise: its value (NULL where it is NULL)."""
+        acc = columns[0].combine_chunks() if isinstance(columns[0], pa.ChunkedArray) else columns[0]
+        return pc.if_else(acc.is_valid(), acc.field("value"), pa.scalar(None, acc.type.field("value").type))
 
     def _struct(self, value: Column, event_time: Column) -> Column:
         from pyspark.sql import functions as F

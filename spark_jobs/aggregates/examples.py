@@ -2,13 +2,16 @@
 
 Use it in a spec as ``fn: "spark_jobs.aggregates.examples:WeightedAvg"`` with
 ``columns: [value, weight]``. It shows the contract a user aggregate follows: an
-accumulator stored as a struct of numbers, and a vectorised ``accumulate_batch``.
+accumulator stored as a struct of numbers, a vectorised ``accumulate_batch``, and the optional
+column-wise ``merge_groups_stored`` that merges (rollups, ``apply``) use over many groups at once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -55,6 +58,15 @@ class WeightedAvg(AggregateFunction[Acc, "float | None"]):
 
     def merge_batch(self, acc: Acc, others: list[Acc]) -> Acc:
         return {k: acc[k] + sum(o[k] for o in others) for k in acc}
+
+    def merge_groups_stored(self, columns: Sequence[pa.Array], offsets: np.ndarray) -> list[pa.Array] | None:
+        """Optional and vectorised: each group's sums, as stored (a merge of many partials is two sums)."""
+        acc = columns[0].combine_chunks() if isinstance(columns[0], pa.ChunkedArray) else columns[0]
+        if len(offsets) == 1:
+            return [acc.slice(0, 0)]
+        fields = [np.add.reduceat(pc.fill_null(pc.if_else(acc.is_valid(), acc.field(name), 0.0), 0.0).to_numpy(),
+                                  offsets[:-1]) for name in ("weighted_sum", "weight")]
+        return [pa.StructArray.from_arrays([pa.array(f, pa.float64()) for f in fields], fields=list(acc.type))]
 
     def get_value(self, acc: Acc) -> float | None:
         return acc["weighted_sum"] / acc["weight"] if acc["weight"] else None

@@ -70,7 +70,7 @@ from spark_jobs.lake.spec_record import (
     table_spec_version,
     write_record,
 )
-from spark_jobs.plan.buckets import encoded_columns, merge_groups, value_columns
+from spark_jobs.plan.buckets import Merged, Stored, encoded_columns, merge_groups, value_columns
 from spark_jobs.plan.evolution import Diff, Plan, make_plan
 from spark_jobs.plan.phases import CompiledAggregates, final_aggregate
 from spark_jobs.spec import PipelineSpec
@@ -240,6 +240,7 @@ class _Migration:
         partials = lake.version(tables.partials)
         self.reduced = partials is not None and is_table(tables.aggregates) and (
             lake.txn_version(tables.aggregates, reduce_app_id(spec)) == partials)
+        self.aggregates_read = lake.version(tables.aggregates) if self.reduced else None
         self.meta = {"run_id": run_id, "job": "apply", "spec_version": target.version}
         # the aggregates whose stored columns carry over: the new spec's, minus the ones added or changed
         kept = tuple(a for a in spec.aggregates if a.name not in diff.added)
@@ -284,8 +285,22 @@ class _Migration:
         return bool(self.diff.dropped_keys or self.diff.coarsened or self.diff.window_removed)
 
     def _add_columns(self, path: str, schema: pa.Schema) -> int | None:
+        return self.lake.add_columns(path, self._new_fields(path, schema), app_txns=[self._txn]).version
+
+    def _new_fields(self, path: str, schema: pa.Schema) -> list[pa.Field]:
         have = set((self.lake.schema(path) or pa.schema([])).names)
-        return self.lake.add_columns(path, [f for f in schema if f.name not in have], app_txns=[self._txn]).version
+        return [f for f in schema if f.name not in have]
+
+    def _rollup_stands(self, rollup: Any, path: str, read: int | None) -> bool:
+        """Whether a rollup's rows are those it would be rebuilt with: its grain and keys are unchanged, so each
+        row merges the same events whatever the windows and keys of ``aggregates`` (coarsened, or a key it does not
+        group by dropped), and it had merged the ``aggregates`` that had merged every partial (nothing pending
+        that the rewritten ``aggregates`` now holds)."""
+        if self.diff.reset or self.diff.window_removed or self.aggregates_read is None or read is None:
+            return False
+        if any(c.field == f"rollups[{rollup.name}]" for c in self.diff.changes):
+            return False
+        return self.lake.txn_version(path, rollup_app_id(self.spec, rollup), read) == self.aggregates_read
 
     def _rewrite(self, rows: pa.Table | DataFrame, path: str, read: int | None, *, partition_by: tuple[str, ...] = (),
                  extra: tuple[AppTxn, ...] = (), sort_by: list[str] | None = None) -> int | None:
@@ -355,7 +370,7 @@ class _Migration:
             return self._rewrite(self._conform(rows, "partials"), path, read, partition_by=PARTIALS_PARTITIONS)
         schema = snapshot.schema()
         chunks = forked_map(lambda files: self._merged_files(path, files, schema),
-                            _balanced(self.lake.files(path, read), cores()))
+                            _balanced(self.lake.files(path, read), 4 * cores()))
         rows = pa.concat_tables(chunks) if chunks else self._merged_files(path, [], schema)
         version = self._rewrite(self._conform(rows, "partials"), path, read, partition_by=PARTIALS_PARTITIONS)
         self.merged_partials = (version, rows)
@@ -405,6 +420,17 @@ class _Migration:
     def _rollup(self, rollup: Any, path: str, read: int | None) -> int | None:
         if not (self._rewrites() or self.diff.added):
             return self._add_columns(path, table_schema(self.spec, rollup.table, rollup))
+        if self._rollup_stands(rollup, path, read):
+            # the same events per bucket and rollup key: its rows stand, recorded as merged from the new aggregates
+            source = self.lake.version(self.tables.aggregates)
+            assert source is not None  # the rollup had merged a version of it
+            txns = [self._txn, AppTxn(rollup_app_id(self.spec, rollup), source)]
+            if not self.diff.dropped:
+                return self.lake.add_columns(path, self._new_fields(path, table_schema(self.spec, rollup.table, rollup)),
+                                             app_txns=txns).version
+            rows = self._conform(self.lake_table(path, read), rollup.table, rollup)
+            return self.lake.rewrite(rows, path, read_version=read, metadata=self.meta, app_txns=txns,
+                                     sort_by=["window_start", *rollup.by]).version
         source = open_table(self.tables.aggregates)
         rows = self._conform(rollups.rollup_rows(source, self.compiled, rollup, None, run_id=self.run_id),
                              rollup.table, rollup)
@@ -434,7 +460,7 @@ class _Migration:
         return self._encoded(merged, accs, rows.schema)
 
     def _merge(self, rows: pa.Table, *, extra_keys: list[str],
-               extra: list[tuple[str, str]]) -> tuple[pa.Table, dict[str, list[Any]] | None]:
+               extra: list[tuple[str, str]]) -> tuple[pa.Table, Merged | None]:
         """:func:`merge_groups` of ``rows`` in the new windows per ``extra_keys`` and the new keys; no merge
         (None) when only columns were dropped: the rows stand as they are."""
         rows = self._windowed(rows)
@@ -442,7 +468,7 @@ class _Migration:
             return rows, None
         return merge_groups(rows, [*extra_keys, *self.spec.key_columns], self.kept.entries, extra)
 
-    def _encoded(self, merged: pa.Table, accs: dict[str, list[Any]] | None, schema: pa.Schema) -> pa.Table:
+    def _encoded(self, merged: pa.Table, accs: Merged | None, schema: pa.Schema) -> pa.Table:
         if accs is None:
             return merged
         out = {c: merged.column(c) for c in merged.column_names}
@@ -481,7 +507,8 @@ class _Migration:
         if self.spec.source.op_column is not None:
             keep = pc.not_equal(merged.column("n_rows"), 0)
             merged = merged.filter(keep)
-            accs = {k: [a for a, ok in zip(v, keep.to_pylist(), strict=True) if ok] for k, v in accs.items()}
+            accs = {k: v.filter(keep) if isinstance(v, Stored) else [a for a, ok in zip(v, keep.to_pylist(), strict=True) if ok]
+                    for k, v in accs.items()}
         now = pa.scalar(dt.datetime.now(dt.UTC), TS)
         out = {c: merged.column(c) for c in merged.column_names}
         out.update(value_columns(merged, accs, entries, self.kept.coverage))

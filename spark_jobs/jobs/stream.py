@@ -53,6 +53,7 @@ from spark_jobs.jobs.stream_driver import DRIVER_MAX_KEYS, DriverEngine
 from spark_jobs.jobs.stream_driver_sessions import DriverSessionEngine
 from spark_jobs.jobs.stream_spark import SessionEngine, SparkEngine
 from spark_jobs.jobs.stream_step import Committed, MergeEngine, MiniBatch, commit_outputs
+from spark_jobs.jobs.timing import PhaseTimer
 from spark_jobs.lake import AppTxn, Lake, PipelineTables, open_lake
 from spark_jobs.lake.layout import SPEC_VERSION
 from spark_jobs.lake.rules import DAY, batch_days, batch_files_in, day_bounds, stream_app_id
@@ -87,6 +88,7 @@ class BatchOutcome:
     files_quarantined: int = 0  # landing files that could not be read: in dead_letter, never read again
     files_skipped: int = 0  # zero-byte landing files
     visible_at: float | None = None  # wall-clock time the aggregates commit landed (latency figures)
+    phases: PhaseTimer = field(default_factory=PhaseTimer)  # where its time went
 
 
 @dataclass
@@ -205,18 +207,20 @@ class MiniBatchAggregator:
         from pyspark.sql import functions as F
 
         spec, lake, t = self.spec, self.lake, self.tables
-        done = lake.txn_version(t.stream_state, self.app)
-        if done is not None and done >= batch_id:
-            log.info("mini-batch %d is already committed (state at %d): skipped", batch_id, done)
-            return BatchOutcome(batch_id, replayed=True)
-        ensure_applied(lake, spec, run_id=self.run_id)  # a spec applied since the stream started stops it here
-        files = sorted(r["path"] for r in landed.collect())
-        if not files:
-            return BatchOutcome(batch_id)
-        found = screen(files, spec)  # a file that cannot be read is never half-counted, nor read again
-        found.check(spec, f"mini-batch {batch_id}")
+        phase = PhaseTimer(self.spark)
+        with phase("files"):
+            done = lake.txn_version(t.stream_state, self.app)
+            if done is not None and done >= batch_id:
+                log.info("mini-batch %d is already committed (state at %d): skipped", batch_id, done)
+                return BatchOutcome(batch_id, replayed=True)
+            ensure_applied(lake, spec, run_id=self.run_id)  # a spec applied since the stream started stops it here
+            files = sorted(r["path"] for r in landed.collect())
+            if not files:
+                return BatchOutcome(batch_id)
+            found = screen(files, spec)  # a file that cannot be read is never half-counted, nor read again
+            found.check(spec, f"mini-batch {batch_id}")
         txn = AppTxn(self.app, batch_id)
-        outcome = BatchOutcome(batch_id, files_quarantined=len(found.bad), files_skipped=len(found.empty))
+        outcome = BatchOutcome(batch_id, files_quarantined=len(found.bad), files_skipped=len(found.empty), phases=phase)
         with recorded_run(lake, t, job="stream", batch=f"stream-{batch_id}",
                           run_id=f"{self.run_id}-{batch_id}") as record:
             record.inputs = files
@@ -224,7 +228,8 @@ class MiniBatchAggregator:
             outcome.watermark = watermark = self._watermark(self._load_high())
             et = F.col(spec.source.event_time)
             try:
-                rows, bad, counts = self._read(found.readable, watermark, batch_id)
+                with phase("read and rejects"):
+                    rows, bad, counts = self._read(found.readable, watermark, batch_id)
             except InputError:
                 culprits = isolate_unreadable(found.readable, lambda f: landed_rows(
                     self.spark.read, spec, [f]).agg(F.count("_raw")).first())
@@ -244,8 +249,9 @@ class MiniBatchAggregator:
                 delta = delta.withColumn(SPEC_VERSION, F.when(F.col(DAY) <= F.lit(self.record.uncovered_through),
                                                               F.lit(0).cast("bigint")).otherwise(F.col(SPEC_VERSION)))
             delta = delta.persist(StorageLevel.MEMORY_AND_DISK)
-            span = delta.agg(F.sum("_rows").alias("rows"), F.min("_first_seen").alias("low"),
-                             F.max("max_event_time").alias("high"), F.count(F.lit(1)).alias("keys")).first()
+            with phase("pre-aggregate"):
+                span = delta.agg(F.sum("_rows").alias("rows"), F.min("_first_seen").alias("low"),
+                                 F.max("max_event_time").alias("high"), F.count(F.lit(1)).alias("keys")).first()
             assert span is not None
             outcome.rows_aggregated = int(span["rows"] or 0)
             outcome.rows_in = outcome.rows_aggregated + outcome.rows_rejected
@@ -263,20 +269,23 @@ class MiniBatchAggregator:
                 if outcome.rows_aggregated:
                     low, top = _utc(span["low"]), _utc(span["high"])
                     assert low is not None and top is not None
-                    batch = MiniBatch(batch_id, record.run_id, delta.drop("_rows"), (low, top), self._watermark(high),
-                                      *self._counted_batch_partials((low, top)))
-                    engine = next(e for e in self.engines if e.accepts(int(span["keys"])))
-                    outcome.on_driver = engine.name == "driver"
-                    out = engine.merge(batch)
+                    with phase("merge"):
+                        batch = MiniBatch(batch_id, record.run_id, delta.drop("_rows"), (low, top),
+                                          self._watermark(high), *self._counted_batch_partials((low, top)))
+                        engine = next(e for e in self.engines if e.accepts(int(span["keys"])))
+                        outcome.on_driver = engine.name == "driver"
+                        out = engine.merge(batch)
                 committed = commit_outputs(lake, spec, txn, run_id=record.run_id, rejects=bad,
-                                           rejected=outcome.rows_rejected, batch=batch, out=out, files=found.bad)
+                                           rejected=outcome.rows_rejected, batch=batch, out=out, files=found.bad,
+                                           phase=phase)
                 if engine is not None and out is not None:
                     engine.committed(committed.written["stream_state"], out)
                 return committed
 
             committed = retry_conflicts(step, what=f"mini-batch {batch_id}", recheck=lambda: ensure_applied(lake, spec))
             if spec.rollups:
-                committed.written.update(rollups.refresh(lake, self.compiled, run_id=record.run_id))
+                with phase("rollups"):
+                    committed.written.update(rollups.refresh(lake, self.compiled, run_id=record.run_id))
             bad.unpersist()
             outcome.state_writes, outcome.changes = committed.state_writes, committed.changes
             outcome.visible_at, self._high = committed.visible_at, high
@@ -284,7 +293,8 @@ class MiniBatchAggregator:
             record.versions_written = committed.written
             record.message = (f"mini-batch {batch_id}: {outcome.state_writes} state writes, {outcome.changes} "
                               f"changelog rows, {outcome.rows_late} late"
-                              + (f", watermark {watermark:%Y-%m-%d %H:%M:%S}" if watermark else ""))
+                              + (f", watermark {watermark:%Y-%m-%d %H:%M:%S}" if watermark else "")
+                              + f"; {phase.text()}")
         return outcome
 
     def _read(self, files: list[str], watermark: dt.datetime | None, batch_id: int) -> tuple[DataFrame, DataFrame, Any]:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from spark_jobs.jobs.combine import write_dead_letters
 from spark_jobs.jobs.landing_files import BadFile
+from spark_jobs.jobs.timing import PhaseTimer
 from spark_jobs.lake import AppTxn, Lake, PipelineTables
 from spark_jobs.lake.rules import DAY, PARTIALS_PARTITIONS, sort_keys, stream_layout, window_cluster
 from spark_jobs.spec import PipelineSpec
@@ -87,15 +88,18 @@ def pending(lake: Lake, path: str, txn: AppTxn) -> bool:
 
 
 def commit_outputs(lake: Lake, spec: PipelineSpec, txn: AppTxn, *, run_id: str, rejects: DataFrame, rejected: int,
-                   batch: MiniBatch | None, out: BatchOutputs | None, files: Sequence[BadFile] = ()) -> Committed:
+                   batch: MiniBatch | None, out: BatchOutputs | None, files: Sequence[BadFile] = (),
+                   phase: PhaseTimer | None = None) -> Committed:
     """Commit a batch: its rejected rows, then (when it aggregated any) its outputs, each as one Delta
     commit carrying ``txn``. State goes last, so a batch with a state commit is complete and a replay
     skips every table that has its commit (dead letters, with the quarantined ``files``, are replaced by
     (job, batch): idempotent)."""
     t = PipelineTables(spec.lake, spec.name)
     done = Committed()
-    dead = write_dead_letters(lake, t, rejects, job="stream", batch=f"stream-{txn.version}", run_id=run_id,
-                              rejected=rejected, files=files)
+    phase = phase or PhaseTimer()
+    with phase("commit dead_letter"):
+        dead = write_dead_letters(lake, t, rejects, job="stream", batch=f"stream-{txn.version}", run_id=run_id,
+                                  rejected=rejected, files=files)
     if dead is not None:
         done.written["dead_letter"] = dead.version
     if batch is None or out is None:
@@ -108,24 +112,28 @@ def commit_outputs(lake: Lake, spec: PipelineSpec, txn: AppTxn, *, run_id: str, 
         # have started weeks ago, so no range of starts bounds them); files by session start, about a day each
         prune, cluster = None, window_cluster(spec, (batch.span[1] - batch.span[0]).days + 1)
     if pending(lake, t.aggregates, txn):  # first: it is what readers wait for
-        done.written["aggregates"] = lake.replace_keys(
-            out.aggregates, t.aggregates, keys=keys, touched=out.touched, app_txn=txn, metadata=meta,
-            sort_by=sort_keys(spec), cluster=cluster, prune=prune, read_version=out.read_version).version
+        with phase("commit aggregates"):
+            done.written["aggregates"] = lake.replace_keys(
+                out.aggregates, t.aggregates, keys=keys, touched=out.touched, app_txn=txn, metadata=meta,
+                sort_by=sort_keys(spec), cluster=cluster, prune=prune, read_version=out.read_version).version
         done.visible_at = time.time()
     if pending(lake, t.changelog, txn):
-        # a log: the columns of an aggregate or key a spec change dropped stay, NULL from then on
-        commit = lake.append(out.changelog, t.changelog, app_txn=txn, metadata=meta, conform=True)
+        with phase("commit changelog"):  # a log: a dropped aggregate's or key's columns stay, NULL from then on
+            commit = lake.append(out.changelog, t.changelog, app_txn=txn, metadata=meta, conform=True)
         done.written["changelog"] = commit.version
         done.changes = commit.rows_added
     if pending(lake, t.partials, txn):
-        commit = lake.append(out.partials, t.partials, partition_by=PARTIALS_PARTITIONS, app_txn=txn, metadata=meta)
+        with phase("commit partials"):
+            commit = lake.append(out.partials, t.partials, partition_by=PARTIALS_PARTITIONS, app_txn=txn,
+                                 metadata=meta)
         done.written["partials"] = commit.version
         done.state_writes = commit.rows_added
     else:
         done.state_writes = _count(out.partials)
     state_keys = [DAY, *keys]
-    done.written["stream_state"] = lake.replace_keys(out.state, t.stream_state, keys=state_keys, touched=None,
-                                                     app_txn=txn, metadata=meta, sort_by=state_keys).version
+    with phase("commit state"):
+        done.written["stream_state"] = lake.replace_keys(out.state, t.stream_state, keys=state_keys, touched=None,
+                                                         app_txn=txn, metadata=meta, sort_by=state_keys).version
     return done
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,7 @@ from spark_jobs.aggregates.base import AggregateFunction, BoundAggregate
 from spark_jobs.aggregates.builtins import Builtin
 from spark_jobs.lake.layout import ADOPTED, SPEC_VERSION
 
-__all__ = ["EPOCH", "MONDAY", "TS", "bucket_floor", "bucket_origin", "bucket_starts", "encoded_columns", "merge_groups",
+__all__ = ["EPOCH", "MONDAY", "TS", "Merged", "Stored", "bucket_floor", "bucket_origin", "bucket_starts", "encoded_columns", "merge_groups",
            "micros", "value_columns"]
 
 WEEK = 7 * 86_400
@@ -56,8 +57,21 @@ def bucket_starts(window_start: pa.ChunkedArray | pa.Array, grain_s: int) -> pa.
     return pa.array((ticks - origin) // grain * grain + origin).cast(TS)
 
 
+@dataclass(frozen=True)
+class Stored:
+    """Merged accumulators kept as their stored columns (``merge_groups_stored``), one row per group."""
+
+    columns: list[pa.Array]
+
+    def filter(self, mask: pa.Array) -> Stored:
+        return Stored([c.filter(mask) for c in self.columns])
+
+
+Merged = dict[str, "list[Any] | Stored"]
+
+
 def merge_groups(rows: pa.Table, keys: list[str], entries: Sequence[BoundAggregate],
-                 extra: Sequence[tuple[str, str]] = ()) -> tuple[pa.Table, dict[str, list[Any]]]:
+                 extra: Sequence[tuple[str, str]] = ()) -> tuple[pa.Table, Merged]:
     """One row per ``keys``, and the merged accumulators of each aggregate.
 
     The table holds the keys, ``n_rows`` summed and the accumulator columns of the ``arrow_merge``
@@ -86,10 +100,14 @@ def merge_groups(rows: pa.Table, keys: list[str], entries: Sequence[BoundAggrega
     offsets = np.zeros(len(members) + 1, dtype=np.int64)
     np.cumsum(members.value_lengths().to_numpy(), out=offsets[1:])
     stored = rows.select([c for e in slow for c in e.acc_columns]).take(members.flatten())
-    merged: dict[str, list[Any]] = {}
+    merged: Merged = {}
     for entry in slow:
         fn = entry.function
         columns = [stored.column(c).combine_chunks() for c in entry.acc_columns]
+        as_stored = fn.merge_groups_stored(columns, offsets)
+        if as_stored is not None:
+            merged[entry.name] = Stored(as_stored)
+            continue
         accs = fn.merge_groups(columns, offsets)
         if accs is None:
             decoded = _decoded(fn, columns)
@@ -147,7 +165,7 @@ def _dicts(names: list[str], fields: list[list[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(names, row, strict=False)) for row in zip(*fields, strict=False)]
 
 
-def value_columns(table: pa.Table, accs: dict[str, list[Any]], entries: Sequence[BoundAggregate],
+def value_columns(table: pa.Table, accs: Merged, entries: Sequence[BoundAggregate],
                   coverage: Mapping[str, int] | None = None) -> dict[str, pa.Array]:
     """Each aggregate's value per row of :func:`merge_groups`' table (NULL where ``coverage`` says the
     row predates the aggregate)."""
@@ -155,22 +173,32 @@ def value_columns(table: pa.Table, accs: dict[str, list[Any]], entries: Sequence
     for entry in entries:
         fn = entry.function
         merged = accs.get(entry.name)
-        if merged is None:
-            merged = _decoded(fn, [table.column(c).combine_chunks() for c in entry.acc_columns])
+        if merged is None or isinstance(merged, Stored):
+            columns = merged.columns if merged is not None else [table.column(c).combine_chunks()
+                                                                  for c in entry.acc_columns]
+            values = fn.stored_values(columns)
+            if values is not None:
+                out[entry.name] = values.cast(fn.value_type())
+                continue
+            merged = _decoded(fn, columns)
         out[entry.name] = pa.array([fn.get_value(acc) for acc in merged], fn.value_type())
     return _masked(out, table, entries, coverage)
 
 
-def encoded_columns(table: pa.Table, accs: dict[str, list[Any]], entries: Sequence[BoundAggregate],
+def encoded_columns(table: pa.Table, accs: Merged, entries: Sequence[BoundAggregate],
                     schema: pa.Schema, coverage: Mapping[str, int] | None = None) -> dict[str, pa.Array]:
     """Every accumulator column per row of :func:`merge_groups`' table, as ``schema`` stores them (NULL where
     ``coverage`` says the row predates the aggregate)."""
     out: dict[str, pa.Array] = {}
     for entry in entries:
-        if entry.name not in accs:
+        merged = accs.get(entry.name)
+        if merged is None:
             out.update((c, table.column(c).combine_chunks()) for c in entry.acc_columns)
             continue
-        encoded = [entry.function.encode(acc) for acc in accs[entry.name]]
+        if isinstance(merged, Stored):
+            out.update((c, a.cast(schema.field(c).type)) for c, a in zip(entry.acc_columns, merged.columns, strict=True))
+            continue
+        encoded = [entry.function.encode(acc) for acc in merged]
         for j, c in enumerate(entry.acc_columns):
             out[c] = pa.array([e[j] for e in encoded], schema.field(c).type)
     return _masked(out, table, entries, coverage)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import tempfile
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -16,16 +18,31 @@ from spark_jobs.lake.arrow import read_data_files, split_by, split_rows
 
 
 def _pid_and_square(x: int) -> tuple[int, int]:
+    time.sleep(0.05)  # long enough that a forked worker starts and takes some
     return os.getpid(), x * x
 
 
 def test_results_come_back_in_order_from_other_processes():
     out = forked_map(_pid_and_square, list(range(7)), workers=2)
     assert [v for _, v in out] == [x * x for x in range(7)]
-    assert out[0][0] == os.getpid()  # this process takes the first item
-    assert {pid for pid, _ in out[1:]} - {os.getpid()}  # forked workers the rest
+    assert os.getpid() in {pid for pid, _ in out}  # this process takes items too
+    assert {pid for pid, _ in out} - {os.getpid()}  # and forked workers
     assert forked_map(_pid_and_square, [3], workers=2) == [(os.getpid(), 9)]
     assert forked_map(_pid_and_square, [], workers=2) == []
+
+
+def test_tables_come_back_through_shared_memory_and_leave_no_file():
+    def table(x: int) -> pa.Table:
+        time.sleep(0.05)
+        return pa.table({"x": [x] * 3, "pid": [os.getpid()] * 3, "blob": [b"ab" * x] * 3})
+
+    spill = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    before = set(os.listdir(spill))
+    out = forked_map(table, list(range(6)), workers=2)
+    assert [t.column("x").to_pylist() for t in out] == [[x] * 3 for x in range(6)]
+    assert [t.column("blob")[0].as_py() for t in out] == [b"ab" * x for x in range(6)]
+    assert {p for t in out for p in t.column("pid").to_pylist()} - {os.getpid()}  # some came from a worker
+    assert not {f for f in set(os.listdir(spill)) - before if f.startswith("spark_jobs-")}
 
 
 def test_a_workers_error_is_raised_here():

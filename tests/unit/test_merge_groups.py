@@ -1,4 +1,4 @@
-"""The column-wise ``merge_groups`` of HLL, KLL and first/last equals ``decode`` + ``merge_all`` per group.
+"""The column-wise merges of HLL, KLL, first/last and the example ``WeightedAvg`` equal ``decode`` + ``merge_all`` per group.
 
 Stored columns are synthetic (random sketch sizes, modes, NULLs, serialisations, group sizes), so every
 path the fast merges take, and every input they hand back to the per-group fold, is exercised.
@@ -17,6 +17,7 @@ import pyarrow as pa
 import pytest
 
 from spark_jobs.aggregates.builtins import ApproxCountDistinct, ApproxPercentile, First, Last
+from spark_jobs.aggregates.examples import WeightedAvg
 
 T0 = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
 
@@ -112,8 +113,27 @@ def test_first_and_last_pick_what_the_fold_picks(cls, value_type):
         assert fast is None or fast == folded(fn, column, offsets)
         if value_type != pa.float64():  # floats sort differently in Arrow (NaN, -0.0): the fold takes them
             assert fast is not None
+            (stored,) = fn.merge_groups_stored([column], offsets)  # the same accumulators, never Python objects
+            assert stored.type == column.type
+            assert [fn.decode([c]) for c in stored.to_pylist()] == fast
+            assert fn.stored_values([stored]).to_pylist() == [fn.get_value(a) for a in fast]
 
 
 def test_nanosecond_times_are_left_to_the_fold():
     column = pa.array([{"at": 1, "value": 2}], pa.struct([("at", pa.timestamp("ns")), ("value", pa.int64())]))
     assert First("f", ["x", "t"]).merge_groups([column], np.array([0, 1])) is None
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_weighted_avg_sums_what_the_fold_sums(seed):
+    rng = random.Random(seed)
+    fn = WeightedAvg()
+    for n in (0, 1, 40, 300):
+        cells = [None if rng.random() < 0.2 else {"weighted_sum": rng.uniform(-50, 50), "weight": rng.uniform(0, 5)}
+                 for _ in range(n)]
+        column = pa.array(cells, fn.accumulator_type)
+        offsets = groups_of(rng, n) if n else np.zeros(1, np.int64)
+        (stored,) = fn.merge_groups_stored([column], offsets)
+        assert stored.type == column.type and len(stored) == len(offsets) - 1
+        for got, want in zip(stored.to_pylist(), folded(fn, column, offsets), strict=True):
+            assert got == pytest.approx(want, rel=1e-12, abs=1e-9)
