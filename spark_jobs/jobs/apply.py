@@ -422,9 +422,9 @@ class _Migration:
             return self._add_columns(path, table_schema(self.spec, rollup.table, rollup))
         if self._rollup_stands(rollup, path, read):
             # the same events per bucket and rollup key: its rows stand, recorded as merged from the new aggregates
-            source = self.lake.version(self.tables.aggregates)
-            assert source is not None  # the rollup had merged a version of it
-            txns = [self._txn, AppTxn(rollup_app_id(self.spec, rollup), source)]
+            merged = self.lake.version(self.tables.aggregates)
+            assert merged is not None  # the rollup had merged a version of it
+            txns = [self._txn, AppTxn(rollup_app_id(self.spec, rollup), merged)]
             if not self.diff.dropped:
                 return self.lake.add_columns(path, self._new_fields(path, table_schema(self.spec, rollup.table, rollup)),
                                              app_txns=txns).version
