@@ -29,9 +29,13 @@ from spark_jobs.cli import main as cli
 from spark_jobs.errors import SpecChangedError
 from spark_jobs.jobs import combine, reduce, stream
 from spark_jobs.jobs.apply import apply
+from spark_jobs.jobs.rollups import rollup_rows
 from spark_jobs.lake import PipelineTables
+from spark_jobs.lake.reader import open_table
+from spark_jobs.lake.rules import rollup_app_id
 from spark_jobs.lake.runs import read_runs
 from spark_jobs.lake.spec_record import APPLIED, APPLYING, current, read_records, spec_app_id
+from spark_jobs.plan import CompiledAggregates
 from spark_jobs.plan.evolution import make_plan
 from spark_jobs.spec import PipelineSpec, load_spec
 from tests.builders import ALL_AGGREGATES, FAST_AGGREGATES, day_events, write_day
@@ -204,6 +208,29 @@ def test_a_dropped_key_and_daily_windows_are_derived_alike_in_arrow_and_spark(sp
     combine.run(spark, spec, D2)  # a day recombined by the new spec joins the derived ones
     reduce.run(spark, spec)
     assert_matches(served(spec), oracle(spec), spec)
+
+
+def test_a_rollup_whose_grain_and_keys_stand_keeps_its_rows_through_a_key_drop(spark, two_key_lake, tmp_path):
+    """``rollup_daily`` (by page) merges the same events per page and day whatever ``aggregates`` is keyed by:
+    apply keeps its files and records it as merged from the new ``aggregates``, so no refresh re-merges it."""
+    root = copy_lake(two_key_lake, tmp_path / "lake_copy")
+    old = load_spec(root / "views.yaml")
+    reduce.run(spark, old)  # the streamed day reduced: the rollup has merged everything the partials hold
+    tables = PipelineTables(old.lake, old.name)
+    files = set(DeltaTable(tables.rollup("daily")).file_uris())
+    spec = write_spec(root, base(root, aggregates=ALL_AGGREGATES, group_by=["page"],
+                                 rollups=[{"name": "daily", "grain": "1 day", "by": ["page"]}]))
+    apply(spec)
+    rolled = DeltaTable(tables.rollup("daily"))
+    assert set(rolled.file_uris()) == files
+    assert rolled.transaction_version(rollup_app_id(spec, spec.rollups[0])) == DeltaTable(tables.aggregates).version()
+    assert rolled.transaction_version(spec_app_id(spec.name)) == 2
+    kept = rolled.to_pyarrow_table()
+    rebuilt = rollup_rows(open_table(tables.aggregates), CompiledAggregates(spec, current(spec.lake, spec.name)),
+                          spec.rollups[0], None, run_id="check")
+    values = ["page", "window_start", "n_rows", *(a.name for a in spec.aggregates)]
+    order = [("page", "ascending"), ("window_start", "ascending")]
+    assert kept.select(values).sort_by(order).to_pylist() == rebuilt.select(values).sort_by(order).to_pylist()
 
 
 def test_the_stream_resumes_across_a_coarsening_with_its_state_rebuilt(spark, tmp_path):
