@@ -58,6 +58,17 @@ def cmd_airflow(args: argparse.Namespace) -> int:
     return airflow_bench(args)
 
 
+def _seconds(text: str) -> list[int]:
+    """Whole seconds, comma-separated, each at least 1."""
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"bad value {text!r}: give whole seconds >= 1, comma-separated (e.g. 1,2)")
+    return values
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description="Benchmarks of the spark_jobs pipelines "
                                      "(not tests): ratios against baselines run in the same process.")
@@ -126,8 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--files", type=int, help="landing files the events are split into (default 100)")
     s.add_argument("--batch-files", help="mini-batch sizes in files, comma-separated (default 5,20,50; 0 for the "
                                          "latency run only)")
-    s.add_argument("--trigger", type=int, default=2, help="latency run: trigger interval in seconds (default 2)")
-    s.add_argument("--latency-files", type=int, default=30, help="latency run: files landed (default 30)")
+    s.add_argument("--trigger", type=_seconds, default="1,2", help="latency runs: trigger intervals in whole "
+                                                                   "seconds, comma-separated (default 1,2)")
+    s.add_argument("--latency-files", type=int, default=40, help="latency run: files landed (default 40)")
     s.add_argument("--latency-rows", type=int, default=5000, help="latency run: events per file (default 5000)")
     s.add_argument("--peer", choices=["flink"], help="also run Flink 2.3's local mini-cluster over the same events "
                                                     "(installs apache-flink into its own venv under --work-dir)")

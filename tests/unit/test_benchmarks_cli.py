@@ -20,7 +20,10 @@ def test_each_suite_has_its_options_and_defaults():
         30, 10_000_000, "/tmp/spark_jobs_bench", None, None)
     stream = parse(["stream", "--days", "2", "--files", "100", "--batch-files", "0"])
     assert (stream.days, stream.files, stream.batch_files, stream.trigger, stream.latency_files, stream.latency_rows,
-            stream.latency_interval) == (2, 100, "0", 2, 30, 5000, 1.0)
+            stream.latency_interval) == (2, 100, "0", [1, 2], 40, 5000, 1.0)
+    assert parse(["stream", "--trigger", "2"]).trigger == [2]
+    with pytest.raises(SystemExit):
+        parse(["stream", "--trigger", "0,x"])
     airflow = parse(["airflow"])
     assert (airflow.days, airflow.rows_per_day, airflow.max_active_runs, airflow.parallelism, airflow.timeout,
             airflow.driver_memory) == (10, 100_000, 3, 6, 3600, "2g")
