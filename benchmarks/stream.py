@@ -233,14 +233,15 @@ def _latency(spark: Any, lake: Any, work: Path, landing: Path, args: argparse.Na
     result: dict[str, Any] = {}
     runner = threading.Thread(target=lambda: result.update(summary=stream_job.run(spark, spec, stop=stop)),
                               daemon=True)
-    sources = sorted(landing.rglob("*.parquet"))
-    (live / "event_date=2024-03-01").mkdir(parents=True)
+    sources = sorted(landing.rglob("*.parquet"))  # in event-time order: each lands in its own day's directory
     landed: dict[str, float] = {}
     for i in range(args.latency_files):
         if i == 1:  # a first file before the stream starts, so the query has something to plan on start
             runner.start()
-        table = pq.read_table(sources[i % len(sources)]).slice(0, args.latency_rows)
-        dest = live / "event_date=2024-03-01" / f"live-{i:04d}.parquet"
+        source = sources[i % len(sources)]
+        table = pq.read_table(source).slice(0, args.latency_rows)
+        dest = live / source.parent.name / f"live-{i:04d}.parquet"
+        dest.parent.mkdir(exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.tmp")  # hidden: the file source skips it until the rename
         pq.write_table(table, tmp)
         os.replace(tmp, dest)
