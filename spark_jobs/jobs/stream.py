@@ -23,7 +23,7 @@ Where the state merge runs: one mini-batch step (:mod:`spark_jobs.jobs.stream_st
 interchangeable engines. A batch that touches few keys (``DRIVER_MAX_KEYS`` after its
 pre-aggregation) merges on the driver with the aggregates' Python algebra
 (:mod:`spark_jobs.jobs.stream_driver`); larger batches, a state too large to hold, and the
-first batch merge in Spark (:mod:`spark_jobs.jobs.stream_spark`). Both give the same outputs,
+first batch of session windows merge in Spark (:mod:`spark_jobs.jobs.stream_spark`). Both give the same outputs,
 committed by one routine, with the hybrid rule applied the same way.
 
 Watermark: the largest event time in state minus ``stream.watermark``, as of the batch's

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from spark_jobs.jobs.stream_step import BatchOutputs, MiniBatch
 from spark_jobs.lake import Lake, PipelineTables
 from spark_jobs.lake.arrow import key_mask
-from spark_jobs.lake.layout import ADOPTED, SPEC_VERSION, TS
+from spark_jobs.lake.layout import ADOPTED, SPEC_VERSION, TS, table_schema
 from spark_jobs.lake.rules import DAY, STREAM
 from spark_jobs.plan import CompiledAggregates
 from spark_jobs.plan.buckets import encoded_columns, value_columns
@@ -192,9 +192,8 @@ def _with_new_keys(changelog: pa.Table, first_seen: list[Any], quick: pa.Table, 
                "seq": pa.array(np.arange(changelog.num_rows, changelog.num_rows + rows.num_rows, dtype=np.int64))}
     both = pa.concat_tables([changelog, pa.table([inserts[f.name].cast(f.type) for f in schema], schema=schema)])
     seen = pa.concat_arrays([pa.array(first_seen, TS), quick.column("_first_seen").cast(TS).combine_chunks()])
-    both = both.append_column("_first_seen", seen).sort_by(
-        [("_first_seen", "ascending"), *((k, "ascending") for k in keys), ("seq", "ascending")],
-        null_placement="at_start")
+    both = both.append_column("_first_seen", seen).sort_by(  # nulls first, as Spark orders them
+        [(c, "ascending", "at_start") for c in ("_first_seen", *keys, "seq")])
     return both.drop_columns(["_first_seen", "seq"]).append_column(
         "seq", pa.array(np.arange(both.num_rows, dtype=np.int64))).select(schema.names)
 
@@ -234,13 +233,16 @@ class DriverEngine:
 
     def accepts(self, keys: int) -> bool:
         """Whether a batch of ``keys`` pre-aggregated rows merges here: not too many keys, a state
-        small enough to hold, and output tables that exist (the first batch creates them in Spark)."""
+        small enough to hold, and output tables that exist or that it may create (not those of sessions,
+        whose first batch creates them in Spark)."""
         self._schemas = self._output_schemas() if keys <= self.max_keys else None
         return self._schemas is not None
 
     def _output_schemas(self) -> dict[str, pa.Schema] | None:
         t = self.tables
-        schemas = {name: self.lake.schema(path) for name, path in (
+        spec = self.local.compiled.spec
+        new = spec.window is None or not spec.window.session  # a missing table is created with its layout's columns
+        schemas = {name: self.lake.schema(path) or (table_schema(spec, name) if new else None) for name, path in (
             ("aggregates", t.aggregates), ("changelog", t.changelog), ("partials", t.partials),
             ("state", t.stream_state))}
         if any(s is None for s in schemas.values()):
@@ -277,6 +279,8 @@ class DriverEngine:
 
     def _state(self, schema: pa.Schema) -> pa.Table:
         version = self.lake.version(self.tables.stream_state)
+        if version is None:
+            return schema.empty_table()
         if self._held is None or self._held[0] != version:
             self._held = (version, self.lake.read(self.tables.stream_state).toArrow().select(schema.names).cast(schema))
         return self._held[1]

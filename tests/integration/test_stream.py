@@ -417,7 +417,7 @@ def test_the_driver_merge_writes_the_tables_of_the_spark_merge(spark, tmp_path):
     by_spark, by_driver = (spec.with_paths(lake=str(tmp_path / f"lake-{name}")) for name in ("spark", "driver"))
     stream.run(spark, by_spark, available_now=True, driver_max_keys=0)
     summary = stream.run(spark, by_driver, available_now=True)
-    assert [b.on_driver for b in summary.batches] == [False] + [True] * (len(summary.batches) - 1)  # 1st creates
+    assert all(b.on_driver for b in summary.batches)  # the first one creates the tables, Spark merges on into them
     for table in later:
         land(landing, "2024-03-01", table)
     for run_spec in (by_spark, by_driver):
