@@ -241,7 +241,7 @@ def _latency(spark: Any, lake: Any, work: Path, landing: Path, args: argparse.Na
         source = sources[i % len(sources)]
         table = pq.read_table(source).slice(0, args.latency_rows)
         dest = live / source.parent.name / f"live-{i:04d}.parquet"
-        dest.parent.mkdir(exist_ok=True)
+        dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.tmp")  # hidden: the file source skips it until the rename
         pq.write_table(table, tmp)
         os.replace(tmp, dest)
