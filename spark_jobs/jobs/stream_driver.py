@@ -121,10 +121,12 @@ def merge_on_driver(delta: pa.Table, state: pa.Table, local: LocalAggregates, ke
     changelog = pa.Table.from_pylist(changes, schema=schemas["changelog"])
     merged_table = pa.Table.from_pylist(merged, schema=state.schema)
     if quick.num_rows:
-        changelog = _with_new_keys(changelog, [first_seen[tuple(c[k] for k in keys)] for c in changes], quick, local,
-                                   keys, schemas["changelog"], batch_id=batch_id)
-        aggregates = pa.concat_tables([aggregates, _new_aggregates(quick, local, keys, schemas["aggregates"],
-                                                                   run_id=run_id, now=now)])
+        versioned = _versioned(quick)
+        values = value_columns(versioned, {}, local.compiled.entries, local.compiled.coverage)  # read once, for both
+        changelog = _with_new_keys(changelog, [first_seen[tuple(c[k] for k in keys)] for c in changes], versioned,
+                                   values, keys, schemas["changelog"], batch_id=batch_id)
+        aggregates = pa.concat_tables([aggregates, _new_aggregates(versioned, values, local, keys,
+                                                                   schemas["aggregates"], run_id=run_id, now=now)])
         merged_table = pa.concat_tables([merged_table, quick.select(columns).cast(state.schema)])
     kept = state.filter(pa.array(~key_mask(state, state_keys, merged_table)))
     new_state = pa.concat_tables([kept, merged_table])
@@ -167,31 +169,28 @@ def _versioned(rows: pa.Table) -> pa.Table:
     return rows.set_column(at, SPEC_VERSION, pc.fill_null(rows.column(SPEC_VERSION), ADOPTED))
 
 
-def _new_aggregates(quick: pa.Table, local: LocalAggregates, keys: list[str], schema: pa.Schema, *, run_id: str,
-                    now: dt.datetime) -> pa.Table:
+def _new_aggregates(rows: pa.Table, values: Mapping[str, pa.Array], local: LocalAggregates, keys: list[str],
+                    schema: pa.Schema, *, run_id: str, now: dt.datetime) -> pa.Table:
     """The ``aggregates`` rows of new keys alone in the batch, column-wise: their values and accumulators
     (NULL for aggregates newer than a row's spec version, as ``LocalAggregates`` gives them)."""
-    rows = _versioned(quick)
     entries, coverage = local.compiled.entries, local.compiled.coverage
-    out = {**{k: rows.column(k) for k in keys}, **value_columns(rows, {}, entries, coverage),
+    out = {**{k: rows.column(k) for k in keys}, **values,
            "n_rows": rows.column("n_rows"), **encoded_columns(rows, {}, entries, schema, coverage),
            "updated_at": pa.repeat(pa.scalar(now, TS), rows.num_rows),
            "run_id": pa.repeat(pa.scalar(run_id), rows.num_rows), SPEC_VERSION: rows.column(SPEC_VERSION)}
     return pa.table([out[f.name].cast(f.type) for f in schema], schema=schema)
 
 
-def _with_new_keys(changelog: pa.Table, first_seen: list[Any], quick: pa.Table, local: LocalAggregates,
+def _with_new_keys(changelog: pa.Table, first_seen: list[Any], rows: pa.Table, values: Mapping[str, pa.Array],
                    keys: list[str], schema: pa.Schema, *, batch_id: int) -> pa.Table:
     """The batch's changelog (each row's key first seen at ``first_seen``) with a ``+I`` per new key alone, every
     row numbered again in the order the engines share: keys by first event in the batch, then by key (``-U``
     before ``+U``)."""
-    rows = _versioned(quick)
-    inserts = {"op": pa.repeat(pa.scalar("+I"), rows.num_rows), **{k: rows.column(k) for k in keys},
-               **value_columns(rows, {}, local.compiled.entries, local.compiled.coverage),
+    inserts = {"op": pa.repeat(pa.scalar("+I"), rows.num_rows), **{k: rows.column(k) for k in keys}, **values,
                "batch_id": pa.repeat(pa.scalar(batch_id, pa.int64()), rows.num_rows),
                "seq": pa.array(np.arange(changelog.num_rows, changelog.num_rows + rows.num_rows, dtype=np.int64))}
     both = pa.concat_tables([changelog, pa.table([inserts[f.name].cast(f.type) for f in schema], schema=schema)])
-    seen = pa.concat_arrays([pa.array(first_seen, TS), quick.column("_first_seen").cast(TS).combine_chunks()])
+    seen = pa.concat_arrays([pa.array(first_seen, TS), rows.column("_first_seen").cast(TS).combine_chunks()])
     both = both.append_column("_first_seen", seen).sort_by(  # nulls first, as Spark orders them
         [(c, "ascending", "at_start") for c in ("_first_seen", *keys, "seq")])
     return both.drop_columns(["_first_seen", "seq"]).append_column(

@@ -23,8 +23,8 @@ from spark_jobs.aggregates.base import AggregateFunction, BoundAggregate
 from spark_jobs.aggregates.builtins import Builtin
 from spark_jobs.lake.layout import ADOPTED, SPEC_VERSION
 
-__all__ = ["EPOCH", "MONDAY", "TS", "Merged", "Stored", "bucket_floor", "bucket_origin", "bucket_starts", "encoded_columns", "merge_groups",
-           "micros", "value_columns"]
+__all__ = ["EPOCH", "MONDAY", "TS", "Merged", "Stored", "bucket_floor", "bucket_origin", "bucket_starts",
+           "encoded_columns", "merge_groups", "micros", "value_columns"]
 
 WEEK = 7 * 86_400
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
