@@ -12,10 +12,12 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+
 from spark_jobs.errors import InputError, PipelineError, UsageError
 from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.jobs.landing import classify, read_partition, screen_partition, spark_read_error
-from spark_jobs.jobs.landing_files import BadFile, Screen, file_rows, isolate_unreadable
+from spark_jobs.jobs.landing_files import BadFile, Screen, file_columns, file_rows, isolate_unreadable
 from spark_jobs.jobs.runs import RunRecord, recorded_run
 from spark_jobs.lake import Commit, Lake, PipelineTables, open_lake
 from spark_jobs.lake.layout import SPEC_VERSION
@@ -62,26 +64,46 @@ def combine(rows: DataFrame, spec: PipelineSpec, compiled: CompiledAggregates, *
     return batch_columns(partials, batch=date, source=BATCH, event_date=F.lit(date).cast("date"), run_id=run_id)
 
 
-def write_dead_letters(lake: Lake, tables: PipelineTables, rows: DataFrame, *, job: str, batch: str,
+def write_dead_letters(lake: Lake, tables: PipelineTables, rows: DataFrame | pa.Table, *, job: str, batch: str,
                        run_id: str, rejected: int, files: Sequence[BadFile] = ()) -> Commit | None:
     """Replace the rejects of (job, batch) with this run's rows and quarantined ``files``; no commit when
-    both are empty."""
+    both are empty. ``rows``: rows with ``_reason`` (NULL for valid ones), ``_raw`` and ``_file``; a few
+    rejects already on the driver come as an Arrow table and commit without a Spark job."""
     from pyspark.sql import functions as F
 
     path = tables.dead_letter
     partition = {"job": job, "batch": batch}
     if rejected == 0 and not files and not any(f.partition_values == partition for f in lake.files(path)):
         return None
-    rejects = rows.where(F.col("_reason").isNotNull()).select("_reason", "_raw", "_file")
-    if files:
-        rejects = rejects.unionByName(file_rows(rows.sparkSession, files))
-    bad = rejects.select(
-        F.lit(run_id).alias("run_id"), F.col("_reason").alias("reason"), F.col("_raw").alias("raw"),
-        F.col("_file").alias("source_file"), F.current_timestamp().alias("rejected_at"),
-        F.lit(job).alias("job"), F.lit(batch).alias("batch"),
-    )
+    bad: DataFrame | pa.Table
+    if isinstance(rows, pa.Table):
+        bad = _dead_letter_rows(rows, files, run_id=run_id, job=job, batch=batch)
+    else:
+        rejects = rows.where(F.col("_reason").isNotNull()).select("_reason", "_raw", "_file")
+        if files:
+            rejects = rejects.unionByName(file_rows(rows.sparkSession, files))
+        bad = rejects.select(
+            F.lit(run_id).alias("run_id"), F.col("_reason").alias("reason"), F.col("_raw").alias("raw"),
+            F.col("_file").alias("source_file"), F.current_timestamp().alias("rejected_at"),
+            F.lit(job).alias("job"), F.lit(batch).alias("batch"),
+        )
     return lake.replace_partition(bad, path, partition_by=DEAD_LETTER_PARTITIONS, partition=partition,
                                   metadata={"run_id": run_id, "job": job, "batch": batch})
+
+
+def _dead_letter_rows(rows: pa.Table, files: Sequence[BadFile], *, run_id: str, job: str, batch: str) -> pa.Table:
+    """``dead_letter`` rows, as the Spark path writes them, of rejects held in Arrow."""
+    import pyarrow.compute as pc
+
+    text = pa.schema([(c, pa.string()) for c in ("_reason", "_raw", "_file")])
+    rejects = pa.concat_tables([rows.filter(pc.is_valid(rows.column("_reason"))).select(text.names).cast(text),
+                                pa.table(file_columns(files), schema=text)])
+    n = rejects.num_rows
+    return pa.table({
+        "run_id": pa.repeat(pa.scalar(run_id), n), "reason": rejects.column("_reason"),
+        "raw": rejects.column("_raw"), "source_file": rejects.column("_file"),
+        "rejected_at": pa.repeat(pa.scalar(dt.datetime.now(dt.UTC), pa.timestamp("us", "UTC")), n),
+        "job": pa.repeat(pa.scalar(job), n), "batch": pa.repeat(pa.scalar(batch), n)})
 
 
 def run(spark: SparkSession, spec: PipelineSpec, date: str, *, lake: Lake | None = None,

@@ -26,7 +26,7 @@ from spark_jobs.spec import PipelineSpec
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["BadFile", "Screen", "file_rows", "isolate_unreadable", "screen", "spark_read_error"]
+__all__ = ["BadFile", "Screen", "file_columns", "file_rows", "isolate_unreadable", "screen", "spark_read_error"]
 
 QUARANTINED = "file quarantined"
 
@@ -72,6 +72,13 @@ class Screen:
     bad: list[BadFile] = field(default_factory=list)
     empty: list[str] = field(default_factory=list)
     types: dict[str, str] = field(default_factory=dict)  # Parquet: the Spark type to read each column as
+    rows: dict[str, int] = field(default_factory=dict)  # Parquet: each file's row count, from its footer
+
+    def readable_rows(self) -> int | None:
+        """The readable files' rows, when their footers tell (Parquet): an upper bound before any is read."""
+        if any(p not in self.rows for p in self.readable):
+            return None
+        return sum(self.rows[p] for p in self.readable)
 
     def check(self, spec: PipelineSpec, what: str) -> None:
         """With ``on_bad_file: fail``, stop before anything is written, naming every bad file."""
@@ -110,15 +117,16 @@ def _arrow_type(typ: object) -> str:
     return str(typ)
 
 
-def _footer(path: str) -> tuple[dict[str, str] | None, str | None]:
-    """A Parquet file's column types (Arrow names), or why its footer cannot be read."""
+def _footer(path: str) -> tuple[dict[str, str] | None, int, str | None]:
+    """A Parquet file's column types (Arrow names) and row count, or why its footer cannot be read."""
     import pyarrow.parquet as pq
 
     try:
-        schema = pq.read_schema(_local(path))
+        with pq.ParquetFile(_local(path)) as file:
+            schema, rows = file.schema_arrow, file.metadata.num_rows
     except Exception as exc:  # ArrowInvalid, OSError, ...: an interrupted upload, or not Parquet at all
-        return None, f"not a readable Parquet file ({str(exc).splitlines()[0][:200]})"
-    return {f.name: _arrow_type(f.type) for f in schema}, None
+        return None, 0, f"not a readable Parquet file ({str(exc).splitlines()[0][:200]})"
+    return {f.name: _arrow_type(f.type) for f in schema}, rows, None
 
 
 def _reads_as(have: str, want: str) -> bool:
@@ -144,11 +152,11 @@ def screen(paths: Sequence[str], spec: PipelineSpec, *, exact: bool = True) -> S
         elif spec.source.format != "parquet":
             out.readable.append(path)  # text: a line that does not parse is a rejected row, with its reason
         else:
-            types, problem = _footer(path)
+            types, rows, problem = _footer(path)
             if types is None:
                 out.bad.append(BadFile(path, size, problem or "unreadable"))
             else:
-                footers[path] = types
+                footers[path], out.rows[path] = types, rows
     if spec.source.format != "parquet":
         return out
     for col, want in spec.source.schema:
@@ -192,9 +200,15 @@ def file_rows(spark: SparkSession, bad: Sequence[BadFile]) -> DataFrame:
     ``raw`` holds the path and size, ``reason`` starts with ``file quarantined``."""
     from pyspark.sql.types import StringType, StructField, StructType
 
-    schema = StructType([StructField(c, StringType()) for c in ("_reason", "_raw", "_file")])
-    return spark.createDataFrame(
-        [(f"{QUARANTINED}: {b.reason}", json.dumps({"path": b.path, "size": b.size}), b.path) for b in bad], schema)
+    columns = file_columns(bad)
+    schema = StructType([StructField(c, StringType()) for c in columns])
+    return spark.createDataFrame(list(zip(*columns.values(), strict=True)), schema)
+
+
+def file_columns(bad: Sequence[BadFile]) -> dict[str, list[str]]:
+    """The quarantined files' reject columns (``_reason``, ``_raw``, ``_file``), one row per file."""
+    return {"_reason": [f"{QUARANTINED}: {b.reason}" for b in bad],
+            "_raw": [json.dumps({"path": b.path, "size": b.size}) for b in bad], "_file": [b.path for b in bad]}
 
 
 def spark_read_error(exc: BaseException) -> str:

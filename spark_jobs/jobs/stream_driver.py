@@ -269,7 +269,8 @@ class DriverEngine:
     @staticmethod
     def _delta(batch: MiniBatch, state_schema: pa.Schema) -> pa.Table:
         first_seen = pa.field("_first_seen", state_schema.field("max_event_time").type)
-        return batch.delta.toArrow().select([*state_schema.names, "_first_seen"]).cast(
+        rows = batch.rows if batch.rows is not None else batch.delta.toArrow()
+        return rows.select([*state_schema.names, "_first_seen"]).cast(
             pa.schema([*state_schema, first_seen]))
 
     def committed(self, state_version: int | None, outputs: BatchOutputs) -> None:

@@ -41,6 +41,7 @@ class MiniBatch:
     closes: dt.datetime | None  # windows ending at or before it leave state
     batch_days: frozenset[dt.date] = frozenset()  # touched days with a batch combine (the hybrid rule) ...
     batch_files: tuple[str, ...] = ()  # ... and their batch partial files, whose rows count instead
+    rows: pa.Table | None = None  # ``delta``'s rows when the pre-aggregation already brought them to the driver
 
     @property
     def name(self) -> str:
@@ -87,7 +88,7 @@ def pending(lake: Lake, path: str, txn: AppTxn) -> bool:
     return done is None or done < txn.version
 
 
-def commit_outputs(lake: Lake, spec: PipelineSpec, txn: AppTxn, *, run_id: str, rejects: DataFrame, rejected: int,
+def commit_outputs(lake: Lake, spec: PipelineSpec, txn: AppTxn, *, run_id: str, rejects: Rows, rejected: int,
                    batch: MiniBatch | None, out: BatchOutputs | None, files: Sequence[BadFile] = (),
                    phase: PhaseTimer | None = None) -> Committed:
     """Commit a batch: its rejected rows, then (when it aggregated any) its outputs, each as one Delta

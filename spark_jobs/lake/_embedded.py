@@ -333,7 +333,7 @@ class EmbeddedLake:
         failpoint(f"commit:{table_name}:after")
         return Commit(DeltaTable(_local(path)).version())
 
-    def replace_partition(self, df: DataFrame, path: str, *, partition_by: Sequence[str],
+    def replace_partition(self, df: DataFrame | pa.Table, path: str, *, partition_by: Sequence[str],
                           partition: Mapping[str, str], app_txn: AppTxn | None = None,
                           metadata: Mapping[str, Any] | None = None, conform: bool = False) -> Commit:
         """Replace exactly the rows of one partition with ``df`` in one commit (``conform``: see ``append``)."""
@@ -341,8 +341,8 @@ class EmbeddedLake:
         if bad:
             raise ValueError(f"{bad} are not partition columns of {path} ({list(partition_by)})")
         if conform:
-            df = self._conform(df, path)  # type: ignore[assignment]
-        return self._commit_df(df, path, partition_by=partition_by, replace=partition, app_txn=app_txn,
+            df = self._conform(df, path)
+        return self._commit_df([df] if isinstance(df, pa.Table) else df, path, partition_by=partition_by, replace=partition, app_txn=app_txn,
                                metadata=metadata)
 
     def replace_keys(self, rows: DataFrame | pa.Table, path: str, *, keys: Sequence[str],

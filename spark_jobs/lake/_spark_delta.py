@@ -143,11 +143,10 @@ class SparkDeltaLake(EmbeddedLake):
                 self._writer(empty, "append", (), app_txns[0], None).save(path)
         return self._done(path)
 
-    def replace_partition(self, df: DataFrame, path: str, *, partition_by: Sequence[str],
+    def replace_partition(self, df: DataFrame | pa.Table, path: str, *, partition_by: Sequence[str],
                           partition: Mapping[str, str], app_txn: AppTxn | None = None,
                           metadata: Mapping[str, Any] | None = None, conform: bool = False) -> Commit:
-        if conform:
-            df = self._df(self._conform(df, path))
+        df = self._df(self._conform(df, path) if conform else df)
         where = " AND ".join(f"`{k}` = {_quote(v)}" for k, v in partition.items())
         self._check_spec(path)
         failpoint(f"commit:{Path(path).name}:before")

@@ -148,9 +148,18 @@ def merge_sessions(partials: DataFrame, spec: PipelineSpec, *, extra_keys: Seque
 
 
 def _join(left: DataFrame, right: DataFrame, keys: list[str], how: str = "inner") -> DataFrame:
+    """Join on ``keys``, a NULL key matching NULL (the stream's rejects are groups of a NULL key)."""
+    from functools import reduce
+    from operator import and_
+
     from pyspark.sql import functions as F
 
-    return left.join(right, keys, how) if keys else left.join(right, F.lit(True), how)
+    if not keys:
+        return left.join(right, F.lit(True), how)
+    renamed = {k: f"_right_{k}" for k in keys}  # both sides come from the same rows: names, not lineage
+    right = right.withColumnsRenamed(renamed)
+    on = reduce(and_, (F.col(k).eqNullSafe(F.col(r)) for k, r in renamed.items()))
+    return left.join(right, on, how).drop(*renamed.values())
 
 
 SIGN = "_sign"

@@ -195,6 +195,33 @@ def test_late_rows_go_to_dead_letter_and_closed_windows_leave_state(spark, tmp_p
     assert_matches(agg, expected(read_landing(landing), spec), spec)
 
 
+@pytest.mark.parametrize("window", [{"size": "1 hour", "slide": "20 minutes"}, {"gap": "10 minutes"}, None],
+                         ids=["hopping", "sessions", "unwindowed"])
+@pytest.mark.parametrize("engine", ["driver", "spark"])
+def test_rejects_ride_the_one_pass_into_dead_letter_once_each_as_the_combine_records_them(spark, tmp_path, window,
+                                                                                         engine):
+    """Rejects are groups of their own in the pre-aggregation: a hopping window's copies of a row, a session's
+    neighbours and identical bad rows must still give one dead letter per rejected row, with the record the
+    batch combine writes for it."""
+    spec = with_stream(make_spec(tmp_path, window=window, aggregates=FAST_AGGREGATES), max_files_per_batch=2)
+    landing, date = tmp_path / "landing", "2024-03-01"
+    bad = [(None, "u2", "/b", 5, 1.0, "DE"), (T0.replace(hour=2), "u3", None, 7, 1.0, "DE"),
+           (T0 + dt.timedelta(days=1, hours=1), "u4", "/a", 1, 1.0, "DE")]
+    good = [(T0.replace(hour=1, minute=m), f"u{m}", "/a", m, 1.0, "DE") for m in (5, 25)]
+    land(landing, date, events([good[0], *bad, bad[0]]))  # one bad row twice
+    land(landing, date, events([good[1], bad[1]]))
+    summary = stream.run(spark, spec, available_now=True, driver_max_keys=0 if engine == "spark" else 1000)
+    assert [b.on_driver for b in summary.batches] == [engine == "driver" and window != {"gap": "10 minutes"}]
+    assert (summary.batches[0].rows_in, summary.batches[0].rows_rejected) == (7, 5)
+    tables = PipelineTables(spec.lake, spec.name)
+    assert_matches(actual(tables.aggregates, spec), expected(read_landing(landing), spec), spec)
+    combine.run(spark, spec, date)
+    dead = DeltaTable(tables.dead_letter).to_pandas()
+    by_job = {job: sorted(zip(rows["reason"], rows["raw"], rows["source_file"], strict=True))
+              for job, rows in dead.groupby("job")}
+    assert len(by_job["stream"]) == 5 and by_job["stream"] == by_job["combine"]
+
+
 @pytest.mark.parametrize("order", ["stream_then_batch", "batch_then_stream"])
 def test_stream_and_batch_of_one_day_give_the_same_aggregates_in_either_order(spark, tmp_path, order):
     spec = with_stream(make_spec(tmp_path, window={"size": "1 hour"}, aggregates=FAST_AGGREGATES),
