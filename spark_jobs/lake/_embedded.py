@@ -342,8 +342,8 @@ class EmbeddedLake:
             raise ValueError(f"{bad} are not partition columns of {path} ({list(partition_by)})")
         if conform:
             df = self._conform(df, path)
-        return self._commit_df([df] if isinstance(df, pa.Table) else df, path, partition_by=partition_by, replace=partition, app_txn=app_txn,
-                               metadata=metadata)
+        return self._commit_df([df] if isinstance(df, pa.Table) else df, path, partition_by=partition_by,
+                               replace=partition, app_txn=app_txn, metadata=metadata)
 
     def replace_keys(self, rows: DataFrame | pa.Table, path: str, *, keys: Sequence[str],
                      touched: DataFrame | pa.Table | None, app_txn: AppTxn | None = None,

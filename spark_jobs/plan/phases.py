@@ -148,7 +148,7 @@ def merge_sessions(partials: DataFrame, spec: PipelineSpec, *, extra_keys: Seque
 
 
 def _join(left: DataFrame, right: DataFrame, keys: list[str], how: str = "inner") -> DataFrame:
-    """Join on ``keys``, a NULL key matching NULL (the stream's rejects are groups of a NULL key)."""
+    """Join on ``keys``, NULL matching NULL: the stream groups by a key that is NULL for every valid row."""
     from functools import reduce
     from operator import and_
 
