@@ -23,6 +23,7 @@ from spark_jobs.lake import Commit, Lake, PipelineTables, open_lake
 from spark_jobs.lake.layout import SPEC_VERSION
 from spark_jobs.lake.rules import BATCH, DEAD_LETTER_PARTITIONS, PARTIALS_PARTITIONS
 from spark_jobs.lake.spec_record import ensure_applied
+from spark_jobs.plan.buckets import TS
 from spark_jobs.plan.phases import CompiledAggregates, assign_windows, partial_aggregate
 from spark_jobs.spec import PipelineSpec
 
@@ -102,7 +103,7 @@ def _dead_letter_rows(rows: pa.Table, files: Sequence[BadFile], *, run_id: str, 
     return pa.table({
         "run_id": pa.repeat(pa.scalar(run_id), n), "reason": rejects.column("_reason"),
         "raw": rejects.column("_raw"), "source_file": rejects.column("_file"),
-        "rejected_at": pa.repeat(pa.scalar(dt.datetime.now(dt.UTC), pa.timestamp("us", "UTC")), n),
+        "rejected_at": pa.repeat(pa.scalar(dt.datetime.now(dt.UTC), TS), n),
         "job": pa.repeat(pa.scalar(job), n), "batch": pa.repeat(pa.scalar(batch), n)})
 
 
