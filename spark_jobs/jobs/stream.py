@@ -21,8 +21,8 @@ uninterrupted run. Declared rollups are then refreshed from ``aggregates`` in th
 while the next batch reads its files (the stream's start and end wait for them).
 
 One pass over a batch's files: rejected and late rows ride through the pre-aggregation as
-groups of their own, and a batch small enough for the driver comes to it, groups and rejects,
-in that same Spark job.
+groups of their own, and a batch that fits the driver (by its files' row counts, or by the groups
+per row of the batches before it) comes to it, groups and rejects, in that same Spark job.
 
 Where the state merge runs: one mini-batch step (:mod:`spark_jobs.jobs.stream_step`) with two
 interchangeable engines. A batch that touches few keys (``DRIVER_MAX_KEYS`` after its
@@ -184,6 +184,7 @@ class MiniBatchAggregator:
         self._rollup_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{spec.name}-rollups")
         self._rollups: Future[dict[str, int | None]] | None = None
         self._high_loaded = False
+        self._groups_per_row: float | None = None  # a batch's groups over its footers' bound: the largest seen
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         with self.lock:
@@ -323,9 +324,10 @@ class MiniBatchAggregator:
 
     def _read(self, found: Screen, watermark: dt.datetime | None, batch_id: int) -> _Read:
         """The batch's one pass over its files: rows classified (late ones too) and pre-aggregated per (day,
-        key, window), each reject a group of its own (:func:`_rejects_apart`), cached. A batch whose files hold
-        fewer rows than the driver engine's key limit comes to the driver in that same Spark job; a larger one
-        is counted first. A file unreadable past its footer fails here (InputError)."""
+        key, window), each reject a group of its own (:func:`_rejects_apart`). A batch that fits the driver engine,
+        by its files' row counts or by the groups per row of the batches before it, comes to the driver in that
+        same Spark job; another is cached and counted first. A file unreadable past its footer fails here
+        (InputError)."""
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
@@ -349,14 +351,18 @@ class MiniBatchAggregator:
         if self.record.uncovered_through is not None:  # days whose earlier rows a spec change dropped
             combined = combined.withColumn(SPEC_VERSION, F.when(F.col(DAY) <= F.lit(self.record.uncovered_through),
                                                                 F.lit(0).cast("bigint")).otherwise(F.col(SPEC_VERSION)))
-        read = _Read(combined.persist(StorageLevel.MEMORY_AND_DISK))
         bound = found.readable_rows()
+        groups = None if bound is None else bound * _windows_per_row(spec)  # at most one group per row and window
+        # to the driver in the pass itself when the footers bound the batch under the driver's limit, or when twice
+        # the groups per row of the densest batch yet would fit; else cached and counted first
+        direct = groups is not None and (groups <= self.driver_max_keys or (
+            self._groups_per_row is not None and 2 * self._groups_per_row * groups <= self.driver_max_keys))
+        read = _Read(combined)
         try:
-            if bound is not None and bound * _windows_per_row(spec) <= self.driver_max_keys:
-                read.collect()
-            else:
+            if not (direct and read.collect(bounded=groups is not None and groups <= self.driver_max_keys)):
+                read.combined = combined.persist(StorageLevel.MEMORY_AND_DISK)
                 valid = F.col(_BAD).isNull()
-                read.counted(combined.agg(
+                read.counted(read.combined.agg(
                     F.sum(F.when(valid, F.col("_rows"))).alias("rows"), F.min(F.when(valid, F.col("_first_seen"))).alias("low"),
                     F.max(F.when(valid, F.col("max_event_time"))).alias("high"), F.count(F.when(valid, 1)).alias("keys"),
                     F.count(F.when(~valid, 1)).alias("rejected"), F.count(F.when(F.col("_reject._late"), 1)).alias("late"),
@@ -365,6 +371,8 @@ class MiniBatchAggregator:
             read.combined.unpersist()
             raise InputError(f"mini-batch {batch_id} failed reading {spec.source.path}: "
                              f"{spark_read_error(exc)}") from exc
+        if groups:
+            self._groups_per_row = max(self._groups_per_row or 0.0, (read.keys + read.rejected) / groups)
         return read
 
     def _counted_batch_partials(self, span: tuple[dt.datetime, dt.datetime]
@@ -427,8 +435,8 @@ def _windows_per_row(spec: PipelineSpec) -> int:
 
 
 class _Read:
-    """A mini-batch's files read once: its pre-aggregated groups and its rejects in one cached DataFrame,
-    their counts, and (small batches) both on the driver as Arrow."""
+    """A mini-batch's files read once: its pre-aggregated groups and its rejects in one DataFrame (cached when
+    it is not collected in the pass), their counts, and (batches that fit the driver) both on the driver as Arrow."""
 
     def __init__(self, combined: DataFrame) -> None:
         self.combined = combined
@@ -443,10 +451,18 @@ class _Read:
         self.rejected, self.late = int(counts["rejected"]), int(counts["late"])
         self.low, self.high = _utc(counts["low"]), _utc(counts["high"])
 
-    def collect(self) -> None:
+    def collect(self, *, bounded: bool = True) -> bool:
+        """Bring the groups and rejects to the driver. An estimated batch (not ``bounded``) whose result outgrows
+        ``spark.driver.maxResultSize`` is not collected (False): it is counted and merged in Spark instead."""
         import pyarrow.compute as pc
 
-        table = self.combined.toArrow()
+        try:
+            table = self.combined.toArrow()
+        except Exception as exc:
+            if bounded or "maxResultSize" not in str(exc):
+                raise
+            log.warning("a mini-batch held more groups than expected; merging it in Spark (%s)", exc)
+            return False
         bad = pc.is_valid(table.column(_BAD))
         valid = table.filter(pc.invert(bad)).drop_columns([_BAD, "_reject"])
         rejects = pa.Table.from_struct_array(table.filter(bad).column("_reject").combine_chunks())
@@ -455,6 +471,7 @@ class _Read:
         self.rejected, self.late = rejects.num_rows, int(pc.sum(rejects.column("_late")).as_py() or 0)
         self.low = _utc(pc.min(valid.column("_first_seen")).as_py())
         self.high = _utc(pc.max(valid.column("max_event_time")).as_py())
+        return True
 
     def delta(self) -> DataFrame:
         from pyspark.sql import functions as F

@@ -430,6 +430,24 @@ def _stream_tables(spec: PipelineSpec) -> dict[str, pd.DataFrame]:
             "state": _table(t.stream_state, ["event_date", *keys])}
 
 
+def test_batches_expected_to_fit_the_driver_come_to_it_in_the_pass_and_a_denser_one_merges_in_spark(spark, tmp_path):
+    """Past the files' row counts, the groups per row of the batches before say whether a batch fits the driver
+    engine; the pass itself then brings it to the driver (no count job first). A batch denser than expected
+    merges in Spark all the same, and the tables equal the oracle."""
+    landing = tmp_path / "landing"
+    spec = with_stream(make_spec(tmp_path, window={"size": "1 hour"}), max_files_per_batch=1, watermark="1 day")
+    day = day_events("2024-03-01", 300, pages=("/a", "/b")).sort_by("event_time")
+    for i in range(3):  # 100 rows over 8 hours and 2 pages: at most 16 groups each
+        land(landing, "2024-03-01", day.slice(i * 100, 100))
+    land(landing, "2024-03-02", day_events("2024-03-02", 100, pages=tuple(f"/p{i}" for i in range(100))))
+    batches = stream.run(spark, spec, available_now=True, driver_max_keys=60).batches
+    counted_first = ["collect" in b.phases.seconds for b in batches]  # counted in Spark, then collected
+    assert counted_first == [True, False, False, False]  # the first sets the groups per row: 2 x 16/100 x 100 < 60
+    assert [b.on_driver for b in batches] == [True, True, True, False]  # the last holds about 90 groups
+    assert_matches(actual(PipelineTables(spec.lake, spec.name).aggregates, spec), expected(read_landing(landing), spec),
+                   spec)
+
+
 def test_the_driver_merge_writes_the_tables_of_the_spark_merge(spark, tmp_path):
     """Small batches merge on the driver with the Python algebra: every table equals the Spark path's,
     and Spark merges on from what the driver wrote (both engines over random batches and a changelog
