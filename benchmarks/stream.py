@@ -154,6 +154,14 @@ def stream(args: argparse.Namespace) -> int:
             "mean_rows_per_key_per_batch": aggregated / max(writes, 1),
         }
 
+    if sizes:  # the first size again in this JVM, warm (the runs above paid the JIT's warm-up in turn)
+        size = sizes[0]
+        print(f"mini-batches of {size} files again, warm ...", flush=True)
+        start = time.perf_counter()
+        stream_job.run(spark, _stream_spec(work, landing, f"lake-stream-{size}-warm", size), available_now=True)
+        took = time.perf_counter() - start
+        figures[f"batch{size}"].update(ours_warm_s=took, ours_warm_events_per_s=rows_total / took)
+
     if args.peer == "flink":
         from benchmarks.flink_peer import flink_peer
 
@@ -164,6 +172,7 @@ def stream(args: argparse.Namespace) -> int:
         flink = flink_peer(work, landing, parallelism=os.cpu_count() or 2, watermark_minutes=(args.days + 1) * 24 * 60,
                            window_minutes=spec.window.length.seconds // 60)
         flink["events_per_s"] = rows_total / flink["job_s"]
+        flink["warm_events_per_s"] = rows_total / flink["warm_job_s"]
         figures["flink"] = flink
 
     for trigger in triggers:
@@ -189,15 +198,26 @@ def stream(args: argparse.Namespace) -> int:
               f"for large ones]; {f['ours_over_spark_throughput']:.2f}x Spark's built-in windowed streaming "
               f"aggregation [target >= 0.8]; {f['state_writes_per_row']:.4f} state writes per row = 1 / "
               f"{f['mean_rows_per_key_per_batch']:.1f} rows per key per batch")
+    if sizes:
+        f = figures[f"batch{sizes[0]}"]
+        print(f"  {f['ours_warm_events_per_s']:>12,.0f} events/s  ours, {sizes[0]}-file mini-batches again, warm "
+              f"({f['ours_warm_s']:.1f} s; {f['ours_s']:.1f} s the first time)")
     if "flink" in figures:
         f = figures["flink"]
         print(f"  Flink 2.3 local (mini-batch, local-global; COUNT DISTINCT for the sketches, no percentile): "
               f"{f['job_s']:.1f} s, {f['events_per_s']:,.0f} events/s ({f['command_s']:.1f} s with its JVM's "
-              f"start; {f['events_counted']:,} of {rows_total:,} events counted in its windows)")
+              f"start and a second run; {f['events_counted']:,} of {rows_total:,} events counted in its windows); "
+              f"run again in its JVM, warm: {f['warm_job_s']:.1f} s, {f['warm_events_per_s']:,.0f} events/s")
         for size in sizes:
             ours = figures[f"batch{size}"]["ours_events_per_s"]
             figures[f"batch{size}"]["ours_over_flink"] = ours / f["events_per_s"]
-            print(f"  ours at {size}-file mini-batches / Flink: {ours / f['events_per_s']:.2f}x  [target >= 1.5x]")
+            figures[f"batch{size}"]["ours_over_flink_warm"] = ours / f["warm_events_per_s"]
+            print(f"  ours at {size}-file mini-batches / Flink: {ours / f['events_per_s']:.2f}x its first run, "
+                  f"{ours / f['warm_events_per_s']:.2f}x its warm run  [target >= 1.5x]")
+        if sizes:
+            warm = figures[f"batch{sizes[0]}"]
+            warm["ours_warm_over_flink_warm"] = warm["ours_warm_events_per_s"] / f["warm_events_per_s"]
+            print(f"  both warm, {sizes[0]}-file mini-batches: {warm['ours_warm_over_flink_warm']:.2f}x")
     for trigger in triggers:
         lat_f = figures[f"latency{trigger}s"]
         print(f"  latency at a {trigger} s trigger, {lat_f['measured']} of {lat_f['files']} files landed: steady state "

@@ -17,6 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pads
 from deltalake import DeltaTable
 
 __all__ = ["Snapshot", "commit_time", "is_table", "open_table", "table_version"]
@@ -106,10 +107,19 @@ class Snapshot:
     # ---------------------------------------------------------------------- rows
     def read(self, columns: Sequence[str] | None = None, filter: pc.Expression | None = None) -> pa.Table:
         """The rows (``columns`` only, those matching ``filter``) as one Arrow table."""
-        return self._table.to_pyarrow_dataset().to_table(columns=list(columns) if columns is not None else None,
-                                                          filter=filter)
+        return self._dataset().to_table(columns=list(columns) if columns is not None else None, filter=filter)
 
     def head(self, n: int, columns: Sequence[str] | None = None, filter: pc.Expression | None = None) -> pa.Table:
         """The first ``n`` rows in file order; stops reading once it has them."""
-        return self._table.to_pyarrow_dataset().head(n, columns=list(columns) if columns is not None else None,
-                                                     filter=filter)
+        return self._dataset().head(n, columns=list(columns) if columns is not None else None, filter=filter)
+
+    def _dataset(self) -> pads.Dataset:
+        """The live files as a pyarrow dataset. delta-rs's own gives every file a guarantee built from its
+        statistics, about a millisecond a file before a row is read (0.6-0.9 s for a stream's 700 files of
+        ``aggregates``); a plain Parquet dataset of the same files prunes by their row groups' statistics as it
+        scans. The plain one only where it reads the same rows: a local table without partition columns and
+        without reader features (deletion vectors, column mapping)."""
+        uris = self._table.file_uris()
+        if self.partition_columns or self.reader_features or any("://" in u for u in uris):
+            return self._table.to_pyarrow_dataset()
+        return pads.dataset(uris, schema=self.schema(), format="parquet")
