@@ -478,7 +478,7 @@ class ApproxCountDistinct(Builtin):
         assert value is not None
         if self.input_type not in ("int", "bigint"):
             # as UTF-8 bytes: the sketch hashes a string's UTF-8 bytes either way (the same sketch), but Spark
-            # turns each string into a Java string and back first (a fifth of a live mini-batch's pass)
+            # turns each string into a Java string and back first (0.3 s of a 2.2M-row mini-batch's pass)
             value = (value if self.input_type == "string" else value.cast("string")).cast("binary")
         return [F.hll_sketch_agg(value, self.lg_k)]
 
