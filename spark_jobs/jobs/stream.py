@@ -355,14 +355,15 @@ class MiniBatchAggregator:
         groups = None if bound is None else bound * _windows_per_row(spec)  # at most one group per row and window
         # to the driver in the pass itself when the footers bound the batch under the driver's limit, or when twice
         # the groups per row of the densest batch yet would fit; else cached and counted first
-        direct = groups is not None and (groups <= self.driver_max_keys or (
-            self._groups_per_row is not None and 2 * self._groups_per_row * groups <= self.driver_max_keys))
+        fits = groups is not None and groups <= self.driver_max_keys
+        expected = fits or (groups is not None and self._groups_per_row is not None
+                            and 2 * self._groups_per_row * groups <= self.driver_max_keys)
         read = _Read(combined)
         try:
-            if not (direct and read.collect(bounded=groups is not None and groups <= self.driver_max_keys)):
-                read.combined = combined.persist(StorageLevel.MEMORY_AND_DISK)
+            if not (expected and read.collect(bounded=fits)):
+                combined.persist(StorageLevel.MEMORY_AND_DISK)
                 valid = F.col(_BAD).isNull()
-                read.counted(read.combined.agg(
+                read.counted(combined.agg(
                     F.sum(F.when(valid, F.col("_rows"))).alias("rows"), F.min(F.when(valid, F.col("_first_seen"))).alias("low"),
                     F.max(F.when(valid, F.col("max_event_time"))).alias("high"), F.count(F.when(valid, 1)).alias("keys"),
                     F.count(F.when(~valid, 1)).alias("rejected"), F.count(F.when(F.col("_reject._late"), 1)).alias("late"),
