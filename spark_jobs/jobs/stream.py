@@ -56,9 +56,10 @@ from spark_jobs.jobs import rollups
 from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.jobs.landing import CORRUPT, classify, spark_read_error, with_raw
 from spark_jobs.jobs.landing_files import Screen, isolate_unreadable, screen
-from spark_jobs.jobs.runs import new_run_id, recorded_run
+from spark_jobs.jobs.runs import RunRecord, new_run_id, recorded_run
 from spark_jobs.jobs.stream_driver import DRIVER_MAX_KEYS, DriverEngine
 from spark_jobs.jobs.stream_driver_sessions import DriverSessionEngine
+from spark_jobs.jobs.stream_handoff import Handoffs
 from spark_jobs.jobs.stream_spark import SessionEngine, SparkEngine
 from spark_jobs.jobs.stream_step import Committed, MergeEngine, MiniBatch, Rows, commit_outputs
 from spark_jobs.jobs.timing import PhaseTimer
@@ -185,16 +186,52 @@ class MiniBatchAggregator:
         self._rollups: Future[dict[str, int | None]] | None = None
         self._high_loaded = False
         self._groups_per_row: float | None = None  # a batch's groups over its footers' bound: the largest seen
+        self.handoffs = Handoffs(self.tables.stream_checkpoint)
+        self.hand_off = lake.name == "embedded"  # delta-spark commits are Spark jobs: they stay in the batch
+        self._commit_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{spec.name}-commits")
+        self._commits: Future[None] | None = None
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
+        """One mini-batch. One that came to the driver in its read is handed off: its file list is recorded, its
+        merge and commits run on the commit thread while Spark reads the next batch, whose own merge waits for
+        them (see :mod:`spark_jobs.jobs.stream_handoff`)."""
         with self.lock:
             if self.stopping:  # the query stops before this batch; a restart replays it
                 raise _Stopped()
             try:
-                self.outcomes.append(self.process(df, batch_id))
+                begun = self.begin(df, batch_id)
+                self.committed()
+                if isinstance(begun, BatchOutcome):
+                    self.outcomes.append(begun)
+                elif self.hand_off and begun.read.collected is not None:
+                    self.handoffs.record(batch_id, begun.files)
+                    begun.phase.untrack_jobs()  # its phases now run beside the next batch's Spark jobs
+                    self._commits = self._commit_thread.submit(self._finish_handed_off, begun)
+                else:
+                    self.outcomes.append(self.finish(begun))
             except BaseException as exc:
                 self.error = exc
                 raise
+
+    def _finish_handed_off(self, begun: _Begun) -> None:
+        self.outcomes.append(self.finish(begun))
+        self.handoffs.forget(begun.outcome.batch_id)
+
+    def committed(self) -> None:
+        """Wait for the handed-off batch's commits; raise their error."""
+        running, self._commits = self._commits, None
+        if running is not None:
+            running.result()
+
+    def replay_handed_off(self) -> None:
+        """At the stream's start: commit the batches handed off but not committed when it last stopped."""
+        state = self.tables.stream_state
+        for batch_id, files in self.handoffs.pending(self.lake.txn_version(state, self.app)):
+            log.warning("mini-batch %d was handed off to its commits when the stream stopped: committing it now "
+                        "from its %d recorded files", batch_id, len(files))
+            self.outcomes.append(self.process(self.spark.createDataFrame([(f,) for f in files], "path string"),
+                                              batch_id))
+        self.handoffs.forget(self.lake.txn_version(state, self.app))
 
     # ------------------------------------------------------------------ rollups
     def refresh_rollups(self, *, run_id: str) -> None:
@@ -212,13 +249,20 @@ class MiniBatchAggregator:
             running.result()
 
     def close(self) -> BaseException | None:
-        """At the stream's end: wait for the last rollup refresh; its error, if it failed."""
+        """At the stream's end: wait for the last handed-off batch's commits (their error is the stream's) and
+        the last rollup refresh; the refresh's error, if it failed."""
+        try:
+            self.committed()
+        except BaseException as exc:
+            if self.error is None or isinstance(self.error, _Stopped):
+                self.error = exc
         try:
             self.rollups_done()
             return None
         except Exception as exc:
             return exc
         finally:
+            self._commit_thread.shutdown()
             self._rollup_thread.shutdown()
 
     # ------------------------------------------------------------------ state
@@ -240,6 +284,13 @@ class MiniBatchAggregator:
 
     # ------------------------------------------------------------------ batch
     def process(self, landed: DataFrame, batch_id: int) -> BatchOutcome:
+        """One mini-batch, read, merged and committed before it returns."""
+        begun = self.begin(landed, batch_id)
+        return begun if isinstance(begun, BatchOutcome) else self.finish(begun)
+
+    def begin(self, landed: DataFrame, batch_id: int) -> BatchOutcome | _Begun:
+        """The batch's Spark work: its files screened and read in one pass. A batch with nothing to do (already
+        committed, no files) is done here."""
         from pyspark.sql import functions as F
 
         spec, lake, t = self.spec, self.lake, self.tables
@@ -255,12 +306,11 @@ class MiniBatchAggregator:
                 return BatchOutcome(batch_id)
             found = screen(files, spec)  # a file that cannot be read is never half-counted, nor read again
             found.check(spec, f"mini-batch {batch_id}")
-        txn = AppTxn(self.app, batch_id)
         outcome = BatchOutcome(batch_id, files_quarantined=len(found.bad), files_skipped=len(found.empty), phases=phase)
-        with recorded_run(lake, t, job="stream", batch=f"stream-{batch_id}",
-                          run_id=f"{self.run_id}-{batch_id}") as record:
+        with contextlib.ExitStack() as recorded:
+            record = recorded.enter_context(recorded_run(lake, t, job="stream", batch=f"stream-{batch_id}",
+                                                         run_id=f"{self.run_id}-{batch_id}"))
             record.inputs = files
-            record.versions_read = {"stream_state": lake.version(t.stream_state)}
             outcome.watermark = watermark = self._watermark(self._load_high())
             try:
                 with phase("read and pre-aggregate"):
@@ -283,9 +333,18 @@ class MiniBatchAggregator:
             outcome.rows_in = outcome.rows_aggregated + outcome.rows_rejected
             record.rows_in, record.rows_rejected = outcome.rows_in, outcome.rows_rejected
             record.rows_aggregated = outcome.rows_aggregated
-            high = self._high
-            if outcome.rows_aggregated:
-                high = max(h for h in (self._high, read.high) if h is not None)
+            if outcome.rows_aggregated:  # the next batch's watermark: its read need not wait for this commit
+                self._high = max(h for h in (self._high, read.high) if h is not None)
+            return _Begun(files, found, read, outcome, record, phase, self._high, recorded.pop_all())
+
+    def finish(self, begun: _Begun) -> BatchOutcome:
+        """The batch's merge and commits (the run record closes with them)."""
+        spec, lake, t = self.spec, self.lake, self.tables
+        read, outcome, record, phase, high = begun.read, begun.outcome, begun.record, begun.phase, begun.high
+        batch_id = outcome.batch_id
+        txn = AppTxn(self.app, batch_id)
+        with begun.recorded:
+            record.versions_read = {"stream_state": lake.version(t.stream_state)}
 
             def step(attempt: int) -> Committed:
                 """Merge and commit; after a lost race, again from the tables as they are now (the
@@ -302,7 +361,7 @@ class MiniBatchAggregator:
                         outcome.on_driver = engine.name == "driver"
                         out = engine.merge(batch)
                 committed = commit_outputs(lake, spec, txn, run_id=record.run_id, rejects=read.rejects(),
-                                           rejected=outcome.rows_rejected, batch=batch, out=out, files=found.bad,
+                                           rejected=outcome.rows_rejected, batch=batch, out=out, files=begun.found.bad,
                                            phase=phase)
                 if engine is not None and out is not None:
                     engine.committed(committed.written["stream_state"], out)
@@ -314,8 +373,9 @@ class MiniBatchAggregator:
                     self.refresh_rollups(run_id=record.run_id)
             read.combined.unpersist()
             outcome.state_writes, outcome.changes = committed.state_writes, committed.changes
-            outcome.visible_at, self._high = committed.visible_at, high
+            outcome.visible_at = committed.visible_at
             record.versions_written = committed.written
+            watermark = outcome.watermark
             record.message = (f"mini-batch {batch_id}: {outcome.state_writes} state writes, {outcome.changes} "
                               f"changelog rows, {outcome.rows_late} late"
                               + (f", watermark {watermark:%Y-%m-%d %H:%M:%S}" if watermark else "")
@@ -433,6 +493,20 @@ def _windows_per_row(spec: PipelineSpec) -> int:
     if w is None or not w.hopping or w.slide is None or w.size is None:
         return 1
     return -(-w.size.seconds // w.slide.seconds)
+
+
+@dataclass
+class _Begun:
+    """A mini-batch read, its merge and commits to come; ``recorded`` holds its open run record."""
+
+    files: list[str]
+    found: Screen
+    read: _Read
+    outcome: BatchOutcome
+    record: RunRecord
+    phase: PhaseTimer
+    high: dt.datetime | None  # the largest event time in state once it commits
+    recorded: contextlib.ExitStack
 
 
 class _Read:
@@ -571,17 +645,20 @@ def run(spark: SparkSession, spec: PipelineSpec, *, available_now: bool = False,
     summary = StreamSummary(aggregator.outcomes)
     conf = {**_SMALL_BATCH_CONF, "spark.sql.shuffle.partitions": str(spark.sparkContext.defaultParallelism)}
     with _stop_on_signals(stop), _session_conf(spark, conf):
-        query = writer.start()
-        with contextlib.suppress(Exception):  # a failed query raises here: its error is reported below
-            while query.isActive and not stop.is_set():
-                query.awaitTermination(1)
-        if stop.is_set():
-            aggregator.stopping = True
-            with aggregator.lock:  # wait for the running mini-batch to finish
-                pass
-            query.stop()
-            summary.stopped_by_signal = True
-    rollup_error = aggregator.close()
+        try:
+            aggregator.replay_handed_off()
+            query = writer.start()
+            with contextlib.suppress(Exception):  # a failed query raises here: its error is reported below
+                while query.isActive and not stop.is_set():
+                    query.awaitTermination(1)
+            if stop.is_set():
+                aggregator.stopping = True
+                with aggregator.lock:  # wait for the running mini-batch to finish
+                    pass
+                query.stop()
+                summary.stopped_by_signal = True
+        finally:
+            rollup_error = aggregator.close()  # the last batch's commits, too
     if aggregator.error is not None and not isinstance(aggregator.error, _Stopped):
         if isinstance(aggregator.error, PipelineError):
             raise aggregator.error

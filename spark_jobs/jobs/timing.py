@@ -38,6 +38,10 @@ class PhaseTimer:
             if jobs is not None and self._jobs is not None:
                 self.jobs[name] = self.jobs.get(name, 0) + self._jobs() - jobs
 
+    def untrack_jobs(self) -> None:
+        """Time the phases to come without counting jobs: they run beside other work, whose jobs they would count."""
+        self._jobs = None
+
     def text(self) -> str:
         return ", ".join(f"{k} {v:.2f}s" + (f" ({self.jobs[k]} jobs)" if self.jobs.get(k) else "")
                          for k, v in self.seconds.items())

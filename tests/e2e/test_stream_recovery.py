@@ -115,6 +115,26 @@ def test_kill_9_mid_batch_then_restart_equals_an_uninterrupted_run(tmp_path, ref
         pd.testing.assert_frame_equal(got[name], want, check_dtype=False, obj=name)
 
 
+def test_a_kill_after_spark_marked_a_handed_off_batch_done_replays_it_from_its_record(tmp_path, reference):
+    """A batch that came to the driver returns to Spark before its commits: killed at its last one, Spark has
+    marked it done, and only its hand-off record brings it back."""
+    spec_path = make_pipeline(tmp_path)
+    land_files(tmp_path)
+    crashed = stream_cli(spec_path, "commit:state:before@2")  # batch 1's state commit, on the commit thread
+    assert crashed.returncode == KILLED, crashed.stderr[-3000:]
+    spec = load_spec(spec_path)
+    checkpoint = Path(PipelineTables(spec.lake, spec.name).stream_checkpoint)
+    assert (checkpoint / "commits" / "1").exists()  # Spark reads batch 1 never again
+    assert [p.name for p in (checkpoint / "handoff").glob("*.json")] == ["1.json"]
+    restarted = stream_cli(spec_path)
+    assert restarted.returncode == 0, restarted.stderr[-3000:]
+    assert "mini-batch 1 was handed off to its commits when the stream stopped" in restarted.stderr
+    assert not list((checkpoint / "handoff").glob("*.json"))
+    got = snapshot(spec_path)
+    for name, want in reference.items():
+        pd.testing.assert_frame_equal(got[name], want, check_dtype=False, obj=name)
+
+
 def test_sigterm_stops_at_a_batch_boundary_and_a_restart_goes_on(tmp_path):
     spec_path = make_pipeline(tmp_path)
     land_files(tmp_path, count=1)
