@@ -20,6 +20,11 @@ already has its commit, so after a kill -9 anywhere, a restart gives the tables 
 uninterrupted run. Declared rollups are then refreshed from ``aggregates`` in the background,
 while the next batch reads its files (the stream's start and end wait for them).
 
+A batch that came to the driver in its read is handed off: its file list recorded, its merge and commits run on
+a commit thread while Spark reads the next batch, whose merge waits for them
+(:mod:`spark_jobs.jobs.stream_handoff`: Spark marks the batch done before they land, so a restart replays the
+record).
+
 One pass over a batch's files: rejected and late rows ride through the pre-aggregation as
 groups of their own, and a batch that fits the driver (by its files' row counts, or by the groups
 per row of the batches before it) comes to it, groups and rejects, in that same Spark job.

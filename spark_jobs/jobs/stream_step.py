@@ -95,6 +95,8 @@ def commit_outputs(lake: Lake, spec: PipelineSpec, txn: AppTxn, *, run_id: str, 
     commit carrying ``txn``. State goes last, so a batch with a state commit is complete and a replay
     skips every table that has its commit (dead letters, with the quarantined ``files``, are replaced by
     (job, batch): idempotent)."""
+    import pyarrow as pa
+
     t = PipelineTables(spec.lake, spec.name)
     done = Committed()
     phase = phase or PhaseTimer()
@@ -108,7 +110,8 @@ def commit_outputs(lake: Lake, spec: PipelineSpec, txn: AppTxn, *, run_id: str, 
     sessions = spec.window is not None and spec.window.session
     keys = list(spec.key_columns)
     meta: dict[str, Any] = {"run_id": batch.run_id, "job": "stream", "batch_id": batch.batch_id}
-    prune, cluster = stream_layout(spec, batch.span)
+    driver_rows = out.aggregates.num_rows if isinstance(out.aggregates, pa.Table) else None
+    prune, cluster = stream_layout(spec, batch.span, driver_rows)
     if sessions:  # the served sessions in reach are replaced, in the files that hold them (a heavy user's may
         # have started weeks ago, so no range of starts bounds them); files by session start, about a day each
         prune, cluster = None, window_cluster(spec, (batch.span[1] - batch.span[0]).days + 1)

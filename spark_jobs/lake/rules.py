@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from spark_jobs.spec import PipelineSpec, RollupSpec
 
 __all__ = [
-    "BATCH", "DAY", "DAY_MARGIN", "DEAD_LETTER_PARTITIONS", "PARTIALS_PARTITIONS", "STREAM", "batch_days",
+    "BATCH", "DAY", "DAY_MARGIN", "DEAD_LETTER_PARTITIONS", "PARTIALS_PARTITIONS", "STREAM", "STREAM_FILE_ROWS", "batch_days",
     "batch_files_in", "counted_files", "day_bounds", "in_days", "is_batch", "reduce_app_id", "rollup_app_id", "sort_keys",
     "stream_app_id", "stream_layout", "window_cluster",
 ]
@@ -25,6 +25,7 @@ __all__ = [
 DAY = "event_date"
 BATCH, STREAM = "batch", "stream"  # the ``source`` partition of ``partials``
 PARTIALS_PARTITIONS = (DAY, "source")
+STREAM_FILE_ROWS = 8192  # the fewest aggregates rows a mini-batch writes to one file (but one file at least)
 DEAD_LETTER_PARTITIONS = ("job", "batch")
 # Windows reach at most a day past their events' day, and timestamps Spark hands back are in
 # the driver's local time zone: a day of margin each side keeps every day-range filter safe.
@@ -90,13 +91,17 @@ def batch_files_in(files: Iterable[DataFile], bounds: tuple[dt.date, dt.date] | 
     return [f for f in files if is_batch(f) and (bounds is None or in_days(f.partition_values.get(DAY), bounds))]
 
 
-def stream_layout(spec: PipelineSpec, span: tuple[dt.datetime, dt.datetime]
+def stream_layout(spec: PipelineSpec, span: tuple[dt.datetime, dt.datetime], rows: int | None = None
                   ) -> tuple[tuple[str, dt.datetime, dt.datetime] | None, Cluster | None]:
     """How a mini-batch rewrites ``aggregates``: the window starts it can touch, and about a file
-    per window, so the next batch rewrites only the files of its own windows."""
+    per window, so the next batch rewrites only the files of its own windows; but no file of fewer than
+    ``STREAM_FILE_ROWS`` of the batch's ``rows`` (a backlog's batch spans days of windows: a file per
+    hour would be many small files, whose writing and reading cost more than the boundary file's rewrite)."""
     window = spec.window
     if window is None:
         return None, None
     prune = ("window_start", span[0] - dt.timedelta(seconds=window.length.seconds), span[1])  # starts in (t - size, t]
-    windows = (prune[2] - prune[1]).total_seconds() // (window.slide or window.length).seconds
-    return prune, window_cluster(spec, int(windows) + 1, by="hash")
+    windows = int((prune[2] - prune[1]).total_seconds() // (window.slide or window.length).seconds) + 1
+    if rows is not None:
+        windows = min(windows, -(-rows // STREAM_FILE_ROWS))
+    return prune, window_cluster(spec, windows, by="hash")
