@@ -224,7 +224,8 @@ def stream(args: argparse.Namespace) -> int:
               f"p50 {lat_f['p50_s']:.2f} s, p95 {lat_f['p95_s']:.2f} s over {lat_f['steady_files']} files "
               f"[target p50 <= {trigger + 1} s, p95 <= {trigger + 2} s]; warm-up (the {lat_f['warmup_files']} files "
               f"landed before the first mini-batch was visible) up to {lat_f['warmup_max_s']:.2f} s")
-    print("\n  where a mini-batch's time goes (mean seconds per batch, and Spark jobs):")
+    print("\n  where a mini-batch's time goes (mean seconds per batch, and Spark jobs; a batch that came to the driver "
+          "merges and commits on the commit thread while the next one reads, so the total is work, not wall time):")
     for label, phases in profile.items():
         print(f"    {label} ({phases['batches']} batches, {phases['events_per_batch']:,.0f} events each):")
         for name, (seconds, jobs) in phases.get("phases", {}).items():

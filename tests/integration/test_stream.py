@@ -22,7 +22,8 @@ from deltalake import DeltaTable
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from spark_jobs.errors import InputError, LakeError
+from spark_jobs._failpoints import once_at
+from spark_jobs.errors import InputError, LakeError, PipelineError
 from spark_jobs.jobs import combine, reduce, stream
 from spark_jobs.lake import PipelineTables
 from spark_jobs.spec import PipelineSpec, load_spec
@@ -123,6 +124,30 @@ def test_a_rerun_finds_nothing_new_and_changes_nothing(spark, tmp_path):
     land(tmp_path / "landing", "2024-03-01", scores([("Tom", 1)], start=5))
     stream.run(spark, spec, available_now=True)
     assert flink_text(changelog(spec)) == "+I[Tom,1] +I[John,1] -U[Tom,1] +U[Tom,2]"
+
+
+def test_a_handed_off_batch_whose_commit_fails_fails_the_stream_and_a_restart_commits_it(spark, tmp_path):
+    """Batch 0 comes to the driver and is handed off; its changelog commit fails on the commit thread while
+    Spark reads batch 1. The stream fails with that error, and a restart commits batch 0 from its record."""
+    spec = scores_spec(tmp_path, max_files_per_batch=1)
+    for i, row in enumerate(TOM_JOHN):
+        land(tmp_path / "landing", "2024-03-01", scores([row], start=i))
+
+    def disk_full() -> None:
+        raise OSError("No space left on device")
+
+    with once_at("commit:changelog:before", disk_full) as ran, pytest.raises(PipelineError, match="No space left"):
+        stream.run(spark, spec, available_now=True)
+    assert ran()
+    tables = PipelineTables(spec.lake, spec.name)
+    handoff = Path(tables.stream_checkpoint) / "handoff"
+    assert [p.name for p in handoff.glob("*.json")] == ["0.json"]
+    assert DeltaTable(tables.aggregates).transaction_version("scores.stream") == 0  # committed before the failure
+    assert not DeltaTable.is_deltatable(tables.changelog)
+    summary = stream.run(spark, spec, available_now=True)
+    assert flink_text(changelog(spec)) == "+I[Tom,1] +I[John,1] -U[Tom,1] +U[Tom,2] -U[Tom,2] +U[Tom,3]"
+    assert not list(handoff.glob("*.json"))
+    assert [b.batch_id for b in summary.batches if not b.replayed] == [0, 1, 2, 3]
 
 
 def test_windowed_stream_equals_the_batch_path_and_the_oracle(spark, tmp_path):
