@@ -147,14 +147,12 @@ def source_stream(spark: SparkSession, spec: PipelineSpec) -> DataFrame:
 def landed_rows(reader: Any, spec: PipelineSpec, paths: list[str] | None) -> DataFrame:
     """Landing rows through a ``spark.read`` (of ``paths``) or ``spark.readStream`` (of
     ``source.path``, ``paths=None``) reader: spec columns as read, ``_raw``, ``_file`` and
-    ``event_date`` (from the file's partition directory: a date when every path's is one, so that
-    Spark parses it once a file, not once a row; else a string, whose bad values classify rejects)."""
+    ``event_date`` (from the file's partition directory)."""
     if spec.source.format == "parquet":
         columns = [f"`{c}` {t}" for c, t in spec.source.schema]
     else:
         columns = [f"`{c}` string" for c, _ in spec.source.schema] + [f"`{CORRUPT}` string"]
-    day = "date" if paths is not None and all(_day_of(p) is not None for p in paths) else "string"
-    reader = reader.schema(", ".join([*columns, f"{DAY} {day}"])).option("basePath", spec.source.path)
+    reader = reader.schema(", ".join([*columns, f"{DAY} string"])).option("basePath", spec.source.path)
     target = spec.source.path if paths is None else paths
     if spec.source.format == "json":
         df = reader.option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT).json(target)
@@ -164,17 +162,6 @@ def landed_rows(reader: Any, spec: PipelineSpec, paths: list[str] | None) -> Dat
     else:
         df = reader.parquet(target) if paths is None else reader.parquet(*target)
     return with_raw(df, spec, DAY)
-
-
-def _day_of(path: str) -> dt.date | None:
-    """The date of a landing file's partition directory (``event_date=YYYY-MM-DD``), None if it is not one."""
-    import re
-
-    found = re.search(rf"/{DAY}=(\d{{4}}-\d{{2}}-\d{{2}})/[^/]*$", path)
-    try:
-        return dt.date.fromisoformat(found.group(1)) if found else None
-    except ValueError:
-        return None
 
 
 class MiniBatchAggregator:

@@ -196,14 +196,7 @@ def partial_aggregate(rows: DataFrame, compiled: CompiledAggregates, *, extra_ke
         value = F.col(b.columns[0]) if b.columns else None
         exprs.extend(c.alias(n) for c, n in zip(impl.spark_partial(value, event_time, sign), b.acc_columns,
                                                 strict=True))
-    window = spec.window
-    if window is not None and not window.session and window.size is not None and "window_end" in keys:
-        # a fixed window's end follows from its start: one grouping key fewer (a tenth of the aggregation's time)
-        size = F.lit(window.size.seconds * 1_000_000)
-        out = rows.groupBy(*(k for k in keys if k != "window_end")).agg(*exprs, *extra_aggs).withColumn(
-            "window_end", F.timestamp_micros(F.unix_micros("window_start") + size))
-    else:
-        out = rows.groupBy(*keys).agg(*exprs, *extra_aggs)
+    out = rows.groupBy(*keys).agg(*exprs, *extra_aggs)
     for b, impl in compiled.native:
         if impl.map_view:
             out = _join(out, impl.spark_partial_frame(rows, keys, SIGN, b.acc_columns[0]), keys, "left")
