@@ -92,6 +92,22 @@ def spark_windowed_stream(spark: Any, spec: PipelineSpec, lake: Any, checkpoint:
         raise RuntimeError(str(query.exception()))
 
 
+def _baseline(spark: Any, spec: PipelineSpec, lake: Any, checkpoint: Path) -> tuple[float, bool]:
+    """Seconds of Spark's own streaming aggregation, and whether it ran twice. With 2g of driver memory its
+    50-file batches' sort-based aggregation sometimes runs out of execution memory (UNABLE_TO_ACQUIRE_MEMORY, in
+    Spark's task, not in our code); it is then run once more from a fresh checkpoint, and the retry is printed."""
+    for attempt in (1, 2):
+        start = time.perf_counter()
+        try:
+            spark_windowed_stream(spark, spec, lake, checkpoint)
+            return time.perf_counter() - start, attempt > 1
+        except Exception as exc:
+            if attempt > 1 or "UNABLE_TO_ACQUIRE_MEMORY" not in str(exc):
+                raise
+            print("  Spark Structured Streaming ran out of execution memory: running it once more", flush=True)
+    raise AssertionError("unreachable")
+
+
 def _files_by_batch(checkpoint: str) -> dict[str, int]:
     """Landing file -> the mini-batch id that read it, from the file source's checkpoint log."""
     out: dict[str, int] = {}
@@ -139,15 +155,13 @@ def stream(args: argparse.Namespace) -> int:
         summary = stream_job.run(spark, spec, available_now=True)
         ours = time.perf_counter() - start
         base_spec = _stream_spec(work, landing, f"lake-spark-{size}", size)
-        start = time.perf_counter()
-        spark_windowed_stream(spark, base_spec, lake, work / f"ckpt-spark-{size}")
-        base = time.perf_counter() - start
+        base, retried = _baseline(spark, base_spec, lake, work / f"ckpt-spark-{size}")
         done = summary.batches
         profile[f"{size}-file mini-batches"] = _profile(done)
         writes = sum(b.state_writes for b in done)
         aggregated = sum(b.rows_aggregated for b in done)
         figures[f"batch{size}"] = {
-            "mini_batches": len(done), "ours_s": ours, "spark_s": base,
+            "mini_batches": len(done), "ours_s": ours, "spark_s": base, "spark_retried": retried,
             "ours_events_per_s": rows_total / ours, "spark_events_per_s": rows_total / base,
             "ours_over_spark_throughput": base / ours,
             "state_writes_per_row": writes / max(aggregated, 1),
