@@ -243,8 +243,7 @@ class MiniBatchAggregator:
         for batch_id, files in self.handoffs.pending(self.lake.txn_version(state, self.app)):
             log.warning("mini-batch %d was handed off to its commits when the stream stopped: committing it now "
                         "from its %d recorded files", batch_id, len(files))
-            self.outcomes.append(self.process(self.spark.createDataFrame([(f,) for f in files], "path string"),
-                                              batch_id))
+            self.outcomes.append(self.process(files, batch_id))
         self.handoffs.forget(self.lake.txn_version(state, self.app))
 
     # ------------------------------------------------------------------ rollups
@@ -297,14 +296,14 @@ class MiniBatchAggregator:
         return self._high
 
     # ------------------------------------------------------------------ batch
-    def process(self, landed: DataFrame, batch_id: int) -> BatchOutcome:
+    def process(self, landed: DataFrame | list[str], batch_id: int) -> BatchOutcome:
         """One mini-batch, read, merged and committed before it returns."""
         begun = self.begin(landed, batch_id)
         return begun if isinstance(begun, BatchOutcome) else self.finish(begun)
 
-    def begin(self, landed: DataFrame, batch_id: int) -> BatchOutcome | _Begun:
-        """The batch's Spark work: its files screened and read in one pass. A batch with nothing to do (already
-        committed, no files) is done here."""
+    def begin(self, landed: DataFrame | list[str], batch_id: int) -> BatchOutcome | _Begun:
+        """The batch's Spark work: its files (the stream's paths, or a hand-off record's) screened and read in one
+        pass. A batch with nothing to do (already committed, no files) is done here."""
         from pyspark.sql import functions as F
 
         spec, lake, t = self.spec, self.lake, self.tables
@@ -315,7 +314,7 @@ class MiniBatchAggregator:
                 log.info("mini-batch %d is already committed (state at %d): skipped", batch_id, done)
                 return BatchOutcome(batch_id, replayed=True)
             ensure_applied(lake, spec, run_id=self.run_id)  # a spec applied since the stream started stops it here
-            files = sorted(r["path"] for r in landed.collect())
+            files = sorted(landed if isinstance(landed, list) else (r["path"] for r in landed.collect()))
             if not files:
                 return BatchOutcome(batch_id)
             found = screen(files, spec)  # a file that cannot be read is never half-counted, nor read again
