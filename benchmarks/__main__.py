@@ -17,43 +17,43 @@ WORK_DIR = "/tmp/spark_jobs_bench"
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
-    from benchmarks.batch import batch
+    from benchmarks.batch_bench import batch
 
     return batch(args)
 
 
 def cmd_stream(args: argparse.Namespace) -> int:
-    from benchmarks.stream import stream
+    from benchmarks.stream_bench import stream
 
     return stream(args)
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
-    from benchmarks.scale import scale
+    from benchmarks.scale_bench import scale
 
     return scale(args)
 
 
 def cmd_rollup(args: argparse.Namespace) -> int:
-    from benchmarks.rollup import rollup_bench
+    from benchmarks.rollup_bench import rollup_bench
 
     return rollup_bench(args)
 
 
 def cmd_evolution(args: argparse.Namespace) -> int:
-    from benchmarks.evolution import evolution_bench
+    from benchmarks.evolution_bench import evolution_bench
 
     return evolution_bench(args)
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
-    from benchmarks.sessions import sessions_bench
+    from benchmarks.sessions_bench import sessions_bench
 
     return sessions_bench(args)
 
 
 def cmd_airflow(args: argparse.Namespace) -> int:
-    from benchmarks.orchestration import airflow_bench
+    from benchmarks.airflow_bench import airflow_bench
 
     return airflow_bench(args)
 
@@ -173,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     finally:
-        from spark_jobs.session import close_remote
+        from spark_jobs.spark_session import close_remote
 
         close_remote()
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.batch import fresh
+from benchmarks.batch_bench import fresh
 
 __all__ = ["FLINK", "flink_peer"]
 

@@ -29,7 +29,7 @@ __all__ = ["build_parser", "main"]
 
 
 def _add_server(sub: Any) -> None:
-    from spark_jobs.server.cli import add_server_parser, run_server
+    from spark_jobs.server.server_cli import add_server_parser, run_server
 
     add_server_parser(sub).set_defaults(func=run_server)
 

@@ -22,7 +22,7 @@ from spark_jobs.errors import InputError, PipelineError, UsageError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from spark_jobs.session import SessionConfig
+    from spark_jobs.spark_session import SessionConfig
     from spark_jobs.spec import PipelineSpec
 
 log = logging.getLogger("spark_jobs")
@@ -42,7 +42,7 @@ def _spec(args: argparse.Namespace, *, applied: bool = False) -> PipelineSpec:
 
 
 def _session_config(args: argparse.Namespace, app: str, *, connect: bool = True) -> SessionConfig:
-    from spark_jobs.session import SessionConfig
+    from spark_jobs.spark_session import SessionConfig
 
     kwargs: dict[str, Any] = {"app_name": f"spark_jobs {app}", "progress": sys.stderr.isatty()}
     if args.master or not connect:
@@ -69,7 +69,7 @@ def parse_confs(confs: Sequence[str]) -> tuple[tuple[str, str], ...]:
 def _session(args: argparse.Namespace, app: str, *, connect: bool = True) -> SparkSession:
     """The job's session: a Spark Connect client when ``--remote``/``$SPARK_REMOTE`` names a server
     (and the job can run as one), else its own application; an explicit ``--master`` wins."""
-    from spark_jobs.session import build_session
+    from spark_jobs.spark_session import build_session
 
     config = _session_config(args, app, connect=connect)
     spark = build_session(config)
@@ -167,7 +167,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
 
 
 def cmd_stream(args: argparse.Namespace) -> int:
-    from spark_jobs.jobs import stream
+    from spark_jobs.stream import query as stream
 
     spec = _spec(args, applied=True)
     # its own application: foreachBatch and the driver merge's held state need a driver in this process
@@ -178,8 +178,8 @@ def cmd_stream(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     """Each phase's aggregates (stored columns, local and global expressions), then Spark's physical plan."""
-    from spark_jobs.plan import CompiledAggregates
-    from spark_jobs.plan.explain import PHASES, explain, phase_frame
+    from spark_jobs.phases import CompiledAggregates
+    from spark_jobs.phases.explain import PHASES, explain, phase_frame
 
     spec = _spec(args)
     compiled = CompiledAggregates(spec)
@@ -196,7 +196,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     import json
 
     from spark_jobs.lake.spec_record import read_records
-    from spark_jobs.plan.evolution import make_plan
+    from spark_jobs.spec_plan import make_plan
 
     spec = _spec(args)
     plan = make_plan(spec, read_records(spec.lake, spec.name))
@@ -216,7 +216,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from spark_jobs.inspection.cli import run_inspect
+    from spark_jobs.inspection.inspect_cli import run_inspect
 
     return run_inspect(args)
 
@@ -328,7 +328,7 @@ def build_parser(commands: Sequence[Command] = ()) -> argparse.ArgumentParser:
                     help="where merges run: arrow on the driver, spark, or auto (spark for tables over 2M rows)")
     ap.set_defaults(func=cmd_apply)
 
-    from spark_jobs.inspection.cli import add_inspect_parser
+    from spark_jobs.inspection.inspect_cli import add_inspect_parser
 
     add_inspect_parser(sub).set_defaults(func=cmd_inspect)
 
@@ -376,6 +376,6 @@ def main(argv: Sequence[str] | None = None, *, keep_session: bool = False, comma
         return 130
     finally:
         if not keep_session:
-            from spark_jobs.session import close_remote
+            from spark_jobs.spark_session import close_remote
 
             close_remote()

@@ -111,7 +111,7 @@ def write_text(landing: Path, date: str, name: str, text: str) -> Path:
 def killed_at(failpoint: str, *args: str) -> None:
     """Run ``python -m spark_jobs ARGS`` (local Spark, embedded Delta) and check it was killed with SIGKILL at
     ``failpoint``."""
-    from spark_jobs.session import ensure_java_home
+    from spark_jobs.spark_session import ensure_java_home
 
     ensure_java_home()
     env = {**os.environ, "SPARK_JOBS_FAILPOINT": failpoint, "SPARK_JOBS_DELTA_BACKEND": "embedded",

@@ -22,7 +22,7 @@ logging.getLogger("py4j").setLevel(logging.ERROR)  # py4j logs to a closed strea
 
 @pytest.fixture(scope="session")
 def spark():
-    from spark_jobs.session import SessionConfig, build_session
+    from spark_jobs.spark_session import SessionConfig, build_session
 
     session = build_session(SessionConfig(master="local[2]", shuffle_partitions=2, app_name="spark_jobs tests",
                                           driver_memory="2g"))

@@ -33,7 +33,7 @@ def skip_unchanged_day(pipeline: str) -> Callable[[Any], str | None]:
             return None
         from spark_jobs.lake import PipelineTables
         from spark_jobs.lake.coverage import day_versions
-        from spark_jobs.lake.runs import latest_combines
+        from spark_jobs.lake.runs_table import latest_combines
         from spark_jobs.lake.spec_record import current
         from spark_jobs.spec import load_spec
 

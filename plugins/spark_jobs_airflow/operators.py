@@ -185,7 +185,7 @@ class SparkJobOperator(BaseOperator):
         return [*cmd, str(SUBMIT_FILE), *map(str, self.args)]
 
     def environment(self, target: SparkTarget) -> dict[str, str]:
-        from spark_jobs.session import ensure_java_home
+        from spark_jobs.spark_session import ensure_java_home
 
         ensure_java_home()
         env = dict(os.environ)

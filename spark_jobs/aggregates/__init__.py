@@ -1,6 +1,6 @@
 """The accumulator algebra: the contract, the built-ins and user-defined aggregates.
 
-Nothing here knows the pipeline spec: :mod:`spark_jobs.plan` binds a spec's entries to these.
+Nothing here knows the pipeline spec: :mod:`spark_jobs.phases` binds a spec's entries to these.
 """
 
 from spark_jobs.aggregates.base import AggregateFunction

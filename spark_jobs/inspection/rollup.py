@@ -4,7 +4,7 @@
 so "distinct users per page over a week" is a merge of hourly sketches, not a recomputation.
 This reads the windows inside [start, end) with delta-rs (statistics prune the files), groups
 them by the chosen keys and a time grain, and merges each aggregate's accumulators with
-:mod:`spark_jobs.plan.buckets`. When a declared rollup table is as fresh as ``aggregates`` and
+:mod:`spark_jobs.phases.arrow_merge`. When a declared rollup table is as fresh as ``aggregates`` and
 its buckets tile the request, it reads that instead: a day's rows rather than 24 hours'. No
 Spark runs.
 """
@@ -23,10 +23,10 @@ from spark_jobs.errors import InspectError
 from spark_jobs.inspection.where import parse_where
 from spark_jobs.lake.layout import SPEC_VERSION
 from spark_jobs.lake.reader import Snapshot, is_table, open_table
-from spark_jobs.lake.rules import rollup_app_id
 from spark_jobs.lake.spec_record import RecordedSpec
-from spark_jobs.plan.buckets import EPOCH, TS, bucket_origin, bucket_starts, merge_groups, micros, value_columns
-from spark_jobs.plan.phases import CompiledAggregates
+from spark_jobs.lake.table_rules import rollup_app_id
+from spark_jobs.phases.arrow_merge import EPOCH, TS, bucket_origin, bucket_starts, merge_groups, micros, value_columns
+from spark_jobs.phases.compiled import CompiledAggregates
 from spark_jobs.spec import PipelineSpec, RollupSpec, parse_duration
 
 __all__ = ["Rollup", "parse_by", "parse_grain", "rollup"]

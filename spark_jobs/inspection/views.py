@@ -1,6 +1,6 @@
 """Read-only views of the lake's Delta tables, as Arrow tables: what the CLI prints and the web page renders.
 
-Everything here reads through :mod:`spark_jobs.lake.reader` and :mod:`spark_jobs.lake.runs` (delta-rs
+Everything here reads through :mod:`spark_jobs.lake.reader` and :mod:`spark_jobs.lake.runs_table` (delta-rs
 and pyarrow: no Spark, no JVM) and never writes. A table is named ``<pipeline>.<table>`` (resolved
 under the lake root, and confined to it) or, on the command line only, by its path. Version arguments
 are checked against the table's history; filters go through
@@ -27,7 +27,7 @@ from spark_jobs.errors import InspectError, LakeError
 from spark_jobs.inspection.where import parse_where
 from spark_jobs.lake import GUARD_PREFIX
 from spark_jobs.lake.reader import Snapshot, commit_time, is_table, open_table
-from spark_jobs.lake.runs import dead_letter_rows_by_run, read_runs
+from spark_jobs.lake.runs_table import dead_letter_rows_by_run, read_runs
 from spark_jobs.lake.tables import TABLES, is_table_name
 
 if TYPE_CHECKING:
@@ -687,7 +687,7 @@ def coverage(spec: PipelineSpec, record: RecordedSpec) -> pa.Table:
     (an aggregate is NULL in the windows of the days it is not covered by, until they are recombined)."""
     from spark_jobs.lake import PipelineTables
     from spark_jobs.lake.coverage import day_versions
-    from spark_jobs.plan.evolution import pending_days
+    from spark_jobs.spec_plan import pending_days
 
     versions = day_versions(PipelineTables(spec.lake, spec.name).partials)
     layout = set(pending_days(spec, record)) - set(versions)  # days a layout change dropped, not recombined

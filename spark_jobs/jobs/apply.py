@@ -1,6 +1,6 @@
 """apply: make a live lake match a changed spec, exactly once, without raw data wherever the algebra allows.
 
-The steps, for spec version ``V`` (see :mod:`spark_jobs.plan.evolution` for how changes are sorted):
+The steps, for spec version ``V`` (see :mod:`spark_jobs.spec_plan` for how changes are sorted):
 
 1. Record ``V`` as ``applying`` in ``specs``: from here every job refuses to start (``ensure_applied``).
 2. Bring each spec-shaped table to ``V``, one Delta commit per table carrying the app transaction
@@ -41,24 +41,12 @@ from spark_jobs.errors import LakeError, SpecChangedError
 from spark_jobs.jobs import rollups
 from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.jobs.forked import cores, forked_map
-from spark_jobs.jobs.runs import new_run_id, recorded_run
+from spark_jobs.jobs.run_record import new_run_id, recorded_run
 from spark_jobs.lake import AppTxn, DataFile, Lake, PipelineTables, open_lake
 from spark_jobs.lake.arrow import read_data_files
 from spark_jobs.lake.coverage import day_versions
 from spark_jobs.lake.layout import SPEC_VERSION, TS, table_schema
 from spark_jobs.lake.reader import is_table, open_table
-from spark_jobs.lake.rules import (
-    BATCH,
-    DAY,
-    PARTIALS_PARTITIONS,
-    STREAM,
-    counted_files,
-    reduce_app_id,
-    rollup_app_id,
-    sort_keys,
-    stream_app_id,
-    window_cluster,
-)
 from spark_jobs.lake.spec_record import (
     APPLIED,
     APPLYING,
@@ -70,10 +58,22 @@ from spark_jobs.lake.spec_record import (
     table_spec_version,
     write_record,
 )
-from spark_jobs.plan.buckets import Merged, Stored, encoded_columns, merge_groups, value_columns
-from spark_jobs.plan.evolution import Diff, Plan, make_plan
-from spark_jobs.plan.phases import CompiledAggregates, final_aggregate
+from spark_jobs.lake.table_rules import (
+    BATCH,
+    DAY,
+    PARTIALS_PARTITIONS,
+    STREAM,
+    counted_files,
+    reduce_app_id,
+    rollup_app_id,
+    sort_keys,
+    stream_app_id,
+    window_cluster,
+)
+from spark_jobs.phases.arrow_merge import Merged, Stored, encoded_columns, merge_groups, value_columns
+from spark_jobs.phases.compiled import CompiledAggregates, final_aggregate
 from spark_jobs.spec import PipelineSpec
+from spark_jobs.spec_plan import Diff, Plan, make_plan
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -18,13 +18,13 @@ from spark_jobs.errors import InputError, PipelineError, UsageError
 from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.jobs.landing import classify, read_partition, screen_partition, spark_read_error
 from spark_jobs.jobs.landing_files import BadFile, Screen, file_columns, file_rows, isolate_unreadable
-from spark_jobs.jobs.runs import RunRecord, recorded_run
+from spark_jobs.jobs.run_record import RunRecord, recorded_run
 from spark_jobs.lake import Commit, Lake, PipelineTables, open_lake
 from spark_jobs.lake.layout import SPEC_VERSION
-from spark_jobs.lake.rules import BATCH, DEAD_LETTER_PARTITIONS, PARTIALS_PARTITIONS
 from spark_jobs.lake.spec_record import ensure_applied
-from spark_jobs.plan.buckets import TS
-from spark_jobs.plan.phases import CompiledAggregates, assign_windows, partial_aggregate
+from spark_jobs.lake.table_rules import BATCH, DEAD_LETTER_PARTITIONS, PARTIALS_PARTITIONS
+from spark_jobs.phases.arrow_merge import TS
+from spark_jobs.phases.compiled import CompiledAggregates, assign_windows, partial_aggregate
 from spark_jobs.spec import PipelineSpec
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ now with those that counted at that version; only the keys in files added or rem
 are re-merged (from all their current partials) and rewritten, in one commit. A rerun after
 a crash either finds its commit (a no-op) or recomputes the same keys.
 
-Which partial files count is the hybrid rule of :mod:`spark_jobs.lake.rules`.
+Which partial files count is the hybrid rule of :mod:`spark_jobs.lake.table_rules`.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 from spark_jobs.errors import LakeError
 from spark_jobs.jobs import rollups
 from spark_jobs.jobs.conflicts import retry_conflicts
-from spark_jobs.jobs.runs import RunRecord, recorded_run
+from spark_jobs.jobs.run_record import RunRecord, recorded_run
 from spark_jobs.lake import AppTxn, Lake, PipelineTables, open_lake
 from spark_jobs.lake.layout import SPEC_VERSION
-from spark_jobs.lake.rules import counted_files, day_bounds, in_days, reduce_app_id, sort_keys, window_cluster
 from spark_jobs.lake.spec_record import ensure_applied
-from spark_jobs.plan.phases import CompiledAggregates, final_aggregate, merge_sessions
+from spark_jobs.lake.table_rules import counted_files, day_bounds, in_days, reduce_app_id, sort_keys, window_cluster
+from spark_jobs.phases.compiled import CompiledAggregates, final_aggregate, merge_sessions
 from spark_jobs.spec import PipelineSpec
 
 if TYPE_CHECKING:

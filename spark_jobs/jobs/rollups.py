@@ -29,8 +29,8 @@ from spark_jobs.lake import AppTxn, Cluster, Lake, PipelineTables
 from spark_jobs.lake.arrow import split_by
 from spark_jobs.lake.layout import SPEC_VERSION, table_schema
 from spark_jobs.lake.reader import Snapshot, open_table
-from spark_jobs.lake.rules import rollup_app_id
-from spark_jobs.plan.buckets import (
+from spark_jobs.lake.table_rules import rollup_app_id
+from spark_jobs.phases.arrow_merge import (
     EPOCH,
     TS,
     bucket_floor,
@@ -40,7 +40,7 @@ from spark_jobs.plan.buckets import (
     micros,
     value_columns,
 )
-from spark_jobs.plan.phases import CompiledAggregates
+from spark_jobs.phases.compiled import CompiledAggregates
 from spark_jobs.spec import RollupSpec
 
 __all__ = ["refresh"]

@@ -60,7 +60,7 @@ def open_lake(spark: SparkSession | None, backend: str | None = None) -> Lake:
     """The backend named by ``backend`` or ``$SPARK_JOBS_DELTA_BACKEND``, else by classpath. Without a
     session, the embedded backend for Arrow writes from the driver (``apply`` of a small lake)."""
     from spark_jobs.errors import LakeError
-    from spark_jobs.session import delta_jars_available
+    from spark_jobs.spark_session import delta_jars_available
 
     if spark is None:
         from spark_jobs.lake._embedded import EmbeddedLake

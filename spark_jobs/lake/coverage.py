@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from spark_jobs.lake.layout import ADOPTED, SPEC_VERSION
 from spark_jobs.lake.reader import is_table, open_table
-from spark_jobs.lake.rules import BATCH, DAY
+from spark_jobs.lake.table_rules import BATCH, DAY
 
 __all__ = ["day_versions", "uncovered_days"]
 

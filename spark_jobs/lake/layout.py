@@ -5,7 +5,7 @@ Spark's phases write these columns; ``plan`` shows them for a lake that does not
 with ``spec_version``: the oldest spec version among the rows merged into a row (a row of
 ``partials`` is written by one version). An aggregate added at version ``v`` is covered by a row
 only when its ``spec_version`` is at least ``v``; a row of an older version lacks its accumulator, and
-the value is NULL, never a partial one (:class:`spark_jobs.plan.CompiledAggregates` masks it).
+the value is NULL, never a partial one (:class:`spark_jobs.phases.CompiledAggregates` masks it).
 """
 
 from __future__ import annotations

@@ -30,7 +30,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from spark_jobs.errors import InputError, LakeError, QualityError, SchemaMismatchError
-from spark_jobs.lake.rules import (
+from spark_jobs.lake.runs_table import ROLLBACK, latest_combines
+from spark_jobs.lake.spec_record import ensure_applied
+from spark_jobs.lake.table_rules import (
     BATCH,
     DAY,
     PARTIALS_PARTITIONS,
@@ -39,10 +41,8 @@ from spark_jobs.lake.rules import (
     is_batch,
     reduce_app_id,
 )
-from spark_jobs.lake.runs import ROLLBACK, latest_combines
-from spark_jobs.lake.spec_record import ensure_applied
-from spark_jobs.plan.phases import CompiledAggregates
-from spark_jobs.quality.rules import QualityRules, load_rules
+from spark_jobs.phases.compiled import CompiledAggregates
+from spark_jobs.quality.thresholds import QualityRules, load_rules
 from spark_jobs.spec import PipelineSpec
 
 if TYPE_CHECKING:
@@ -274,7 +274,7 @@ def _rollup_checks(compiled: CompiledAggregates, lake: Lake) -> list[Check]:
     from pyspark.sql import functions as F
 
     from spark_jobs.lake import PipelineTables
-    from spark_jobs.lake.rules import rollup_app_id
+    from spark_jobs.lake.table_rules import rollup_app_id
     from spark_jobs.quality.suites import coverage_columns, output_expectations
 
     spec = compiled.spec
@@ -350,7 +350,7 @@ def validate(spark: SparkSession, spec: PipelineSpec, suite: str, *, date: str |
     """Run ``suite`` and write its report; raise :class:`QualityError` when it fails."""
     from spark_jobs.jobs.combine import parse_date, write_dead_letters
     from spark_jobs.jobs.conflicts import retry_conflicts
-    from spark_jobs.jobs.runs import recorded_run
+    from spark_jobs.jobs.run_record import recorded_run
     from spark_jobs.lake import PipelineTables, open_lake
 
     if suite not in SUITES:

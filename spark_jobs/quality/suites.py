@@ -16,14 +16,14 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs.lake.layout import ADOPTED, SPEC_VERSION
-from spark_jobs.quality.rules import QualityRules, Range
+from spark_jobs.quality.thresholds import QualityRules, Range
 from spark_jobs.spec import PipelineSpec
 
 if TYPE_CHECKING:
     from great_expectations.expectations import Expectation
     from pyspark.sql import Column
 
-    from spark_jobs.plan.phases import CompiledAggregates
+    from spark_jobs.phases.compiled import CompiledAggregates
 
 __all__ = ["coverage_columns", "input_expectations", "output_expectations", "schema_expectations"]
 UNCOVERED = "_uncovered_"  # + aggregate: its value where the row predates it (must be NULL)

@@ -3,7 +3,7 @@
 A DAG run's tasks and a backfill's runs each used to start their own Spark application
 (a cold JVM, cold JIT, cold Python workers). The server is started once, from the Spark that
 pyspark ships (``SparkConnectServer`` is in its jars), with the same fixed settings every
-session of the lake gets (:func:`spark_jobs.session.server_conf`); jobs then connect with
+session of the lake gets (:func:`spark_jobs.spark_session.server_conf`); jobs then connect with
 ``sc://host:port`` in about a second.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from spark_jobs.errors import ComputeError, UsageError
 from spark_jobs.server.process import Background
-from spark_jobs.session import SessionConfig, ensure_java_home, server_conf
+from spark_jobs.spark_session import SessionConfig, ensure_java_home, server_conf
 
 __all__ = ["ConnectServer", "port_open", "spark_home"]
 

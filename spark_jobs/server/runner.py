@@ -39,7 +39,7 @@ PRELOAD = (
     "pyspark.sql.connect.session", "pyspark.sql.connect.functions", "pyspark.sql.connect.dataframe",
     "great_expectations", "great_expectations.expectations",
     "spark_jobs.__main__", "spark_jobs.jobs.combine", "spark_jobs.jobs.reduce", "spark_jobs.quality.gate",
-    "spark_jobs.lake._embedded", "spark_jobs.inspection.cli",
+    "spark_jobs.lake._embedded", "spark_jobs.inspection.inspect_cli",
 )
 MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux
 

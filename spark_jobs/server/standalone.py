@@ -18,7 +18,7 @@ from typing import Any
 from spark_jobs.errors import ComputeError, UsageError
 from spark_jobs.server.connect import port_open, spark_home
 from spark_jobs.server.process import Background
-from spark_jobs.session import ensure_java_home
+from spark_jobs.spark_session import ensure_java_home
 
 __all__ = ["Standalone"]
 

@@ -10,7 +10,7 @@ from spark_jobs.errors import LakeError
 from spark_jobs.jobs import combine, reduce
 from spark_jobs.lake import PipelineTables, open_lake
 from spark_jobs.lake.maintenance import maintain
-from spark_jobs.lake.rules import PARTIALS_PARTITIONS
+from spark_jobs.lake.table_rules import PARTIALS_PARTITIONS
 from tests.builders import FAST_AGGREGATES, day_events, make_spec, write_day
 from tests.oracle import actual, assert_matches, expected, read_landing
 

@@ -174,7 +174,7 @@ def test_combine_skips_a_day_combined_after_its_newest_landing_file(tmp_path):
 
     from spark_jobs_airflow.conditions import skip_unchanged_day
 
-    from spark_jobs.jobs.runs import RunRecord
+    from spark_jobs.jobs.run_record import RunRecord
     from spark_jobs.lake import PipelineTables
 
     spec = make_spec(tmp_path, aggregates=FAST_AGGREGATES)

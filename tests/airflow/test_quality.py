@@ -15,7 +15,7 @@ from spark_jobs.errors import QualityError, SpecError
 from spark_jobs.jobs import combine, reduce
 from spark_jobs.lake import PipelineTables
 from spark_jobs.quality.gate import validate
-from spark_jobs.quality.rules import load_rules
+from spark_jobs.quality.thresholds import load_rules
 from tests.builders import FAST_AGGREGATES, day_events, events, make_spec, write_day
 
 pytestmark = pytest.mark.spark

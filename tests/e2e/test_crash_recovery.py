@@ -31,7 +31,7 @@ from deltalake import DeltaTable
 
 from spark_jobs.jobs.generate import GenerateConfig, generate
 from spark_jobs.lake import PipelineTables
-from spark_jobs.session import ensure_java_home
+from spark_jobs.spark_session import ensure_java_home
 from spark_jobs.spec import PipelineSpec
 from tests.builders import make_spec
 from tests.integration.test_bad_files import with_policy

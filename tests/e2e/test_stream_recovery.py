@@ -23,7 +23,7 @@ import yaml
 from deltalake import DeltaTable
 
 from spark_jobs.lake import PipelineTables
-from spark_jobs.session import ensure_java_home
+from spark_jobs.spark_session import ensure_java_home
 from spark_jobs.spec import load_spec
 from tests.integration.test_stream import land
 

@@ -21,9 +21,10 @@ import yaml
 from deltalake import DeltaTable
 
 from spark_jobs.errors import InputError
-from spark_jobs.jobs import combine, reduce, stream
+from spark_jobs.jobs import combine, reduce
 from spark_jobs.lake import PipelineTables
 from spark_jobs.spec import PipelineSpec, load_spec
+from spark_jobs.stream import query as stream
 from tests.builders import FAST_AGGREGATES, day_events, make_spec, write_day
 from tests.oracle import actual, assert_matches, expected, read_landing
 

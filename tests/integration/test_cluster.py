@@ -18,7 +18,7 @@ import pytest
 from deltalake import DeltaTable
 
 from spark_jobs.lake import PipelineTables
-from spark_jobs.session import shuffle_partitions_for
+from spark_jobs.spark_session import shuffle_partitions_for
 from tests.airflow.harness import airflow_home
 from tests.builders import ALL_AGGREGATES, FAST_AGGREGATES, day_events, make_spec, write_day
 from tests.integration.test_stream import land, with_stream
@@ -62,7 +62,7 @@ def test_the_cluster_runs_tasks_on_both_workers(standalone_cluster, tmp_path):
     """A job's executors: one on each worker (each offers one core), and its tasks ran on both."""
     script = (
         "import socket, sys\n"
-        "from spark_jobs.session import SessionConfig, build_session\n"
+        "from spark_jobs.spark_session import SessionConfig, build_session\n"
         f"spark = build_session(SessionConfig(master={standalone_cluster.master_url!r}, driver_memory='1g'))\n"
         "sc = spark.sparkContext\n"
         "import time\n"

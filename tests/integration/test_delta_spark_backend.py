@@ -7,7 +7,7 @@ import pytest
 from spark_jobs.errors import LakeError
 from spark_jobs.jobs import combine, reduce
 from spark_jobs.lake import PipelineTables, open_lake
-from spark_jobs.session import delta_jars_available
+from spark_jobs.spark_session import delta_jars_available
 from tests.builders import FAST_AGGREGATES, day_events, make_spec, write_day
 from tests.oracle import actual, assert_matches, expected, read_landing
 

@@ -12,8 +12,8 @@ import pytest
 
 from spark_jobs.aggregates.builtins import BUILTINS, RETRACTING
 from spark_jobs.errors import SpecError
-from spark_jobs.plan import CompiledAggregates, final_aggregate, partial_aggregate
-from spark_jobs.plan.local import LocalAggregates
+from spark_jobs.phases import CompiledAggregates, final_aggregate, partial_aggregate
+from spark_jobs.phases.python_merge import LocalAggregates
 from spark_jobs.spec import parse_spec
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "aggregates.md"

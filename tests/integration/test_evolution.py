@@ -27,17 +27,18 @@ from deltalake import DeltaTable, write_deltalake
 from spark_jobs._failpoints import once_at
 from spark_jobs.cli import main as cli
 from spark_jobs.errors import SpecChangedError
-from spark_jobs.jobs import combine, reduce, stream
+from spark_jobs.jobs import combine, reduce
 from spark_jobs.jobs.apply import apply
 from spark_jobs.jobs.rollups import rollup_rows
 from spark_jobs.lake import PipelineTables
 from spark_jobs.lake.reader import open_table
-from spark_jobs.lake.rules import rollup_app_id
-from spark_jobs.lake.runs import read_runs
+from spark_jobs.lake.runs_table import read_runs
 from spark_jobs.lake.spec_record import APPLIED, APPLYING, current, read_records, spec_app_id
-from spark_jobs.plan import CompiledAggregates
-from spark_jobs.plan.evolution import make_plan
+from spark_jobs.lake.table_rules import rollup_app_id
+from spark_jobs.phases import CompiledAggregates
 from spark_jobs.spec import PipelineSpec, load_spec
+from spark_jobs.spec_plan import make_plan
+from spark_jobs.stream import query as stream
 from tests.builders import ALL_AGGREGATES, FAST_AGGREGATES, day_events, write_day
 from tests.integration.test_stream import land
 from tests.oracle import actual, assert_matches, expected, read_landing

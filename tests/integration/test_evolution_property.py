@@ -29,12 +29,13 @@ import yaml
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from spark_jobs.jobs import combine, reduce, stream
+from spark_jobs.jobs import combine, reduce
 from spark_jobs.jobs.apply import apply
 from spark_jobs.lake import PipelineTables
 from spark_jobs.lake.spec_record import current
-from spark_jobs.plan.evolution import compare
 from spark_jobs.spec import PipelineSpec, load_spec
+from spark_jobs.spec_plan import compare
+from spark_jobs.stream import query as stream
 from tests.builders import events
 from tests.integration.test_stream import land
 from tests.oracle import actual, aggregate_sql, assert_matches

@@ -17,8 +17,8 @@ from deltalake import DeltaTable
 from spark_jobs.jobs import combine, reduce
 from spark_jobs.jobs.landing import classify, read_partition
 from spark_jobs.lake import PipelineTables, open_lake
-from spark_jobs.lake.rules import PARTIALS_PARTITIONS, reduce_app_id
-from spark_jobs.plan.phases import CompiledAggregates
+from spark_jobs.lake.table_rules import PARTIALS_PARTITIONS, reduce_app_id
+from spark_jobs.phases.compiled import CompiledAggregates
 from spark_jobs.spec import PipelineSpec
 from tests.builders import FAST_AGGREGATES, day_events, make_spec, write_day
 from tests.oracle import actual, assert_matches, expected, read_landing

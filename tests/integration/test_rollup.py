@@ -27,7 +27,7 @@ from spark_jobs.inspection.rollup import Rollup, rollup
 from spark_jobs.jobs import combine, reduce
 from spark_jobs.lake import PipelineTables
 from spark_jobs.lake.reader import open_table
-from spark_jobs.plan.buckets import bucket_origin
+from spark_jobs.phases.arrow_merge import bucket_origin
 from spark_jobs.spec import PipelineSpec
 from tests.builders import ALL_AGGREGATES, day_events, make_spec, write_day
 from tests.oracle import aggregate_sql, rank_ok, read_landing, valid_rows

@@ -21,13 +21,14 @@ import pytest
 
 from spark_jobs.errors import SpecChangedError, SpecError
 from spark_jobs.inspection.rollup import Rollup, rollup
-from spark_jobs.jobs import combine, reduce, rollups, stream
+from spark_jobs.jobs import combine, reduce, rollups
 from spark_jobs.jobs.apply import apply
 from spark_jobs.lake import PipelineTables
 from spark_jobs.lake.reader import open_table
-from spark_jobs.lake.rules import rollup_app_id
+from spark_jobs.lake.table_rules import rollup_app_id
 from spark_jobs.quality import gate
 from spark_jobs.spec import Duration, PipelineSpec, RollupSpec, parse_spec
+from spark_jobs.stream import query as stream
 from tests.builders import ALL_AGGREGATES, day_events, killed_at, make_spec, write_day
 from tests.integration.test_rollup import assert_rollup, oracle
 from tests.oracle import read_landing, valid_rows

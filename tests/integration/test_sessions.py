@@ -19,12 +19,13 @@ from deltalake import DeltaTable
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from spark_jobs.jobs import combine, reduce, stream
+from spark_jobs.jobs import combine, reduce
 from spark_jobs.jobs.apply import apply
 from spark_jobs.lake import PipelineTables
-from spark_jobs.plan.explain import explain
-from spark_jobs.plan.phases import CompiledAggregates
+from spark_jobs.phases.compiled import CompiledAggregates
+from spark_jobs.phases.explain import explain
 from spark_jobs.spec import PipelineSpec
+from spark_jobs.stream import query as stream
 from tests.builders import ALL_AGGREGATES, FAST_AGGREGATES, events, killed_at, make_spec, write_day
 from tests.integration.test_stream import land as land_one
 from tests.integration.test_stream import with_stream

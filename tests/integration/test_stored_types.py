@@ -14,7 +14,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from spark_jobs.aggregates.builtins import BUILTINS, NUMERIC
 from spark_jobs.lake._embedded import _nullable
 from spark_jobs.lake.layout import table_schema
-from spark_jobs.plan import CompiledAggregates, assign_windows, final_aggregate, partial_aggregate
+from spark_jobs.phases import CompiledAggregates, assign_windows, final_aggregate, partial_aggregate
 from spark_jobs.spec import parse_spec
 
 pytestmark = pytest.mark.spark

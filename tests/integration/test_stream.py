@@ -24,9 +24,10 @@ from hypothesis import strategies as st
 
 from spark_jobs._failpoints import once_at
 from spark_jobs.errors import InputError, LakeError, PipelineError
-from spark_jobs.jobs import combine, reduce, stream
+from spark_jobs.jobs import combine, reduce
 from spark_jobs.lake import PipelineTables
 from spark_jobs.spec import PipelineSpec, load_spec
+from spark_jobs.stream import query as stream
 from tests.builders import ALL_AGGREGATES, FAST_AGGREGATES, day_events, events, make_spec
 from tests.oracle import actual, assert_matches, expected, read_landing
 

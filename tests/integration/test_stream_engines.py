@@ -34,9 +34,10 @@ from deltalake import DeltaTable
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from spark_jobs.jobs import combine, stream
+from spark_jobs.jobs import combine
 from spark_jobs.lake import PipelineTables
 from spark_jobs.spec import PipelineSpec
+from spark_jobs.stream import query as stream
 from tests.builders import ALL_AGGREGATES, day_events, make_spec
 from tests.integration.test_stream import cdc_rows, cdc_spec, land, with_stream
 

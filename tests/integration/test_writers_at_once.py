@@ -28,9 +28,10 @@ import pytest
 from deltalake import DeltaTable
 
 from spark_jobs.errors import ConflictError
-from spark_jobs.jobs import combine, reduce, stream
+from spark_jobs.jobs import combine, reduce
 from spark_jobs.lake import PipelineTables
-from spark_jobs.lake.runs import read_runs
+from spark_jobs.lake.runs_table import read_runs
+from spark_jobs.stream import query as stream
 from tests.builders import FAST_AGGREGATES, day_events, make_spec, write_day
 from tests.integration.test_stream import with_stream
 from tests.oracle import actual, assert_matches, expected, read_landing

@@ -1,4 +1,4 @@
-"""spark_jobs.lake.reader and spark_jobs.lake.runs: Arrow reads of Delta tables and the runs table, no Spark."""
+"""spark_jobs.lake.reader and spark_jobs.lake.runs_table: Arrow reads of Delta tables and the runs table, no Spark."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 from deltalake import write_deltalake
 
 from spark_jobs.lake.reader import is_table, open_table, table_version
-from spark_jobs.lake.runs import ROLLBACK, RUNS_SCHEMA, dead_letter_rows_by_run, latest_combines, read_runs
+from spark_jobs.lake.runs_table import ROLLBACK, RUNS_SCHEMA, dead_letter_rows_by_run, latest_combines, read_runs
 
 UTC = dt.UTC
 

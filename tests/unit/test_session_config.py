@@ -6,7 +6,7 @@ import pytest
 
 from spark_jobs.errors import UsageError
 from spark_jobs.server.connect import ConnectServer
-from spark_jobs.session import CLUSTER_SHUFFLE_PARTITIONS, SessionConfig, server_conf, shuffle_partitions_for
+from spark_jobs.spark_session import CLUSTER_SHUFFLE_PARTITIONS, SessionConfig, server_conf, shuffle_partitions_for
 
 
 @pytest.mark.parametrize(("cores", "partitions"), [(1, 8), (2, 8), (4, 8), (5, 10), (64, 128)])

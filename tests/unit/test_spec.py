@@ -439,7 +439,7 @@ def test_an_unknown_on_bad_file_names_both_policies(tmp_path: Path) -> None:
 def test_the_lake_records_on_bad_file_only_when_it_is_not_the_default(tmp_path: Path) -> None:
     """A lake recorded before the setting existed keeps its fingerprint; `fail` is a settings-only change."""
     from spark_jobs.lake.spec_record import normalise
-    from spark_jobs.plan.evolution import compare
+    from spark_jobs.spec_plan import compare
 
     default = parse(raw_spec(), tmp_path)
     fail = parse(raw_spec(lambda r: r["source"].__setitem__("on_bad_file", "fail")), tmp_path)

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from spark_jobs.lake.spec_record import fingerprint, normalise
-from spark_jobs.plan.evolution import compare
 from spark_jobs.spec import load_spec, parse_spec
+from spark_jobs.spec_plan import compare
 
 SAMPLE = Path(__file__).resolve().parents[2] / "pipelines" / "page_views.yaml"
 

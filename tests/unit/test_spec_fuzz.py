@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from spark_jobs.errors import SpecError
 from spark_jobs.lake.spec_record import fingerprint, normalise
-from spark_jobs.plan.evolution import make_plan
 from spark_jobs.spec import load_spec
+from spark_jobs.spec_plan import make_plan
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE_TEXT = (REPO / "pipelines" / "page_views.yaml").read_text()

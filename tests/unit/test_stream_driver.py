@@ -7,10 +7,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from spark_jobs.jobs.stream_driver import merge_on_driver, partial_rows
-from spark_jobs.plan.local import LocalAggregates
-from spark_jobs.plan.phases import CompiledAggregates
+from spark_jobs.phases.compiled import CompiledAggregates
+from spark_jobs.phases.python_merge import LocalAggregates
 from spark_jobs.spec import PipelineSpec, parse_spec
+from spark_jobs.stream.arrow_engine import merge_on_driver, partial_rows
 
 T0 = dt.datetime(2024, 3, 1, tzinfo=dt.UTC)
 TS = pa.timestamp("us", tz="UTC")

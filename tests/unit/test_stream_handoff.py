@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spark_jobs.jobs.stream_handoff import Handoffs
+from spark_jobs.stream.handoff import Handoffs
 
 
 def test_a_restart_replays_the_records_after_the_states_batch_in_order(tmp_path):

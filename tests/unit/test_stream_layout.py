@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from spark_jobs.lake.rules import STREAM_FILE_ROWS, stream_layout
+from spark_jobs.lake.table_rules import STREAM_FILE_ROWS, stream_layout
 from tests.builders import make_spec
 
 T0 = dt.datetime(2024, 3, 1, tzinfo=dt.UTC)

@@ -18,15 +18,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.batch import SAMPLE, fresh, one_shot
+from benchmarks.batch_bench import SAMPLE, fresh, one_shot
 from spark_jobs.inspection.rollup import Rollup, rollup
 from spark_jobs.jobs import combine, reduce, rollups
 from spark_jobs.jobs.generate import GenerateConfig, generate
 from spark_jobs.lake import PipelineTables, open_lake
 from spark_jobs.lake.reader import open_table
 from spark_jobs.lake.spec_record import current
-from spark_jobs.plan.phases import CompiledAggregates
-from spark_jobs.session import SessionConfig, build_session
+from spark_jobs.phases.compiled import CompiledAggregates
+from spark_jobs.spark_session import SessionConfig, build_session
 from spark_jobs.spec import load_spec
 
 __all__ = ["rollup_bench"]

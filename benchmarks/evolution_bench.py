@@ -25,11 +25,11 @@ from typing import Any
 
 import yaml
 
-from benchmarks.batch import SAMPLE, fresh
+from benchmarks.batch_bench import SAMPLE, fresh
 from spark_jobs.jobs import combine, reduce
 from spark_jobs.jobs.apply import apply
 from spark_jobs.jobs.generate import GenerateConfig, generate
-from spark_jobs.session import SessionConfig, build_session
+from spark_jobs.spark_session import SessionConfig, build_session
 from spark_jobs.spec import PipelineSpec, load_spec
 
 __all__ = ["evolution_bench"]

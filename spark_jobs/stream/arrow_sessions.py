@@ -1,5 +1,5 @@
 """The stream's driver merge engine for session windows: the rules of
-:class:`spark_jobs.jobs.stream_spark.SessionEngine` in the aggregates' Python algebra (a test holds the two
+:class:`spark_jobs.stream.spark_engine.SessionEngine` in the aggregates' Python algebra (a test holds the two
 to the same tables).
 
 A batch's partial sessions merge with the partial sessions that count (the hybrid rule) of the sessions they
@@ -20,15 +20,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_jobs.jobs.stream_driver import DriverEngine, partial_rows, same_values
-from spark_jobs.jobs.stream_spark import sessions_in_reach
-from spark_jobs.jobs.stream_step import BatchOutputs, MiniBatch
 from spark_jobs.lake import Lake
 from spark_jobs.lake.arrow import key_mask
 from spark_jobs.lake.layout import SPEC_VERSION
-from spark_jobs.lake.rules import DAY
-from spark_jobs.plan import CompiledAggregates
-from spark_jobs.plan.local import LocalAggregates
+from spark_jobs.lake.table_rules import DAY
+from spark_jobs.phases import CompiledAggregates
+from spark_jobs.phases.python_merge import LocalAggregates
+from spark_jobs.stream.arrow_engine import DriverEngine, partial_rows, same_values
+from spark_jobs.stream.outputs import BatchOutputs, MiniBatch
+from spark_jobs.stream.spark_engine import sessions_in_reach
 
 __all__ = ["DriverSessionEngine", "merge_sessions_on_driver"]
 
@@ -36,7 +36,7 @@ Row = dict[str, Any]
 
 
 def cut_sessions(rows: Iterable[Mapping[str, Any]], by: Sequence[str]) -> dict[tuple[Any, ...], list[list[Mapping[str, Any]]]]:
-    """Partial sessions per ``by`` key cut into sessions, as :func:`spark_jobs.plan.phases.merge_sessions`:
+    """Partial sessions per ``by`` key cut into sessions, as :func:`spark_jobs.phases.compiled.merge_sessions`:
     sorted by start, a partial joins the session before it when it starts at or before its latest end."""
     by_key: dict[tuple[Any, ...], list[Mapping[str, Any]]] = defaultdict(list)
     for row in rows:
@@ -150,7 +150,7 @@ def merge_sessions_on_driver(delta: pa.Table, stored: pa.Table, state: pa.Table,
 
 class DriverSessionEngine(DriverEngine):
     """Merges session windows on the driver: the partial sessions in the batch's reach read in Spark
-    (:func:`~spark_jobs.jobs.stream_spark.sessions_in_reach`), merged in Python; the state of open sessions
+    (:func:`~spark_jobs.stream.spark_engine.sessions_in_reach`), merged in Python; the state of open sessions
     stays in memory between batches."""
 
     def __init__(self, compiled: CompiledAggregates, lake: Lake, max_keys: int) -> None:

@@ -1,6 +1,6 @@
 """The ``runs`` table: its columns, and the questions asked of it (Arrow, no Spark).
 
-Every job run appends one row (``spark_jobs.jobs.runs.recorded_run`` writes them). The quality
+Every job run appends one row (``spark_jobs.jobs.run_record.recorded_run`` writes them). The quality
 gates reconcile a day's partials with the rows its combine aggregated, the batch DAG skips a day
 combined after its newest landing file, and the inspect views list the runs: all through here.
 """

@@ -3,7 +3,7 @@ algebra, Arrow in, Arrow out, no Spark job.
 
 Planning and scheduling a merge's Spark jobs costs seconds, merging a few thousand keys
 milliseconds; the state of open windows stays in memory between batches. The rules are those
-of :mod:`spark_jobs.jobs.stream_spark` (a test holds the two to byte-identical tables): each
+of :mod:`spark_jobs.stream.spark_engine` (a test holds the two to byte-identical tables): each
 touched (day, key) state row is merged once with the batch's pre-aggregated row; the changelog
 compares each touched key's state value before and after; a key's ``aggregates`` row merges the
 partials that count (the hybrid rule); closed windows leave state.
@@ -21,14 +21,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_jobs.jobs.stream_step import BatchOutputs, MiniBatch
 from spark_jobs.lake import Lake, PipelineTables
 from spark_jobs.lake.arrow import key_mask
 from spark_jobs.lake.layout import ADOPTED, SPEC_VERSION, TS, table_schema
-from spark_jobs.lake.rules import DAY, STREAM
-from spark_jobs.plan import CompiledAggregates
-from spark_jobs.plan.buckets import encoded_columns, value_columns
-from spark_jobs.plan.local import LocalAggregates
+from spark_jobs.lake.table_rules import DAY, STREAM
+from spark_jobs.phases import CompiledAggregates
+from spark_jobs.phases.arrow_merge import encoded_columns, value_columns
+from spark_jobs.phases.python_merge import LocalAggregates
+from spark_jobs.stream.outputs import BatchOutputs, MiniBatch
 
 __all__ = ["DRIVER_MAX_KEYS", "DriverEngine", "merge_on_driver", "partial_rows", "same_values"]
 

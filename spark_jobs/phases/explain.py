@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal
 
 from spark_jobs.aggregates.builtins import Builtin
-from spark_jobs.lake.rules import DAY
-from spark_jobs.plan.phases import (
+from spark_jobs.lake.table_rules import DAY
+from spark_jobs.phases.compiled import (
     SIGN,
     CompiledAggregates,
     assign_windows,

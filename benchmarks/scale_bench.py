@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.batch import SAMPLE, PeakRss, fresh, one_shot
+from benchmarks.batch_bench import SAMPLE, PeakRss, fresh, one_shot
 from spark_jobs.errors import UsageError
 from spark_jobs.jobs import combine, reduce
 from spark_jobs.jobs.generate import GenerateConfig, generate
 from spark_jobs.lake import PipelineTables, open_lake
-from spark_jobs.session import SessionConfig, build_session
+from spark_jobs.spark_session import SessionConfig, build_session
 from spark_jobs.spec import load_spec
 
 __all__ = ["scale"]

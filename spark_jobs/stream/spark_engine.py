@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from spark_jobs.jobs.combine import batch_columns
 from spark_jobs.jobs.reduce import reduce
-from spark_jobs.jobs.stream_step import BatchOutputs, MiniBatch
 from spark_jobs.lake import Lake, PipelineTables
 from spark_jobs.lake.layout import SPEC_VERSION
-from spark_jobs.lake.rules import DAY, STREAM, counted_files
-from spark_jobs.plan import CompiledAggregates, final_aggregate
-from spark_jobs.plan.phases import merge_sessions
+from spark_jobs.lake.table_rules import DAY, STREAM, counted_files
+from spark_jobs.phases import CompiledAggregates, final_aggregate
+from spark_jobs.phases.compiled import merge_sessions
 from spark_jobs.spec import PipelineSpec
+from spark_jobs.stream.outputs import BatchOutputs, MiniBatch
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

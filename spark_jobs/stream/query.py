@@ -22,18 +22,18 @@ while the next batch reads its files (the stream's start and end wait for them).
 
 A batch that came to the driver in its read is handed off: its file list recorded, its merge and commits run on
 a commit thread while Spark reads the next batch, whose merge waits for them
-(:mod:`spark_jobs.jobs.stream_handoff`: Spark marks the batch done before they land, so a restart replays the
+(:mod:`spark_jobs.stream.handoff`: Spark marks the batch done before they land, so a restart replays the
 record).
 
 One pass over a batch's files: rejected and late rows ride through the pre-aggregation as
 groups of their own, and a batch that fits the driver (by its files' row counts, or by the groups
 per row of the batches before it) comes to it, groups and rejects, in that same Spark job.
 
-Where the state merge runs: one mini-batch step (:mod:`spark_jobs.jobs.stream_step`) with two
+Where the state merge runs: one mini-batch step (:mod:`spark_jobs.stream.outputs`) with two
 interchangeable engines. A batch that touches few keys (``DRIVER_MAX_KEYS`` after its
 pre-aggregation) merges on the driver with the aggregates' Python algebra
-(:mod:`spark_jobs.jobs.stream_driver`); larger batches, a state too large to hold, and the
-first batch of session windows merge in Spark (:mod:`spark_jobs.jobs.stream_spark`). Both give the same outputs,
+(:mod:`spark_jobs.stream.arrow_engine`); larger batches, a state too large to hold, and the
+first batch of session windows merge in Spark (:mod:`spark_jobs.stream.spark_engine`). Both give the same outputs,
 committed by one routine, with the hybrid rule applied the same way.
 
 Watermark: the largest event time in state minus ``stream.watermark``, as of the batch's
@@ -61,19 +61,19 @@ from spark_jobs.jobs import rollups
 from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.jobs.landing import CORRUPT, classify, spark_read_error, with_raw
 from spark_jobs.jobs.landing_files import Screen, isolate_unreadable, screen
-from spark_jobs.jobs.runs import RunRecord, new_run_id, recorded_run
-from spark_jobs.jobs.stream_driver import DRIVER_MAX_KEYS, DriverEngine
-from spark_jobs.jobs.stream_driver_sessions import DriverSessionEngine
-from spark_jobs.jobs.stream_handoff import Handoffs
-from spark_jobs.jobs.stream_spark import SessionEngine, SparkEngine
-from spark_jobs.jobs.stream_step import Committed, MergeEngine, MiniBatch, Rows, commit_outputs
+from spark_jobs.jobs.run_record import RunRecord, new_run_id, recorded_run
 from spark_jobs.jobs.timing import PhaseTimer
 from spark_jobs.lake import AppTxn, Lake, PipelineTables, open_lake
 from spark_jobs.lake.layout import SPEC_VERSION
-from spark_jobs.lake.rules import DAY, batch_days, batch_files_in, day_bounds, stream_app_id
 from spark_jobs.lake.spec_record import ensure_applied
-from spark_jobs.plan import CompiledAggregates, assign_windows, partial_aggregate
+from spark_jobs.lake.table_rules import DAY, batch_days, batch_files_in, day_bounds, stream_app_id
+from spark_jobs.phases import CompiledAggregates, assign_windows, partial_aggregate
 from spark_jobs.spec import PipelineSpec
+from spark_jobs.stream.arrow_engine import DRIVER_MAX_KEYS, DriverEngine
+from spark_jobs.stream.arrow_sessions import DriverSessionEngine
+from spark_jobs.stream.handoff import Handoffs
+from spark_jobs.stream.outputs import Committed, MergeEngine, MiniBatch, Rows, commit_outputs
+from spark_jobs.stream.spark_engine import SessionEngine, SparkEngine
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -199,7 +199,7 @@ class MiniBatchAggregator:
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         """One mini-batch. One that came to the driver in its read is handed off: its file list is recorded, its
         merge and commits run on the commit thread while Spark reads the next batch, whose own merge waits for
-        them (see :mod:`spark_jobs.jobs.stream_handoff`)."""
+        them (see :mod:`spark_jobs.stream.handoff`)."""
         with self.lock:
             if self.stopping:  # the query stops before this batch; a restart replays it
                 raise _Stopped()

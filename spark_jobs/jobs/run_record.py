@@ -1,6 +1,6 @@
 """One row in the ``runs`` table per job run, written whether the run succeeds or fails.
 
-The table's columns and the queries of it live in :mod:`spark_jobs.lake.runs`.
+The table's columns and the queries of it live in :mod:`spark_jobs.lake.runs_table`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from spark_jobs.lake import Lake, PipelineTables
-from spark_jobs.lake.runs import RUNS_SCHEMA
+from spark_jobs.lake.runs_table import RUNS_SCHEMA
 
 __all__ = ["RUNS_SCHEMA", "RunRecord", "new_run_id", "recorded_run"]
 

@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from benchmarks.batch import SAMPLE, fresh, one_shot
+from benchmarks.batch_bench import SAMPLE, fresh, one_shot
 from spark_jobs.jobs.generate import GenerateConfig, generate
 from spark_jobs.lake import PipelineTables, open_lake
-from spark_jobs.lake.rules import stream_app_id
-from spark_jobs.session import SessionConfig, build_session
+from spark_jobs.lake.table_rules import stream_app_id
+from spark_jobs.spark_session import SessionConfig, build_session
 from spark_jobs.spec import PipelineSpec, load_spec
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ def _stream_spec(work: Path, landing: Path, name: str, files_per_batch: int, tri
 def spark_windowed_stream(spark: Any, spec: PipelineSpec, lake: Any, checkpoint: Path) -> None:
     """Spark's built-in streaming aggregation of the same aggregates (watermark, update mode), each
     batch's updated rows appended to Delta through the same commit path: the baseline."""
-    from spark_jobs.jobs.stream import landed_rows
+    from spark_jobs.stream.query import landed_rows
 
     rows = landed_rows(spark.readStream.option("maxFilesPerTrigger", spec.stream.max_files_per_batch), spec,
                        None).withWatermark(spec.source.event_time, spec.stream.watermark.spark)
@@ -125,7 +125,7 @@ def stream(args: argparse.Namespace) -> int:
     """Throughput for a few mini-batch sizes against Spark's own windowed streaming aggregation,
     end-to-end latency with small mini-batches, and state writes per input row."""
 
-    from spark_jobs.jobs import stream as stream_job
+    from spark_jobs.stream import query as stream_job
 
     work = Path(args.work_dir)
     files = args.files or 100
@@ -257,7 +257,7 @@ def _latency(spark: Any, lake: Any, work: Path, landing: Path, args: argparse.Na
     import numpy as np
     import pyarrow.parquet as pq
 
-    from spark_jobs.jobs import stream as stream_job
+    from spark_jobs.stream import query as stream_job
 
     # each trigger takes every file landed since the last one: a one-file cap would make the
     # stream fall behind by construction whenever files land faster than the trigger fires

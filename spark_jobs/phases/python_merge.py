@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from spark_jobs.lake.layout import ADOPTED, SPEC_VERSION
-from spark_jobs.plan.phases import CompiledAggregates
+from spark_jobs.phases.compiled import CompiledAggregates
 
 __all__ = ["LocalAggregates"]
 

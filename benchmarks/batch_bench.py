@@ -24,7 +24,7 @@ import psutil
 from spark_jobs.jobs import combine, reduce
 from spark_jobs.jobs.generate import GenerateConfig, generate
 from spark_jobs.lake import PipelineTables, open_lake
-from spark_jobs.session import SessionConfig, build_session
+from spark_jobs.spark_session import SessionConfig, build_session
 from spark_jobs.spec import AggregateSpec, PipelineSpec, load_spec
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ def one_shot(raw: DataFrame, spec: PipelineSpec) -> DataFrame:
     """
     from pyspark.sql import functions as F
 
-    from spark_jobs.plan.phases import assign_windows
+    from spark_jobs.phases.compiled import assign_windows
 
     et = F.col(spec.source.event_time)
     valid = raw.where(et.isNotNull() & F.col(spec.group_by[0]).isNotNull()) if spec.group_by else raw

@@ -24,11 +24,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from benchmarks.batch import SAMPLE, fresh, landing, native_aggregate
-from benchmarks.stream import pq_rows, time_ordered_landing
+from benchmarks.batch_bench import SAMPLE, fresh, landing, native_aggregate
+from benchmarks.stream_bench import pq_rows, time_ordered_landing
 from spark_jobs.jobs import combine, reduce
 from spark_jobs.lake import PipelineTables, open_lake
-from spark_jobs.session import SessionConfig, build_session
+from spark_jobs.spark_session import SessionConfig, build_session
 from spark_jobs.spec import Duration, PipelineSpec, WindowSpec, load_spec
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def one_shot_sessions(raw: DataFrame, spec: PipelineSpec) -> DataFrame:
 def spark_session_stream(spark: Any, spec: PipelineSpec, lake: Any, checkpoint: Path) -> None:
     """Spark Structured Streaming's ``session_window`` aggregation of the same aggregates (watermark, append
     mode: the only one Spark allows for sessions), each batch's closed sessions appended to Delta."""
-    from spark_jobs.jobs.stream import landed_rows
+    from spark_jobs.stream.query import landed_rows
 
     rows = landed_rows(spark.readStream.option("maxFilesPerTrigger", spec.stream.max_files_per_batch), spec,
                        None).withWatermark(spec.source.event_time, spec.stream.watermark.spark)
@@ -70,7 +70,7 @@ def spark_session_stream(spark: Any, spec: PipelineSpec, lake: Any, checkpoint: 
 
 
 def _stream_figures(spark: Any, lake: Any, spec: PipelineSpec, args: argparse.Namespace) -> dict[str, Any]:
-    from spark_jobs.jobs import stream
+    from spark_jobs.stream import query as stream
 
     work = Path(args.work_dir)
     source = time_ordered_landing(work, args.events, args.days, args.files)

@@ -30,7 +30,7 @@ from typing import Any
 
 from spark_jobs.airflow_client import AirflowClient, RunsNotFinished
 from spark_jobs.errors import ComputeError, InputError
-from spark_jobs.session import close_remote
+from spark_jobs.spark_session import close_remote
 
 __all__ = ["airflow_bench"]
 

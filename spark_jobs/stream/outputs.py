@@ -18,7 +18,7 @@ from spark_jobs.jobs.combine import write_dead_letters
 from spark_jobs.jobs.landing_files import BadFile
 from spark_jobs.jobs.timing import PhaseTimer
 from spark_jobs.lake import AppTxn, Lake, PipelineTables
-from spark_jobs.lake.rules import DAY, PARTIALS_PARTITIONS, sort_keys, stream_layout, window_cluster
+from spark_jobs.lake.table_rules import DAY, PARTIALS_PARTITIONS, sort_keys, stream_layout, window_cluster
 from spark_jobs.spec import PipelineSpec
 
 if TYPE_CHECKING:
