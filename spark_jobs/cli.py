@@ -225,34 +225,45 @@ Command = Callable[[Any], None]  # adds a subcommand to the parser's subparsers
 
 
 def build_parser(commands: Sequence[Command] = ()) -> argparse.ArgumentParser:
+    """The job commands' parser, then ``commands`` (``python -m spark_jobs`` adds ``server``)."""
     parser = argparse.ArgumentParser(prog="python -m spark_jobs", description="Run and inspect an aggregation pipeline: "
                                      "combine, reduce, stream, validate, explain, plan, apply, inspect.",
                                      epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="log each step")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (*JOB_COMMANDS, *commands):
+        add(sub)
+    _verbose_after_the_command(parser)
+    return parser
 
-    def spark_opts(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--master", help="Spark master URL of an own application (default $SPARK_MASTER or local[*])")
-        p.add_argument("--remote", help="Spark Connect server to run on, sc://host:port (default $SPARK_REMOTE; "
-                                        "the stream always runs its own application)")
-        p.add_argument("--shuffle-partitions", type=int,
-                       help="spark.sql.shuffle.partitions (default: two per core of the cluster, at least 8)")
-        p.add_argument("--executor-cores", type=int, help="cores per executor on a cluster (default "
-                                                         "$SPARK_EXECUTOR_CORES, else the cluster manager's)")
-        p.add_argument("--executor-memory", help="memory per executor on a cluster, e.g. 4g (default "
-                                                 "$SPARK_EXECUTOR_MEMORY, else the cluster manager's)")
-        p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
-                       help="a Spark setting of the job's own application (repeatable), e.g. "
-                            "spark.archives=env.tar.gz#env; a Connect server takes its settings at `server start`")
 
-    def spec_opts(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--pipeline", required=True, help="pipeline spec YAML, e.g. pipelines/page_views.yaml")
-        p.add_argument("--lake", help="override the spec's lake root")
-        p.add_argument("--source-path", help="override the spec's source.path")
-        p.add_argument("--run-id", help="run id to record (default: generated)")
-        spark_opts(p)
+def _spark_options(p: argparse.ArgumentParser) -> None:
+    """Where the job runs and the settings of its own Spark application."""
+    p.add_argument("--master", help="Spark master URL of an own application (default $SPARK_MASTER or local[*])")
+    p.add_argument("--remote", help="Spark Connect server to run on, sc://host:port (default $SPARK_REMOTE; "
+                                    "the stream always runs its own application)")
+    p.add_argument("--shuffle-partitions", type=int,
+                   help="spark.sql.shuffle.partitions (default: two per core of the cluster, at least 8)")
+    p.add_argument("--executor-cores", type=int, help="cores per executor on a cluster (default "
+                                                     "$SPARK_EXECUTOR_CORES, else the cluster manager's)")
+    p.add_argument("--executor-memory", help="memory per executor on a cluster, e.g. 4g (default "
+                                             "$SPARK_EXECUTOR_MEMORY, else the cluster manager's)")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting of the job's own application (repeatable), e.g. "
+                        "spark.archives=env.tar.gz#env; a Connect server takes its settings at `server start`")
 
+
+def _spec_options(p: argparse.ArgumentParser) -> None:
+    """The options of every command that runs a pipeline's spec on Spark."""
+    p.add_argument("--pipeline", required=True, help="pipeline spec YAML, e.g. pipelines/page_views.yaml")
+    p.add_argument("--lake", help="override the spec's lake root")
+    p.add_argument("--source-path", help="override the spec's source.path")
+    p.add_argument("--run-id", help="run id to record (default: generated)")
+    _spark_options(p)
+
+
+def _add_generate(sub: Any) -> None:
     g = sub.add_parser("generate", help="write sample events, hive-partitioned by event_date")
     g.add_argument("--out", required=True, help="landing directory, e.g. data/landing/page_views")
     g.add_argument("--days", type=int, default=3)
@@ -264,31 +275,41 @@ def build_parser(commands: Sequence[Command] = ()) -> argparse.ArgumentParser:
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     g.set_defaults(func=cmd_generate)
 
+
+def _add_combine(sub: Any) -> None:
     c = sub.add_parser("combine", help="pre-aggregate landing day(s) into partials (replaces those days)")
-    spec_opts(c)
+    _spec_options(c)
     c.add_argument("--date", required=True, help="event_date to combine, YYYY-MM-DD")
     c.add_argument("--to", help="last date of a range to combine (inclusive)")
     c.set_defaults(func=cmd_combine)
 
+
+def _add_reduce(sub: Any) -> None:
     r = sub.add_parser("reduce", help="merge new partials into the aggregates table, exactly once")
-    spec_opts(r)
+    _spec_options(r)
     r.add_argument("--full", action="store_true", help="re-merge every key, not only the changed ones")
     r.set_defaults(func=cmd_reduce)
 
+
+def _add_run(sub: Any) -> None:
     run = sub.add_parser("run", help="combine a date range, then reduce (one Spark session)")
-    spec_opts(run)
+    _spec_options(run)
     run.add_argument("--date", "--from", dest="date", required=True, help="first date, YYYY-MM-DD")
     run.add_argument("--to", help="last date (inclusive; default: the first)")
     run.set_defaults(func=cmd_run)
 
+
+def _add_validate(sub: Any) -> None:
     v = sub.add_parser("validate", help="run a Great Expectations gate (input: a landing day; outputs: partials "
                                         "of a day before reduce, or the serving table)")
-    spec_opts(v)
+    _spec_options(v)
     v.add_argument("--suite", required=True, choices=["input", "outputs"], help="which gate")
     v.add_argument("--date", help="event_date (required for input; for outputs: that day's partials, pre-reduce)")
     v.add_argument("--reports", help="report directory (default <lake>/<pipeline>/_quality)")
     v.set_defaults(func=cmd_validate)
 
+
+def _add_maintain(sub: Any) -> None:
     m = sub.add_parser("maintain", help="compact small files, vacuum, checkpoint (delta-rs, no Spark)")
     m.add_argument("--pipeline", required=True, help="pipeline spec YAML")
     m.add_argument("--lake", help="override the spec's lake root")
@@ -298,21 +319,27 @@ def build_parser(commands: Sequence[Command] = ()) -> argparse.ArgumentParser:
     m.add_argument("--dry-run", action="store_true", help="list what vacuum would delete; change nothing")
     m.set_defaults(func=cmd_maintain)
 
+
+def _add_stream(sub: Any) -> None:
     st = sub.add_parser("stream", help="windowed mini-batch aggregation of new landing files, with a changelog")
-    spec_opts(st)
+    _spec_options(st)
     st.add_argument("--available-now", action="store_true",
                     help="process every landing file present in mini-batches, then exit (default: run until "
                          "SIGTERM/SIGINT, which stops at a mini-batch boundary)")
     st.set_defaults(func=cmd_stream)
 
+
+def _add_explain(sub: Any) -> None:
     ex = sub.add_parser("explain", help="the plan of each phase: per aggregate its stored columns and local and "
                                         "global expressions, then Spark's physical plan (reads no data)")
-    spec_opts(ex)
+    _spec_options(ex)
     ex.add_argument("phase", nargs="?", choices=["combine", "reduce", "stream"], help="one phase (default: all)")
     ex.add_argument("--mode", default="simple", choices=["simple", "extended", "formatted", "cost", "codegen"],
                     help="Spark's explain mode (default simple)")
     ex.set_defaults(func=cmd_explain)
 
+
+def _add_plan(sub: Any) -> None:
     pl = sub.add_parser("plan", help="compare a spec with the lake's: each change, its cost, the days to recombine "
                                      "(no Spark, changes nothing)")
     pl.add_argument("--pipeline", required=True, help="the new pipeline spec YAML")
@@ -321,21 +348,25 @@ def build_parser(commands: Sequence[Command] = ()) -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true", help="JSON output for scripts")
     pl.set_defaults(func=cmd_plan)
 
+
+def _add_apply(sub: Any) -> None:
     ap = sub.add_parser("apply", help="make the lake match a changed spec: schemas, re-derivations from the stored "
                                       "accumulators, the spec record (exactly once; rerun after a crash)")
-    spec_opts(ap)
+    _spec_options(ap)
     ap.add_argument("--engine", default="auto", choices=["auto", "arrow", "spark"],
                     help="where merges run: arrow on the driver, spark, or auto (spark for tables over 2M rows)")
     ap.set_defaults(func=cmd_apply)
 
+
+def _add_inspect(sub: Any) -> None:
     from spark_jobs.inspection.inspect_cli import add_inspect_parser
 
     add_inspect_parser(sub).set_defaults(func=cmd_inspect)
 
-    for add in commands:
-        add(sub)
-    _verbose_after_the_command(parser)
-    return parser
+
+# in the order ``--help`` lists them
+JOB_COMMANDS: tuple[Command, ...] = (_add_generate, _add_combine, _add_reduce, _add_run, _add_validate, _add_maintain,
+                                     _add_stream, _add_explain, _add_plan, _add_apply, _add_inspect)
 
 
 EXIT_CODES = """exit codes:

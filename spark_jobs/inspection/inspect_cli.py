@@ -10,6 +10,7 @@ import argparse
 import os
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ _NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
 def add_inspect_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add ``inspect`` and its views to the command line's subparsers; the caller sets its ``func``."""
     p = sub.add_parser("inspect", help="read-only views of the Delta tables (delta-rs, no Spark)",
                        description="Read-only views of the lake's Delta tables (no Spark). The lake root comes "
                                    "from --lake, from --pipeline's spec file or from $SPARK_JOBS_LAKE. Every view "
@@ -38,14 +40,23 @@ def add_inspect_parser(sub: Any) -> argparse.ArgumentParser:
     common.add_argument("--pipeline", help=PIPELINE_HELP)
     common.add_argument("--json", action="store_true", help="JSON output for scripts")
     views = p.add_subparsers(dest="view", required=True, metavar="VIEW")
+    for add in _VIEW_PARSERS:
+        add(views, common)
+    return p
 
+
+def _add_tables(views: Any, common: argparse.ArgumentParser) -> None:
     t = views.add_parser("tables", parents=[common], help="each pipeline's tables: version, rows, files, size")
     t.add_argument("pipeline_name", nargs="?", metavar="PIPELINE", help="only this pipeline's tables: " + PIPELINE_HELP)
 
+
+def _add_history(views: Any, common: argparse.ArgumentParser) -> None:
     h = views.add_parser("history", parents=[common], help="commits: time, operation, run, rows, what was consumed")
     h.add_argument("table", help=TABLE_HELP)
     h.add_argument("--limit", type=int, default=20, help="newest N commits (default 20)")
 
+
+def _add_show(views: Any, common: argparse.ArgumentParser) -> None:
     s = views.add_parser("show", parents=[common], help="rows, at a version or time, filtered")
     s.add_argument("table", help=TABLE_HELP)
     when = s.add_mutually_exclusive_group()
@@ -56,6 +67,8 @@ def add_inspect_parser(sub: Any) -> argparse.ArgumentParser:
     s.add_argument("--order-by", help="column[:asc|desc][,column...] to sort by before --limit")
     s.add_argument("--limit", type=int, default=20)
 
+
+def _add_diff(views: Any, common: argparse.ArgumentParser) -> None:
     d = views.add_parser("diff", parents=[common], help="keys added, removed and changed between two versions")
     d.add_argument("table", help=TABLE_HELP)
     d.add_argument("--from", dest="from_version", type=int, required=True, help="older version")
@@ -63,14 +76,17 @@ def add_inspect_parser(sub: Any) -> argparse.ArgumentParser:
     d.add_argument("--keys", help="comma-separated key columns (default: from the spec or the table's layout)")
     d.add_argument("--limit", type=int, default=20, help="rows shown per section (counts are always complete)")
 
-    sc = views.add_parser("schema", parents=[common], help="columns, types and roles")
-    sc.add_argument("table", help=TABLE_HELP)
-    sc.add_argument("--version", type=int)
 
-    pa_ = views.add_parser("partitions", parents=[common], help="files, rows and bytes per partition")
-    pa_.add_argument("table", help=TABLE_HELP)
-    pa_.add_argument("--version", type=int)
+def _add_versioned(name: str, summary: str) -> Callable[[Any, argparse.ArgumentParser], None]:
+    """A view of one table at an optional ``--version`` (schema, partitions)."""
+    def add(views: Any, common: argparse.ArgumentParser) -> None:
+        v = views.add_parser(name, parents=[common], help=summary)
+        v.add_argument("table", help=TABLE_HELP)
+        v.add_argument("--version", type=int)
+    return add
 
+
+def _add_rollup(views: Any, common: argparse.ArgumentParser) -> None:
     ru = views.add_parser("rollup", parents=[common], help="merge stored accumulators over a time range and keys",
                           description="Every aggregate's value over the windows in [--from, --to), per --by keys "
                                       "and --grain bucket, merged from the accumulators in aggregates (no Spark, no "
@@ -82,17 +98,31 @@ def add_inspect_parser(sub: Any) -> argparse.ArgumentParser:
     ru.add_argument("--grain", default="all", help="bucket: all (default), or e.g. '1 hour', '1 day', '1 week'")
     ru.add_argument("--where", help="filter on group keys, e.g. \"page = '/home'\"")
 
+
+def _add_runs(views: Any, common: argparse.ArgumentParser) -> None:
     r = views.add_parser("runs", parents=[common], help="job runs: rows in/aggregated/rejected, timings, reconciles")
     r.add_argument("pipeline_name", nargs="?", metavar="PIPELINE", help="only this pipeline's runs: " + PIPELINE_HELP)
     r.add_argument("--limit", type=int, default=50, help="the last N runs (default 50)")
 
-    c = views.add_parser("coverage", parents=[common], help="per aggregate, the days whose partials hold it (an "
-                                                            "aggregate a spec change added is NULL elsewhere)")
-    c.add_argument("pipeline_name", metavar="PIPELINE", help=PIPELINE_HELP)
 
-    sp = views.add_parser("spec", parents=[common], help="the spec the lake records, and its versions")
-    sp.add_argument("pipeline_name", metavar="PIPELINE", help=PIPELINE_HELP)
-    return p
+def _add_pipeline_view(name: str, summary: str) -> Callable[[Any, argparse.ArgumentParser], None]:
+    """A view of one pipeline's recorded spec (coverage, spec)."""
+    def add(views: Any, common: argparse.ArgumentParser) -> None:
+        v = views.add_parser(name, parents=[common], help=summary)
+        v.add_argument("pipeline_name", metavar="PIPELINE", help=PIPELINE_HELP)
+    return add
+
+
+# in the order ``inspect --help`` lists them
+_VIEW_PARSERS: tuple[Callable[[Any, argparse.ArgumentParser], None], ...] = (
+    _add_tables, _add_history, _add_show, _add_diff,
+    _add_versioned("schema", "columns, types and roles"),
+    _add_versioned("partitions", "files, rows and bytes per partition"),
+    _add_rollup, _add_runs,
+    _add_pipeline_view("coverage", "per aggregate, the days whose partials hold it (an aggregate a spec change "
+                                   "added is NULL elsewhere)"),
+    _add_pipeline_view("spec", "the spec the lake records, and its versions"),
+)
 
 
 @dataclass(frozen=True)
@@ -249,23 +279,29 @@ def run_inspect(args: argparse.Namespace) -> int:
         result = (views.coverage(named.spec, named.record) if args.view == "coverage"
                   else views.spec_versions(named.spec.lake, named.spec.name))
     else:
-        ref = views.resolve_table(args.table, lake)
-        named = named if named is not None else _table_pipeline(None, ref, lake)
-        spec = named.spec if named is not None else None
-        if args.view == "history":
-            result = views.history(ref, limit=_limit(args.limit))
-        elif args.view == "show":
-            result = views.show(ref, version=args.version, as_of=args.as_of, where=args.where,
-                                columns=_columns(args.columns, "--columns"), limit=_limit(args.limit),
-                                order_by=_order(args.order_by))
-        elif args.view == "diff":
-            result = views.diff(ref, from_version=args.from_version, to_version=args.to_version,
-                                keys=_columns(args.keys, "--keys"), spec=spec, limit=_limit(args.limit))
-        elif args.view == "rollup":
-            result = _rollup(args, named, ref)
-        elif args.view == "schema":
-            result = views.schema(ref, version=args.version, spec=spec)
-        else:
-            result = views.partitions(ref, version=args.version)
+        result = _table_view(args, named, lake)
     print(to_json(result) if args.json else to_text(result))
     return 0
+
+
+def _table_view(args: argparse.Namespace, named: _Pipeline | None, lake: str | None) -> Any:
+    """The views of one table: history, show, diff, rollup, schema, partitions."""
+    from spark_jobs.inspection import views
+
+    ref = views.resolve_table(args.table, lake)
+    named = named if named is not None else _table_pipeline(None, ref, lake)
+    spec = named.spec if named is not None else None
+    if args.view == "history":
+        return views.history(ref, limit=_limit(args.limit))
+    if args.view == "show":
+        return views.show(ref, version=args.version, as_of=args.as_of, where=args.where,
+                          columns=_columns(args.columns, "--columns"), limit=_limit(args.limit),
+                          order_by=_order(args.order_by))
+    if args.view == "diff":
+        return views.diff(ref, from_version=args.from_version, to_version=args.to_version,
+                          keys=_columns(args.keys, "--keys"), spec=spec, limit=_limit(args.limit))
+    if args.view == "rollup":
+        return _rollup(args, named, ref)
+    if args.view == "schema":
+        return views.schema(ref, version=args.version, spec=spec)
+    return views.partitions(ref, version=args.version)
