@@ -1,0 +1,62 @@
+"""``count``: of rows, or of a column's non-NULL values; it retracts, so it serves changelog sources too."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from spark_jobs.aggregates.builtin_base import Builtin, builtin
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
+
+__all__ = ["Count"]
+
+
+@builtin()
+class Count(Builtin):
+    """``count`` of rows, or of non-NULL values when a column is given."""
+
+    fn = "count"
+    acc_fields = ("count",)
+
+    def acc_types(self) -> list[pa.DataType]:
+        return [pa.int64()]
+
+    def value_type(self) -> pa.DataType:
+        return pa.int64()
+    arrow_merge = ("sum",)
+    column_required = False
+
+    def create_accumulator(self) -> int:
+        return 0
+
+    def accumulate(self, acc: int, *values: Any) -> int:
+        return acc + (1 if not values or values[0] is not None else 0)
+
+    def retract(self, acc: int, *values: Any) -> int:
+        return acc - (1 if not values or values[0] is not None else 0)
+
+    def merge(self, acc: int, other: int) -> int:
+        return acc + other
+
+    def get_value(self, acc: int) -> int:
+        return acc
+
+    def accumulate_batch(self, acc: int, *arrays: pa.Array) -> int:
+        if not arrays:
+            raise ValueError("count(*) over arrays needs the row count; pass any column of the batch")
+        return acc + (len(arrays[0]) if not self.columns else len(arrays[0]) - arrays[0].null_count)
+
+    def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        if sign is not None:
+            return [F.sum(sign if value is None else F.when(value.isNotNull(), sign).otherwise(0)).cast("bigint")]
+        return [F.count(F.lit(1)) if value is None else F.count(value)]
+
+    def spark_merge(self, accs: list[Column]) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        return [F.sum(accs[0])]

@@ -1,0 +1,73 @@
+"""``min`` and ``max`` of an append-only source: the accumulator is the extreme itself (see
+:mod:`spark_jobs.aggregates.extremes_map_view` for a changelog source)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_jobs.aggregates.builtin_base import Builtin, builtin
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
+
+__all__ = ["Max", "Min"]
+
+
+class _Extreme(Builtin):
+    acc_fields = ("value",)
+    _pick: ClassVar[Any]
+
+    def create_accumulator(self) -> Any:
+        return None
+
+    def accumulate(self, acc: Any, *values: Any) -> Any:
+        v = values[0]
+        return acc if v is None else v if acc is None else type(self)._pick(acc, v)
+
+    def merge(self, acc: Any, other: Any) -> Any:
+        return self.accumulate(acc, other)
+
+    def get_value(self, acc: Any) -> Any:
+        return acc
+
+    def accumulate_batch(self, acc: Any, *arrays: pa.Array) -> Any:
+        return self.accumulate(acc, pc.min_max(arrays[0])[self.fn].as_py())
+
+
+@builtin()
+class Min(_Extreme):
+    fn = "min"
+    _pick = min
+    arrow_merge = ("min",)
+
+    def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        assert value is not None
+        return [F.min(value)]
+
+    def spark_merge(self, accs: list[Column]) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        return [F.min(accs[0])]
+
+
+@builtin()
+class Max(_Extreme):
+    fn = "max"
+    _pick = max
+    arrow_merge = ("max",)
+
+    def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        assert value is not None
+        return [F.max(value)]
+
+    def spark_merge(self, accs: list[Column]) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        return [F.max(accs[0])]
