@@ -7,6 +7,7 @@ validate its aggregates here without the algebra knowing the spec.
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,6 +16,8 @@ from spark_jobs.aggregates.builtins import BUILTINS, NUMERIC, RETRACTING, Builti
 from spark_jobs.errors import SpecError
 
 __all__ = ["create", "is_user_defined", "load_user_aggregate", "validate_aggregate"]
+
+log = logging.getLogger("spark_jobs")
 
 
 def is_user_defined(fn: str) -> bool:
@@ -34,7 +37,8 @@ def load_user_aggregate(path: str) -> type[AggregateFunction[Any, Any]]:
     except SyntaxError as exc:
         raise SpecError(path, [f"module {module_name!r} has a syntax error at {exc.filename}:{exc.lineno}: {exc.msg}; "
                                "fix the module"]) from exc
-    except Exception as exc:
+    except Exception as exc:  # the module's own code runs: anything it raises is the spec's problem to report
+        log.warning("importing user-defined aggregate module %r failed", module_name, exc_info=True)
         raise SpecError(path, [f"importing {module_name!r} raised {type(exc).__name__}: {exc}; fix the module "
                                "(it runs when the spec is checked)"]) from exc
     cls = getattr(module, attr, None)
@@ -90,7 +94,8 @@ def _validate_user_defined(fn: str, columns: Sequence[str], args: Mapping[str, A
         problems.append(("columns", f"{fn} takes {cls.num_inputs} column(s), got {list(columns)}"))
     try:
         cls(**dict(args))
-    except Exception as exc:
+    except Exception as exc:  # the user's __init__ runs: whatever it raises is reported as a bad args problem
+        log.warning("user-defined aggregate %s rejected args %s", fn, dict(args), exc_info=True)
         problems.append(("args", f"{fn} does not accept args {dict(args)}: {type(exc).__name__}: {exc}"))
     return problems
 
