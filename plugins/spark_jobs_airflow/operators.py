@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -25,12 +26,16 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import quote
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 import spark_jobs
+
+if TYPE_CHECKING:
+    from airflow.sdk import Connection
 
 __all__ = ["DATE", "NO_RETRY_EXIT_CODES", "SparkJobError", "SparkJobOperator", "SparkTarget", "resolve_master",
            "resolve_target"]
@@ -55,30 +60,52 @@ class SparkJobFailure(SparkJobError, AirflowFailException):
     """A failure a retry cannot fix: no retries."""
 
 
-def _connection(conn_id: str) -> Any:
-    try:
-        from airflow.sdk import BaseHook
+def _connection(conn_id: str) -> Connection | None:
+    """The Airflow connection ``conn_id``, or None when it is not defined.
 
-        return BaseHook.get_connection(conn_id)
-    except Exception:  # not defined (AirflowNotFoundException), or no Airflow metadata at all
+    Only "not defined" means "no connection": a secrets backend that denies access or fails, or a
+    connection whose extra is not JSON, raises, so a broken connection fails the task instead of
+    silently sending the job to ``$SPARK_REMOTE`` or ``local[*]``.
+    """
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:  # what Airflow 3.3's Connection.get raises for an unknown conn_id
         return None
+    if conn.extra:
+        try:
+            json.loads(conn.extra)
+        except json.JSONDecodeError as exc:  # Airflow would log it and read the extra as {}
+            raise AirflowException(f"the extra of the Airflow connection {conn_id!r} is not JSON ({exc.msg} at "
+                                   f"character {exc.pos}); fix it, e.g. {{\"use_ssl\": true}}") from None
+    return conn
 
 
 def _remote_from_connection(conn_id: str) -> str | None:
-    """``sc://host:port[/;user_id=..;token=..;use_ssl=true]`` as the Spark provider's ``spark_connect`` type."""
+    """``sc://host:port[/;user_id=..;token=..;use_ssl=true]`` as the Spark provider's ``spark_connect`` type.
+
+    Parameter values are percent-quoted (a token may hold ``;``, ``/`` or ``=``): pyspark's
+    ``DefaultChannelBuilder`` splits the parameters on ``;`` and ``=`` and unquotes each value
+    (``urllib.parse.unquote``, pyspark 4.2), so the server receives the token as the connection holds it.
+    The quoted token is masked in the task log too (Airflow masks only the raw password).
+    """
     conn = _connection(conn_id)
-    host = (getattr(conn, "host", None) or "").strip().removeprefix("sc://").rstrip("/")
+    if conn is None:
+        return None
+    host = (conn.host or "").strip().removeprefix("sc://").rstrip("/")
     if not host:
         return None
-    params = []
-    if conn.login:
-        params.append(f"user_id={conn.login}")
-    if conn.password:
-        params.append(f"token={conn.password}")
-    if str(conn.extra_dejson.get("use_ssl", "")).lower() in ("1", "true"):
-        params.append("use_ssl=true")
+    params = {"user_id": conn.login, "token": conn.password,
+              "use_ssl": "true" if str(conn.extra_dejson.get("use_ssl", "")).lower() in ("1", "true") else None}
+    quoted = {key: quote(value, safe="") for key, value in params.items() if value}
+    if "token" in quoted:
+        from airflow.sdk.log import mask_secret
+
+        mask_secret(quoted["token"])
     url = f"sc://{host}:{conn.port or 15002}"
-    return f"{url}/;{';'.join(params)}" if params else url
+    return f"{url}/;{';'.join(f'{k}={v}' for k, v in quoted.items())}" if quoted else url
 
 
 def _master_from_connection(conn_id: str) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from tests.builders import FAST_AGGREGATES, day_events, make_spec, write_day
 
 sys.path.insert(0, str(ROOT / "plugins"))  # Airflow puts the plugins folder on sys.path; so do we
 
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from spark_jobs_airflow import (
     DeltaVersionSensor,
     LandingPartitionSensor,
@@ -113,6 +114,42 @@ def test_a_connect_server_comes_from_the_argument_the_connection_or_the_environm
         "connect", "sc://conn:15003/;user_id=me;token=t0k;use_ssl=true")
     monkeypatch.setenv("AIRFLOW_CONN_SC_HOST_ONLY", '{"conn_type": "spark_connect", "host": "conn"}')
     assert resolve_target(connect_conn_id="sc_host_only") == SparkTarget("connect", "sc://conn:15002")
+
+
+def test_a_connection_token_with_url_characters_reaches_the_connect_client_intact(monkeypatch):
+    from pyspark.sql.connect.client.core import DefaultChannelBuilder
+
+    token, user = "t0k;en/with=odd%chars?#", "me;you=/x"
+    monkeypatch.delenv("SPARK_REMOTE", raising=False)
+    monkeypatch.setenv("AIRFLOW_CONN_SC_ODD", json.dumps({"conn_type": "spark_connect", "host": "conn", "port": 15003,
+                                                          "login": user, "password": token,
+                                                          "extra": {"use_ssl": True}}))
+    target = resolve_target(connect_conn_id="sc_odd")
+    assert target.kind == "connect"
+    parsed = DefaultChannelBuilder(target.url)  # how pyspark's Spark Connect client reads $SPARK_REMOTE
+    assert (parsed.token, parsed.userId, parsed.endpoint, parsed.use_ssl) == (token, user, "conn:15003", True)
+
+
+def test_a_broken_connection_fails_instead_of_falling_back(monkeypatch):
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowSecretsBackendAccessDenied
+
+    monkeypatch.setenv("SPARK_REMOTE", "sc://env:15002")  # a fallback that must not be taken
+    monkeypatch.setenv("AIRFLOW_CONN_SC_BAD_EXTRA", '{"conn_type": "spark_connect", "host": "conn", '
+                                                    '"extra": "{use_ssl: true"}')
+    with pytest.raises(AirflowException, match=r"the extra of the Airflow connection 'sc_bad_extra' is not JSON "
+                                               r"\(Expecting property name enclosed in double quotes at character 1\); "
+                                               r'fix it, e.g. \{"use_ssl": true\}'):
+        resolve_target(connect_conn_id="sc_bad_extra")
+
+    def denied(conn_id: str) -> None:
+        raise AirflowSecretsBackendAccessDenied(f"Access denied for connection {conn_id!r} by Execution API")
+
+    monkeypatch.setattr(BaseHook, "get_connection", denied)
+    with pytest.raises(AirflowSecretsBackendAccessDenied, match="Access denied for connection 'sc_denied'"):
+        resolve_target(connect_conn_id="sc_denied")
+    with pytest.raises(AirflowSecretsBackendAccessDenied, match="Access denied for connection 'spark_denied'"):
+        resolve_master(conn_id="spark_denied")
 
 
 @pytest.mark.slow
