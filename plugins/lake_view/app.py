@@ -44,6 +44,7 @@ from .chart import svg_chart
 from .rollup_view import MAX_ROLLUP_ROWS, RollupForm, chart_metrics, rollup_series
 
 if TYPE_CHECKING:
+    from spark_jobs.inspection import Series
     from spark_jobs.lake.reader import Snapshot
     from spark_jobs.spec import PipelineSpec
 
@@ -221,6 +222,15 @@ def _rollup_rows(snapshot: Snapshot, spec: PipelineSpec, form: RollupForm, recor
 
 
 # ----------------------------------------------------------------------------- what the routes share
+def _configured_lake_root() -> str | None:
+    """``[lake_view] lake_root`` of airflow.cfg; None without Airflow (then only the environment names the lake)."""
+    try:
+        from airflow.configuration import conf
+    except ImportError:
+        return None
+    return conf.get(*LAKE_CONF, fallback=None)
+
+
 class _Context:
     """The lake root (looked up per request, so a lake created after start-up is found) and the templates."""
 
@@ -232,12 +242,7 @@ class _Context:
     def lake_root(self) -> str:
         root = self.configured or os.environ.get(views.LAKE_ENV)
         if not root:
-            try:
-                from airflow.configuration import conf
-
-                root = conf.get(*LAKE_CONF, fallback=None)
-            except Exception:
-                root = None
+            root = _configured_lake_root()
         if not root:
             raise LakeError(f"no lake configured: set ${views.LAKE_ENV} (or [{LAKE_CONF[0]}] {LAKE_CONF[1]} in "
                             "airflow.cfg) for the Airflow API server")
@@ -279,7 +284,7 @@ async def _not_authenticated(request: Request, exc: NotAuthenticated) -> Respons
         return JSONResponse({"error": exc.detail}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
     try:
         target = login_url(str(request.url))
-    except Exception:  # no auth manager (outside the API server)
+    except RuntimeError:  # no auth manager initialised (outside the API server): Airflow's default login path
         target = "/auth/login?" + urlencode({"next": str(request.url)})
     return RedirectResponse(target, status_code=302)
 
@@ -330,10 +335,18 @@ async def _security_headers(request: Request, call_next: Any) -> Response:
 
 # ----------------------------------------------------------------------------- HTML pages
 def _add_pages(router: APIRouter, ctx: _Context) -> None:
+    """The HTML pages, one function per page (in the order their routes were always registered)."""
+    for add in (_add_index_page, _add_table_page, _add_diff_page, _add_chart_page, _add_rollup_page, _add_runs_page):
+        add(router, ctx)
+
+
+def _add_index_page(router: APIRouter, ctx: _Context) -> None:
     @router.get("/", response_class=HTMLResponse)
     def index(request: Request) -> HTMLResponse:
         return ctx.page(request, "index.html", tables=ctx.tables())
 
+
+def _add_table_page(router: APIRouter, ctx: _Context) -> None:
     @router.get("/table/{name}", response_class=HTMLResponse)
     def table_page(request: Request, name: NameParam, version: VersionQ = None, where: WhereQ = None,
                    columns: ColumnsQ = None, order_by: OrderQ = None,
@@ -344,6 +357,8 @@ def _add_pages(router: APIRouter, ctx: _Context) -> None:
         return ctx.page(request, "table.html", 400 if view["rows_error"] else 200, name=name, where=where,
                         columns=columns, order_by=order_by, limit=limit, max_limit=MAX_LIMIT, **view)
 
+
+def _add_diff_page(router: APIRouter, ctx: _Context) -> None:
     @router.get("/table/{name}/diff", response_class=HTMLResponse)
     def diff_page(request: Request, name: NameParam, from_: FromQ = None,
                   to: VersionQ = None, limit: LimitQ = 50) -> HTMLResponse:
@@ -360,6 +375,8 @@ def _add_pages(router: APIRouter, ctx: _Context) -> None:
                         to_version=d.to_version, limit=limit, error=None, d=d, changed=_changed_grid(d),
                         added=_grid(d.added), removed=_grid(d.removed))
 
+
+def _add_chart_page(router: APIRouter, ctx: _Context) -> None:
     @router.get("/table/{name}/chart", response_class=HTMLResponse)
     def chart_page(request: Request, name: NameParam, metric: MetricQ = None, version: VersionQ = None,
                    where: WhereQ = None) -> HTMLResponse:
@@ -380,6 +397,28 @@ def _add_pages(router: APIRouter, ctx: _Context) -> None:
             return ctx.page(request, "chart.html", 400, error=str(exc), **common)
         return ctx.page(request, "chart.html", error=None, s=s, svg=Markup(svg_chart(s)), **common)
 
+
+def _rollup_json_url(request: Request, name: str, form: RollupForm, version: int) -> str:
+    """The JSON API's URL of the rollup the page shows."""
+    params = {"from": form.start, "to": form.end, "by": form.by, "grain": form.grain, "where": form.where,
+              "version": version}  # by='' (merge every key) is kept: it is not "not given"
+    return (f"{request.scope.get('root_path', '')}/api/table/{name}/rollup?"
+            + urlencode({k: v for k, v in params.items() if v is not None}))
+
+
+def _rollup_chart(result: pa.Table, spec: PipelineSpec, form: RollupForm, *, name: str, version: int,
+                  metric: str | None) -> tuple[list[str], str, Series]:
+    """(the metrics a chart can plot, the chosen one, its series); a metric that is not one of them is a 400."""
+    metrics = chart_metrics(result, spec)
+    chosen = metric or metrics[0]
+    if chosen not in metrics:
+        raise InspectError(f"metric {chosen!r} is not a numeric aggregate of {spec.name}; "
+                           f"choose one of {', '.join(metrics)}")
+    s = rollup_series(result, table=name, version=version, keys=form.request(spec).by, metric=chosen)
+    return metrics, chosen, s
+
+
+def _add_rollup_page(router: APIRouter, ctx: _Context) -> None:
     @router.get("/table/{name}/rollup", response_class=HTMLResponse)
     def rollup_page(request: Request, name: NameParam, start: StartQ = None, to: EndQ = None, by: ByQ = None,
                     grain: GrainQ = None, where: WhereQ = None, metric: MetricQ = None,
@@ -393,24 +432,18 @@ def _add_pages(router: APIRouter, ctx: _Context) -> None:
                                   "form": form, "metric": _blank(metric)}
         try:
             result = _rollup_rows(snapshot, spec, form, record)
-            metrics = chart_metrics(result, spec)
-            chosen = _blank(metric) or metrics[0]
-            if chosen not in metrics:
-                raise InspectError(f"metric {chosen!r} is not a numeric aggregate of {spec.name}; "
-                                   f"choose one of {', '.join(metrics)}")
-            s = rollup_series(result, table=name, version=snapshot.version(), keys=form.request(spec).by,
-                              metric=chosen)
+            metrics, chosen, s = _rollup_chart(result, spec, form, name=name, version=snapshot.version(),
+                                               metric=_blank(metric))
         except InspectError as exc:
             return ctx.page(request, "rollup.html", 400, error=str(exc), metrics=chart_metrics(None, spec), **common)
         shown = result.slice(0, MAX_LIMIT)
-        json_params = {"from": form.start, "to": form.end, "by": form.by, "grain": form.grain, "where": form.where,
-                       "version": snapshot.version()}  # by='' (merge every key) is kept: it is not "not given"
-        json_url = (f"{request.scope.get('root_path', '')}/api/table/{name}/rollup?"
-                    + urlencode({k: v for k, v in json_params.items() if v is not None}))
         return ctx.page(request, "rollup.html", error=None, metrics=metrics, **{**common, "metric": chosen},
-                        rows=_grid(shown), n_rows=result.num_rows, n_shown=shown.num_rows, json_url=json_url, s=s,
+                        rows=_grid(shown), n_rows=result.num_rows, n_shown=shown.num_rows, s=s,
+                        json_url=_rollup_json_url(request, name, form, snapshot.version()),
                         svg=Markup(svg_chart(s, x_label="bucket start")))
 
+
+def _add_runs_page(router: APIRouter, ctx: _Context) -> None:
     @router.get("/runs", response_class=HTMLResponse)
     def runs_page(request: Request, pipeline: PipelineQ = None, limit: LimitQ = 200) -> HTMLResponse:
         pipeline = _blank(pipeline)
