@@ -1,19 +1,28 @@
-"""Airflow authentication for the lake view: the same JWT checks as Airflow's own REST API.
+"""Airflow authentication for the lake view: the same checks as Airflow's own REST API.
 
-Airflow does not protect plugin FastAPI apps, so every route of the lake view depends on
-:func:`airflow_user`. A request authenticates with the ``_token`` cookie the Airflow UI sets
-at login, or with ``Authorization: Bearer <token>`` from ``POST /auth/token``; the token is
-validated by the running auth manager (``get_user_from_token``: signature, expiry,
-revocation), and the user must be allowed to read custom views (``is_authorized_custom_view``).
+Airflow does not authenticate plugin FastAPI apps, so every route of the lake view depends on
+:func:`airflow_user`. A request authenticates with the ``_token`` cookie the Airflow UI sets at
+login, or with ``Authorization: Bearer <token>`` from ``POST /auth/token``. Who the caller is comes
+from Airflow's ``get_user``, the dependency Airflow's plugin documentation gives plugin apps for
+this (the header wins over the cookie; a cookie the refresh middleware already validated and
+renewed is taken as it left it; the running auth manager checks signature, expiry, revocation).
+What they may do is the auth manager's ``is_authorized_custom_view`` on the ``Lake`` resource.
+
 Airflow is imported only when a request arrives, so importing the plugin stays cheap in the
-scheduler and the DAG processor.
+scheduler and the DAG processor: Airflow 3.3's ``core_api.security`` module alone costs seconds and
+about 100 MB, which is why ``get_user`` is called here instead of being declared with ``Depends``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fastapi import HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials
+
+if TYPE_CHECKING:
+    from airflow.api_fastapi.auth.managers.base_auth_manager import BaseAuthManager
+    from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
 
 __all__ = ["RESOURCE_NAME", "NotAuthenticated", "airflow_user", "login_url"]
 
@@ -28,44 +37,46 @@ class NotAuthenticated(Exception):
         self.detail = detail
 
 
-def _token(request: Request) -> tuple[str | None, bool]:
-    """(token, from_header): an explicit Bearer header wins over the session cookie, as in Airflow."""
+def _auth_manager() -> BaseAuthManager:
+    """The API server's auth manager (``RuntimeError`` outside an API server).
+
+    Airflow 3.3 has no public accessor for plugin apps: its own routes read ``app.state.auth_manager``
+    of the root app, which a mounted app cannot reach, and the auth-manager providers (FAB, Keycloak)
+    call this same ``airflow.api_fastapi.app.get_auth_manager``.
+    """
+    from airflow.api_fastapi.app import get_auth_manager
+
+    return get_auth_manager()
+
+
+def _bearer(request: Request) -> HTTPAuthorizationCredentials | None:
+    """The ``Authorization: Bearer`` credentials, as FastAPI's ``HTTPBearer`` reads them for ``get_user``."""
+    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not credentials.strip():
+        return None
+    return HTTPAuthorizationCredentials(scheme=scheme, credentials=credentials.strip())
+
+
+async def airflow_user(request: Request) -> BaseUser:
+    """The Airflow user behind the request, or :class:`NotAuthenticated` / 403."""
+    # the cookie's name is public: Airflow 3.3's auth-manager documentation has auth managers set it
     from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN
 
-    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and credentials.strip():
-        return credentials.strip(), True
-    return request.cookies.get(COOKIE_NAME_JWT_TOKEN), False
+    bearer = _bearer(request)
+    if bearer is None and not request.cookies.get(COOKIE_NAME_JWT_TOKEN):
+        raise NotAuthenticated("not authenticated: log in to Airflow, or send Authorization: Bearer <token> "
+                               "(POST /auth/token)")
+    from airflow.api_fastapi.core_api.security import get_user
 
-
-async def airflow_user(request: Request) -> Any:
-    """The Airflow user behind the request, or :class:`NotAuthenticated` / 403."""
-    from airflow.api_fastapi.app import get_auth_manager
-    from airflow.api_fastapi.core_api.security import USER_INJECTED_BY_TRUSTED_MIDDLEWARE, resolve_user_from_token
-
-    token, from_header = _token(request)
-    user = None
-    if not from_header:
-        # Airflow's JWTRefreshMiddleware may have validated (and refreshed) the cookie already
-        state_user = getattr(request.state, "user", None)
-        if state_user is not None and getattr(request.state, "user_authenticated_via", None) \
-                is USER_INJECTED_BY_TRUSTED_MIDDLEWARE:
-            user = state_user
-    if user is None:
-        if not token:
-            raise NotAuthenticated("not authenticated: log in to Airflow, or send Authorization: Bearer <token> "
-                                   "(POST /auth/token)")
-        try:
-            user = await resolve_user_from_token(token)
-        except HTTPException as exc:  # 401 expired / 403 invalid signature: either way, log in again
-            raise NotAuthenticated(f"{exc.detail}: log in to Airflow again") from None
-    if not get_auth_manager().is_authorized_custom_view(method="GET", resource_name=RESOURCE_NAME, user=user):
+    try:
+        user = await get_user(request, None, bearer)  # (request, OAuth2 form token: unused, bearer credentials)
+    except HTTPException as exc:  # 401 expired / 403 invalid signature: either way, log in again
+        raise NotAuthenticated(f"{exc.detail}: log in to Airflow again") from None
+    if not _auth_manager().is_authorized_custom_view(method="GET", resource_name=RESOURCE_NAME, user=user):
         raise HTTPException(status.HTTP_403_FORBIDDEN, f"user {user.get_name()!r} may not read the {RESOURCE_NAME} view")
     return user
 
 
 def login_url(next_url: str) -> str:
     """Airflow's login page, coming back to ``next_url`` afterwards."""
-    from airflow.api_fastapi.app import get_auth_manager
-
-    return get_auth_manager().get_url_login(next_url=next_url)
+    return _auth_manager().get_url_login(next_url=next_url)
