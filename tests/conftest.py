@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -13,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import free_port  # tests/integration/test_server.py imports it from here too
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("SPARK_JOBS_DELTA_BACKEND", "embedded")
@@ -42,12 +43,6 @@ class SparkServer:
         return {**os.environ, "SPARK_REMOTE": self.remote, "SPARK_JOBS_RUNNER": self.runner}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def spark_server():
     """One real Spark Connect server and runner for every test that needs them, started on first use."""
@@ -74,6 +69,21 @@ def standalone_cluster():
     yield cluster
     cluster.stop()
     shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def inspect_spec(spark, tmp_path_factory):
+    """The spec of the small lake with history that the inspect CLI and lake view tests read
+    (``tests/inspect_lake.py``), built once per session; its folder is a specs folder holding just it."""
+    from tests.inspect_lake import shared_lake
+
+    return shared_lake(spark, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def inspect_lake(inspect_spec) -> str:
+    """The lake root of :func:`inspect_spec`."""
+    return inspect_spec.lake
 
 
 # The files that take longest (minutes: a cluster, a scheduler, kill -9 loops), longest first. pytest-xdist's

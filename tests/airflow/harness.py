@@ -9,20 +9,21 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-VENV_BIN = Path(sys.executable).parent
+from tests.helpers import ROOT, VENV_BIN, free_port, stop_process
+
+__all__ = ["AIRFLOW", "ROOT", "AirflowHome", "airflow_env", "airflow_home", "running_airflow", "wait_for_runs",
+           "wait_healthy"]
+
 AIRFLOW = str(VENV_BIN / "airflow")
 TERMINAL = {"success", "failed"}
 
@@ -85,48 +86,56 @@ class AirflowHome:
             yield procs
         finally:
             for p in procs:
-                _stop(p)
+                stop_process(p)
 
     def log(self, name: str) -> str:
         path = self.home / f"{name}.log"
         return path.read_text(errors="replace")[-6000:] if path.exists() else ""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def airflow_env(home: Path, *, dags: Path, port: int, **settings: str) -> dict[str, str]:
+    """The environment of an isolated Airflow: home, DAGs folder, this repo's plugins, no examples, its own JWT
+    secret and API port; none of the caller's ``AIRFLOW*`` settings; ``settings`` on top."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    env.update({
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+        "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32),
+        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    })
+    env.update(settings)
+    return env
+
+
+def wait_healthy(port: int, *, timeout: float, log: Callable[[], str],
+                 proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Poll the API server's health endpoint until it answers 200; fail with its log if it exits or times out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"airflow api-server exited with {proc.returncode}:\n{log()}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"airflow api-server not healthy after {timeout:.0f} s:\n{log()}")
+        time.sleep(1)
 
 
 @contextmanager
 def running_airflow(af: AirflowHome, timeout: float = 240) -> Iterator[None]:
     """api-server (the execution API the tasks report to), scheduler and dag-processor, until the block ends."""
-    with af.background(["api-server", "--port", str(af.port), "--workers", "1"], ["scheduler"], ["dag-processor"]):
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{af.port}/api/v2/monitor/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"api-server not healthy after {timeout}s:\n{af.log('api-server')}")
-            time.sleep(2)
+    with af.background(["api-server", "--port", str(af.port), "--workers", "1"], ["scheduler"],
+                       ["dag-processor"]) as procs:
+        wait_healthy(af.port, timeout=timeout, log=lambda: af.log("api-server"), proc=procs[0])
         yield
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-    except ProcessLookupError:
-        return
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
 
 
 def airflow_home(tmp: Path, pipelines: Path, server: Any = None) -> AirflowHome:
@@ -137,29 +146,19 @@ def airflow_home(tmp: Path, pipelines: Path, server: Any = None) -> AirflowHome:
     """
     home = tmp / "airflow_home"
     home.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
-    env.update({
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    port = free_port()
+    env = airflow_env(home, dags=ROOT / "dags", port=port, **{
         "AIRFLOW__CORE__PARALLELISM": "4",
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
         "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        # task processes reach Airflow through the API server's execution API
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
         "SPARK_JOBS_PIPELINES": str(pipelines),
         "SPARK_JOBS_END_DATE": "2024-03-31",  # no scheduled run for a day the test has no data for
         "SPARK_JOBS_DELTA_BACKEND": "embedded",
         "SPARK_DRIVER_MEMORY": "1g",
         "GX_ANALYTICS_ENABLED": "False",
-        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-    })
-    port = free_port()
-    env.update({  # task processes reach Airflow through the API server's execution API
-        "AIRFLOW__API__PORT": str(port),
-        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
-        "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32),
     })
     env.pop("SPARK_REMOTE", None)
     env.pop("SPARK_JOBS_RUNNER", None)

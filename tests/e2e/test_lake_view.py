@@ -13,16 +13,10 @@ Without Chromium the browser tests skip, saying how to install it, unless
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import secrets
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -30,28 +24,20 @@ from typing import Any
 
 import pytest
 
-from spark_jobs.inspection import open_version, resolve_table
 from spark_jobs.inspection.render import cell
-from spark_jobs.inspection.rollup import Rollup, rollup
-from tests.inspect_lake import PIPELINE, shared_lake, snapshot
+from tests.airflow.harness import AirflowHome, airflow_env, wait_healthy
+from tests.helpers import ROOT, direct_rollup, free_port
+from tests.inspect_lake import PIPELINE, snapshot
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "lake_view"
 AGG = f"{PIPELINE}.aggregates"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
-VENV_BIN = Path(sys.executable).parent
 
 
 # ----------------------------------------------------------------------------- Airflow API server
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def http(url: str, *, token: str | None = None, method: str = "GET", body: dict | None = None,
          cookie: str | None = None) -> tuple[int, dict[str, str], str]:
     """(status, headers, text) without following redirects."""
@@ -75,72 +61,27 @@ def http(url: str, *, token: str | None = None, method: str = "GET", body: dict 
 
 
 @pytest.fixture(scope="module")
-def spec(spark, tmp_path_factory):
-    return shared_lake(spark, tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def lake(spec):
-    return spec.lake
-
-
-@pytest.fixture(scope="module")
-def airflow(lake, spec, tmp_path_factory):
+def airflow(inspect_lake, inspect_spec, tmp_path_factory):
     """A real ``airflow api-server`` with the repo's plugins, SPARK_JOBS_LAKE pointing at the test lake and
     SPARK_JOBS_PIPELINES at the folder of its spec (the rollup page finds the spec there)."""
     home = tmp_path_factory.mktemp("airflow_home")
     (home / "dags").mkdir()
     password = secrets.token_urlsafe(12)
     (home / "passwords.json").write_text(json.dumps({"admin": password}))
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
-    env.update({
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    port = free_port()
+    pipelines = Path(inspect_spec.origin).parent
+    env = airflow_env(home, dags=home / "dags", port=port, **{
         "AIRFLOW__CORE__LAZY_LOAD_PLUGINS": "False",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
-        "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32),
-        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
-        "SPARK_JOBS_LAKE": lake,
-        "SPARK_JOBS_PIPELINES": str(Path(spec.origin).parent),
-        "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
+        "SPARK_JOBS_LAKE": inspect_lake,
+        "SPARK_JOBS_PIPELINES": str(pipelines),
     })
-    airflow_bin = str(VENV_BIN / "airflow")
-    migrate = subprocess.run([airflow_bin, "db", "migrate"], env=env, capture_output=True, text=True, timeout=300,
-                             check=False)
-    assert migrate.returncode == 0, migrate.stderr[-3000:]
-    log = (home / "api-server.log").open("w")
-    proc = subprocess.Popen([airflow_bin, "api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"airflow api-server exited with {proc.returncode}:\n"
-                            f"{(home / 'api-server.log').read_text()[-4000:]}")
-            try:
-                if http(f"{base}/api/v2/monitor/health")[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"airflow api-server not up after 180 s:\n{(home / 'api-server.log').read_text()[-4000:]}")
-            time.sleep(1)
-        yield {"base": base, "user": "admin", "password": password, "home": home}
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-        log.close()
+    af = AirflowHome(home, pipelines, env, port)
+    af.run("db", "migrate", timeout=300)
+    with af.background(["api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]) as procs:
+        wait_healthy(port, timeout=180, log=lambda: af.log("api-server"), proc=procs[0])
+        yield {"base": f"http://127.0.0.1:{port}", "user": "admin", "password": password, "home": home}
 
 
 def token(airflow: dict[str, Any]) -> str:
@@ -159,9 +100,9 @@ def test_the_plugin_is_registered_with_a_menu_entry(airflow):
     assert plugin["external_views"][0]["name"] == "Lake" and plugin["external_views"][0]["href"] == "lake/"
 
 
-def test_unauthenticated_requests_are_refused(airflow, lake):
+def test_unauthenticated_requests_are_refused(airflow, inspect_lake):
     base = airflow["base"]
-    before = snapshot(lake)
+    before = snapshot(inspect_lake)
     status, headers, _ = http(f"{base}/lake/table/{AGG}")
     assert status == 302
     assert headers["location"].removeprefix(base).startswith("/auth/login?next=")
@@ -174,7 +115,7 @@ def test_unauthenticated_requests_are_refused(airflow, lake):
     # a token signed with another secret is refused too
     forged = "eyJhbGciOiJIUzUxMiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiJhZG1pbiJ9.c2lnbmF0dXJl"
     assert http(f"{base}/lake/api/tables", token=forged)[0] == 401
-    assert snapshot(lake) == before
+    assert snapshot(inspect_lake) == before
 
 
 def test_a_token_from_airflow_opens_the_json_api(airflow):
@@ -357,11 +298,11 @@ def grid_rows(driver, table_css: str) -> list[dict[str, str]]:
             for tr in css(driver, f"{table_css} tbody tr")]
 
 
-def test_a_rollup_by_hour_with_its_chart(page, airflow, lake, spec):
+def test_a_rollup_by_hour_with_its_chart(page, airflow, inspect_lake, inspect_spec):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 
-    before = snapshot(lake)
+    before = snapshot(inspect_lake)
     page.get(f"{airflow['base']}/lake/table/{AGG}")
     click_and_load(page, wait_for(page, "#rollup-link"), "#rollup-rows")
     # the first visit shows the last day of data, every key, one bucket
@@ -376,9 +317,7 @@ def test_a_rollup_by_hour_with_its_chart(page, airflow, lake, spec):
     click_and_load(page, page.find_element(By.ID, "rollup-go"), "#chart-svg")
     assert "grain=1+hour" in page.current_url and "metric=total_ms" in page.current_url
 
-    expected = rollup(open_version(resolve_table(AGG, lake)), spec,
-                      Rollup(dt.datetime(2024, 3, 2, tzinfo=dt.UTC), dt.datetime(2024, 3, 3, tzinfo=dt.UTC), ("page",),
-                             3600))
+    expected = direct_rollup(inspect_lake, inspect_spec, "2024-03-02", "2024-03-03", ("page",), 3600)
     assert expected.num_rows > 3 * 2  # several hours per page
     # every cell as the grid formats it (times in UTC, floats to 6 digits, NULL for an empty sum)
     assert grid_rows(page, "#rollup-rows") == [{k: cell(v) for k, v in r.items()} for r in expected.to_pylist()]
@@ -407,7 +346,7 @@ def test_a_rollup_by_hour_with_its_chart(page, airflow, lake, spec):
     assert page.find_element(By.ID, "from").get_attribute("value") == "2024-03-02 00:30"  # the form keeps the text
     assert css(page, "#rollup-rows") == [] and css(page, "#chart-svg") == []
     shot(page, "06c-rollup-cut-window")
-    assert snapshot(lake) == before
+    assert snapshot(inspect_lake) == before
 
 
 def test_runs_reconcile(page, airflow):
@@ -421,10 +360,10 @@ def test_runs_reconcile(page, airflow):
     shot(page, "07-runs")
 
 
-def test_bad_input_in_the_browser_shows_a_clear_error(page, airflow, lake):
+def test_bad_input_in_the_browser_shows_a_clear_error(page, airflow, inspect_lake):
     from selenium.webdriver.common.by import By
 
-    before = snapshot(lake)
+    before = snapshot(inspect_lake)
     page.get(f"{airflow['base']}/lake/table/{AGG}?where=views%20%3E%201%3B%20DROP%20TABLE%20x")
     err = wait_for(page, "#rows-error")
     assert "bad filter at position 10: unexpected character ';'" in err.text
@@ -436,7 +375,7 @@ def test_bad_input_in_the_browser_shows_a_clear_error(page, airflow, lake):
     assert page.find_element(By.ID, "where").get_attribute("value") == "page = '<script>alert(1)</script>'"
     assert css(page, "script") == []  # echoed as text, never markup
     shot(page, "09-bad-version")
-    assert snapshot(lake) == before
+    assert snapshot(inspect_lake) == before
 
 
 def test_the_page_is_embedded_in_the_airflow_ui(page, airflow):

@@ -7,7 +7,6 @@ the tests of the unauthenticated path; the real Airflow login is tested in
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import re
@@ -25,33 +24,22 @@ with warnings.catch_warnings():  # "Using httpx with starlette.testclient is dep
 
 from plugins.lake_view.app import create_app
 from spark_jobs.__main__ import main
-from spark_jobs.inspection import open_version, resolve_table
 from spark_jobs.inspection.render import jsonable
-from spark_jobs.inspection.rollup import Rollup, rollup
 from spark_jobs.inspection.specs import SPECS_ENV
-from tests.inspect_lake import PIPELINE, shared_lake, snapshot
+from tests.helpers import direct_rollup
+from tests.inspect_lake import PIPELINE, snapshot
 
 pytestmark = pytest.mark.spark
 
 AGG = f"{PIPELINE}.aggregates"
 
 
-@pytest.fixture(scope="module")
-def spec(spark, tmp_path_factory):
-    return shared_lake(spark, tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def lake(spec):
-    return spec.lake
-
-
 @pytest.fixture(scope="module", autouse=True)
-def pipelines(spec):
+def pipelines(inspect_spec):
     """``$SPARK_JOBS_PIPELINES`` is the folder of the test lake's spec (the rollup finds it there by name)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(SPECS_ENV, str(Path(spec.origin).parent))
-        yield Path(spec.origin).parent
+        mp.setenv(SPECS_ENV, str(Path(inspect_spec.origin).parent))
+        yield Path(inspect_spec.origin).parent
 
 
 def client(lake_root: str, *, authenticate: bool = False) -> TestClient:
@@ -61,8 +49,8 @@ def client(lake_root: str, *, authenticate: bool = False) -> TestClient:
 
 
 @pytest.fixture(scope="module")
-def web(lake):
-    return client(lake)
+def web(inspect_lake):
+    return client(inspect_lake)
 
 
 def cli_json(capsys, *argv: str):
@@ -107,13 +95,6 @@ def test_diff_and_chart_pages(web):
 
 
 # ----------------------------------------------------------------------------- rollup
-def direct_rollup(lake, spec, start, end, by, grain_s=None, where=None):
-    """What the routes must answer: :func:`rollup` called directly on the latest aggregates."""
-    request = Rollup(dt.datetime.fromisoformat(start).replace(tzinfo=dt.UTC),
-                     dt.datetime.fromisoformat(end).replace(tzinfo=dt.UTC), by, grain_s, where)
-    return rollup(open_version(resolve_table(AGG, lake)), spec, request)
-
-
 def rollup_cells(text: str) -> list[dict[str, str]]:
     """The rollup page's grid, a dict of cell texts per row."""
     table = text.split('id="rollup-rows"')[1].split("</table>")[0]
@@ -128,13 +109,13 @@ def test_the_table_page_links_the_rollup_of_aggregates_only(web):
     assert 'id="rollup-link"' not in web.get(f"/lake/table/{PIPELINE}.partials").text
 
 
-def test_the_rollup_page_opens_on_the_last_day_of_data(web, lake, spec):
+def test_the_rollup_page_opens_on_the_last_day_of_data(web, inspect_lake, inspect_spec):
     r = web.get(f"/lake/table/{AGG}/rollup")
     assert r.status_code == 200, r.text
     values = dict(re.findall(r'<input type="text" id="(\w+)" name="\w+" value="([^"]*)"', r.text))
     assert values == {"from": "2024-03-02 00:00", "to": "2024-03-03 00:00", "by": "page", "grain": "all",
                       "where": ""}
-    expected = direct_rollup(lake, spec, "2024-03-02", "2024-03-03", ("page",))
+    expected = direct_rollup(inspect_lake, inspect_spec, "2024-03-02", "2024-03-03", ("page",))
     cells = rollup_cells(r.text)
     assert [c["page"] for c in cells] == expected["page"].to_pylist() == ["/b", "/c", "/d"]
     assert [int(c["views"]) for c in cells] == expected["views"].to_pylist()
@@ -146,11 +127,11 @@ def test_the_rollup_page_opens_on_the_last_day_of_data(web, lake, spec):
     assert web.get(f"/lake/api/table/{AGG}/rollup", params={"where": "page = '/nowhere'"}).json() == []
 
 
-def test_the_rollup_page_draws_a_grain_and_a_chosen_metric(web, lake, spec):
+def test_the_rollup_page_draws_a_grain_and_a_chosen_metric(web, inspect_lake, inspect_spec):
     r = web.get(f"/lake/table/{AGG}/rollup", params={"from": "2024-03-01", "to": "2024-03-03", "by": "page",
                                                       "grain": "1 day", "metric": "total_ms", "where": "page != '/a'"})
     assert r.status_code == 200, r.text
-    expected = direct_rollup(lake, spec, "2024-03-01", "2024-03-03", ("page",), 86_400, "page != '/a'")
+    expected = direct_rollup(inspect_lake, inspect_spec, "2024-03-01", "2024-03-03", ("page",), 86_400, "page != '/a'")
     cells = rollup_cells(r.text)
     assert [(c["page"], c["start"], int(c["total_ms"])) for c in cells] == [
         (p, f"{t:%Y-%m-%d %H:%M:%S}", v) for p, t, v in
@@ -162,17 +143,18 @@ def test_the_rollup_page_draws_a_grain_and_a_chosen_metric(web, lake, spec):
     assert points == {"page=/b": 2, "page=/c": 2, "page=/d": 1}  # /d only landed on the second day
 
 
-def test_the_rollup_api_answers_what_rollup_and_the_cli_answer(web, lake, spec, capsys):
+def test_the_rollup_api_answers_what_rollup_and_the_cli_answer(web, inspect_lake, inspect_spec, capsys):
     params = {"from": "2024-03-01", "to": "2024-03-03 00:00", "by": "page", "grain": "1 day"}
     api = web.get(f"/lake/api/table/{AGG}/rollup", params=params)
     assert api.status_code == 200, api.text
-    expected = jsonable(direct_rollup(lake, spec, "2024-03-01", "2024-03-03", ("page",), 86_400).to_pylist())
+    expected = jsonable(direct_rollup(inspect_lake, inspect_spec, "2024-03-01", "2024-03-03", ("page",),
+                                      86_400).to_pylist())
     assert api.json() == expected
-    assert api.json() == cli_json(capsys, "rollup", AGG, "--pipeline", spec.origin, "--from", "2024-03-01",
+    assert api.json() == cli_json(capsys, "rollup", AGG, "--pipeline", inspect_spec.origin, "--from", "2024-03-01",
                                   "--to", "2024-03-03", "--by", "page", "--grain", "1 day")
     # by='' merges every key; no from/to is the last day of data, as on the page
     merged = web.get(f"/lake/api/table/{AGG}/rollup", params={"by": ""}).json()
-    assert merged == jsonable(direct_rollup(lake, spec, "2024-03-02", "2024-03-03", ()).to_pylist())
+    assert merged == jsonable(direct_rollup(inspect_lake, inspect_spec, "2024-03-02", "2024-03-03", ()).to_pylist())
     assert len(merged) == 1 and "page" not in merged[0]
     # version 0 still has page /a on the second day
     v0 = web.get(f"/lake/api/table/{AGG}/rollup", params={"version": 0}).json()
@@ -199,17 +181,18 @@ def test_rollup_reads_the_spec_the_lake_records_not_the_specs_folder(web, tmp_pa
 
 
 # ----------------------------------------------------------------------------- JSON API = the CLI's views
-def test_the_json_api_answers_what_the_cli_answers(web, lake, capsys):
-    assert web.get(f"/lake/api/table/{AGG}/history").json() == cli_json(capsys, "history", AGG, "--lake", lake)
+def test_the_json_api_answers_what_the_cli_answers(web, inspect_lake, capsys):
+    assert web.get(f"/lake/api/table/{AGG}/history").json() == cli_json(capsys, "history", AGG, "--lake", inspect_lake)
     rows = web.get(f"/lake/api/table/{AGG}/rows", params={"version": 0, "where": "views >= 3", "limit": 500}).json()
-    assert rows == cli_json(capsys, "show", AGG, "--lake", lake, "--version", "0", "--where", "views >= 3",
+    assert rows == cli_json(capsys, "show", AGG, "--lake", inspect_lake, "--version", "0", "--where", "views >= 3",
                             "--limit", "500")
     assert web.get(f"/lake/api/table/{AGG}/diff", params={"from": 0, "limit": 500}).json() == cli_json(
-        capsys, "diff", AGG, "--lake", lake, "--from", "0", "--limit", "500")
-    assert web.get(f"/lake/api/table/{AGG}/schema").json() == cli_json(capsys, "schema", AGG, "--lake", lake)
-    assert web.get(f"/lake/api/runs?pipeline={PIPELINE}").json() == cli_json(capsys, "runs", PIPELINE, "--lake", lake)
+        capsys, "diff", AGG, "--lake", inspect_lake, "--from", "0", "--limit", "500")
+    assert web.get(f"/lake/api/table/{AGG}/schema").json() == cli_json(capsys, "schema", AGG, "--lake", inspect_lake)
+    assert web.get(f"/lake/api/runs?pipeline={PIPELINE}").json() == cli_json(capsys, "runs", PIPELINE, "--lake",
+                                                                              inspect_lake)
     tables = web.get("/lake/api/tables").json()
-    assert [t["table"] for t in tables] == [t["table"] for t in cli_json(capsys, "tables", "--lake", lake)]
+    assert [t["table"] for t in tables] == [t["table"] for t in cli_json(capsys, "tables", "--lake", inspect_lake)]
     assert all("path" not in t for t in tables)  # the server's file layout is not shown
     series = web.get(f"/lake/api/table/{AGG}/series", params={"metric": "views"}).json()
     assert {ln["label"] for ln in series["lines"]} == {"page=/b", "page=/c", "page=/d", "page=/a"}
@@ -264,13 +247,13 @@ BAD = [
 
 
 @pytest.mark.parametrize(("url", "status", "message"), BAD, ids=[b[0].split("/lake")[1] for b in BAD])
-def test_bad_requests_get_a_clear_error_and_change_nothing(web, lake, url, status, message):
-    before = snapshot(lake)
+def test_bad_requests_get_a_clear_error_and_change_nothing(web, inspect_lake, url, status, message):
+    before = snapshot(inspect_lake)
     r = web.get(url)
     assert r.status_code == status, r.text
     body = r.json()
     assert message in (body.get("error") or body.get("detail")), body
-    assert snapshot(lake) == before
+    assert snapshot(inspect_lake) == before
 
 
 def test_bad_page_requests_render_an_error_page(web):
@@ -292,8 +275,8 @@ def test_the_view_is_read_only(web):
     assert web.delete(f"/lake/api/table/{AGG}/rows").status_code == 405
 
 
-def test_unauthenticated_requests_are_refused(lake):
-    web = client(lake, authenticate=True)
+def test_unauthenticated_requests_are_refused(inspect_lake):
+    web = client(inspect_lake, authenticate=True)
     r = web.get(f"/lake/table/{AGG}")
     assert r.status_code == 302 and r.headers["location"].startswith("/auth/login?next=")
     r = web.get("/lake/api/tables")
