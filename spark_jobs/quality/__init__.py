@@ -1,10 +1,11 @@
 """Great Expectations quality gates: suites built from a pipeline spec, run over Spark DataFrames.
 
-``rules`` (thresholds, no Spark, no GX), ``suites`` (the expectations), ``gate`` (run a suite,
-write its report, dead-letter rows a failed input gate rejects). The CLI entry is
-``python -m spark_jobs validate``.
+``thresholds`` (the bounds a pipeline's gates hold it to; no Spark, no GX), ``suites`` (the
+expectations), ``gate`` (one :class:`~spark_jobs.quality.gate.Suite` per gate: run it, write its
+report, dead-letter the rows a failed input gate rejects, roll back a failed day's partials). The CLI
+entry is ``python -m spark_jobs validate``.
 """
 
 from __future__ import annotations
 
-__all__ = ["gate", "rules", "suites"]
+__all__ = ["gate", "suites", "thresholds"]
