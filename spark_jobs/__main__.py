@@ -8,6 +8,7 @@ Exit codes: 0 ok, 1 unexpected failure, 2 bad arguments or spec, 3 bad or missin
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -47,7 +48,11 @@ def run() -> None:
     """The command line's entry point: exit with :func:`main`'s code without the interpreter's teardown, where
     delta-rs' native threads may abort the process ("terminate called without an active exception") after the
     work is done and turn exit code 0 into 134 or 139. Spark's JVM ends when its gateway's pipe closes."""
-    code = main()
+    try:
+        code = main()
+    except Exception:  # the process's last boundary: a bug, logged with its traceback; exit code 1 (see --help)
+        logging.getLogger("spark_jobs").exception("unexpected error (a bug: please report it with this log)")
+        code = 1
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

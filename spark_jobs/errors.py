@@ -1,7 +1,7 @@
 """Every exception the product raises on purpose, in one place.
 
 Each error carries a message that names the thing that is wrong, the bad value and the fix;
-the CLI maps the classes to exit codes (see ``spark_jobs.__main__``).
+the CLI maps the classes to exit codes (see ``spark_jobs.cli``).
 """
 
 from __future__ import annotations

@@ -260,11 +260,14 @@ def delta_jars_available(spark: SparkSession) -> bool:
     """True when the Delta Lake Spark classes are on the driver's classpath."""
     if is_remote(spark):  # the server's classpath: its session extensions say whether Delta is there
         return "DeltaSparkSessionExtension" in (spark.conf.get("spark.sql.extensions", "") or "")
-    try:
-        jvm = spark.sparkContext._jvm
-        assert jvm is not None
-        jvm.java.lang.Class.forName("io.delta.tables.DeltaTable")
-        return True
-    except Exception:
+    from py4j.protocol import Py4JError
+
+    jvm = spark.sparkContext._jvm
+    if jvm is None:  # no JVM gateway to look the class up in
         return False
+    try:
+        jvm.java.lang.Class.forName("io.delta.tables.DeltaTable")
+    except Py4JError:  # ClassNotFoundException, as py4j raises it
+        return False
+    return True
 

@@ -63,15 +63,7 @@ def serve(path: str | Path, *, preload: Sequence[str] = PRELOAD) -> None:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old_umask = os.umask(0o077)
-    try:
-        listener.bind(path)
-    finally:
-        os.umask(old_umask)
-    listener.listen(64)
+    listener = _listen(path)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, None)
     jobs: dict[int, socket.socket] = {}
@@ -87,16 +79,35 @@ def serve(path: str | Path, *, preload: Sequence[str] = PRELOAD) -> None:
                         os.killpg(key.data, signal.SIGTERM)
             _reap(selector, jobs)
     finally:
-        for pid in jobs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        while jobs and time.monotonic() < deadline:
-            _reap(selector, jobs)
-            time.sleep(0.2)
+        _stop_jobs(selector, jobs)
         listener.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+
+
+def _listen(path: str) -> socket.socket:
+    """A Unix socket at ``path`` that only this user can connect to (a stale one is replaced)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o077)
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(old_umask)
+    listener.listen(64)
+    return listener
+
+
+def _stop_jobs(selector: selectors.BaseSelector, jobs: dict[int, socket.socket], timeout: float = 30) -> None:
+    """SIGTERM every running job; reap them for up to ``timeout`` seconds."""
+    for pid in jobs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while jobs and time.monotonic() < deadline:
+        _reap(selector, jobs)
+        time.sleep(0.2)
 
 
 def _accept(listener: socket.socket, selector: selectors.BaseSelector, jobs: dict[int, socket.socket]) -> None:
@@ -145,11 +156,11 @@ def _run_child(conn: socket.socket, argv: list[str], env: dict[str, str], cwd: s
         code = main(argv)
     except SystemExit as exc:  # argparse's usage errors
         code = exc.code if isinstance(exc.code, int) else 2
-    except BaseException:
+    except BaseException:  # the job's boundary: whatever it raised, its client gets the traceback and exit code 1
         traceback.print_exc()
         code = 1
     finally:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(OSError, ValueError):  # the client hung up, or the stream is closed
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)

@@ -18,6 +18,8 @@ from spark_jobs.server.runner import MAX_SOCKET_PATH, probe
 
 __all__ = ["add_server_parser", "run_server"]
 
+RUNNER_SOCKET = "runner.sock"  # in the state dir
+
 
 def add_server_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser("server", help="start, stop or check the Spark Connect server and the warm job runner "
@@ -54,7 +56,6 @@ def run_server(args: argparse.Namespace) -> int:
                            driver_memory=args.driver_memory, shuffle_partitions=args.shuffle_partitions,
                            extra=parse_confs(args.conf))
     runner = Background("runner", state)
-    socket_path = state / "runner.sock"
     if args.action == "run":
         os.execve(server.command()[0], server.command(), server.environment())
     if args.action == "stop":
@@ -62,35 +63,47 @@ def run_server(args: argparse.Namespace) -> int:
         print(f"stopped {' and '.join(stopped)}" if stopped else f"nothing was running (state dir {state})")
         return 0
     if args.action == "status":
-        up = server.running()
-        runner_up = runner.pid() is not None and probe(socket_path)
-        if args.json:
-            print(json.dumps({"connect": {"up": up, "url": server.url, "pid": server.process.pid() if up else None},
-                              "runner": {"up": runner_up, "socket": str(socket_path),
-                                         "pid": runner.pid() if runner_up else None},
-                              "state_dir": str(state)}))
-        else:
-            print(f"Connect server: {'up at ' + server.url if up else 'down'} (state dir {state})")
-            print(f"runner: {'up at ' + str(socket_path) if runner_up else 'down'}")
-        return 0 if up else 1
+        return _status(server, runner, state, as_json=args.json)
     started = time.monotonic()
     pid = server.start(timeout=args.timeout)
     print(f"Spark Connect server: {server.url} (pid {pid}, master {args.master}, log {server.process.log_file}), "
           f"ready after {time.monotonic() - started:.1f} s", flush=True)
     exports = {"SPARK_REMOTE": server.url}
     if not args.no_runner:
-        if len(str(socket_path)) > MAX_SOCKET_PATH:
-            raise ComputeError(f"runner socket path {socket_path} is over {MAX_SOCKET_PATH} characters; "
-                               "use a shorter --state-dir")
-        started = time.monotonic()
-        if runner.pid() is None or not probe(socket_path):
-            runner.stop()
-            env = {**os.environ, "SPARK_REMOTE": server.url, "GX_ANALYTICS_ENABLED": "False",
-                   "PYTHONUNBUFFERED": "1"}
-            runner.start([sys.executable, "-m", "spark_jobs.server.runner", str(socket_path)], env=env,
-                         timeout=args.timeout, ready=lambda: probe(socket_path))
-        print(f"warm job runner: {socket_path} (pid {runner.pid()}, log {runner.log_file}), "
-              f"ready after {time.monotonic() - started:.1f} s", flush=True)
-        exports["SPARK_JOBS_RUNNER"] = str(socket_path)
+        exports["SPARK_JOBS_RUNNER"] = str(_start_runner(runner, server, state, timeout=args.timeout))
     print("jobs and Airflow tasks use them with: export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in exports.items()))
     return 0
+
+
+def _status(server: ConnectServer, runner: Background, state: Path, *, as_json: bool) -> int:
+    """Print whether the server and the runner answer; exit code 1 while the server is down."""
+    socket_path = state / RUNNER_SOCKET
+    up = server.running()
+    runner_up = runner.pid() is not None and probe(socket_path)
+    if as_json:
+        print(json.dumps({"connect": {"up": up, "url": server.url, "pid": server.process.pid() if up else None},
+                          "runner": {"up": runner_up, "socket": str(socket_path),
+                                     "pid": runner.pid() if runner_up else None},
+                          "state_dir": str(state)}))
+    else:
+        print(f"Connect server: {'up at ' + server.url if up else 'down'} (state dir {state})")
+        print(f"runner: {'up at ' + str(socket_path) if runner_up else 'down'}")
+    return 0 if up else 1
+
+
+def _start_runner(runner: Background, server: ConnectServer, state: Path, *, timeout: float) -> Path:
+    """Start the warm job runner on the server (unless one answers already); its socket path."""
+    socket_path = state / RUNNER_SOCKET
+    if len(str(socket_path)) > MAX_SOCKET_PATH:
+        raise ComputeError(f"runner socket path {socket_path} is over {MAX_SOCKET_PATH} characters; "
+                           "use a shorter --state-dir")
+    started = time.monotonic()
+    if runner.pid() is None or not probe(socket_path):
+        runner.stop()
+        env = {**os.environ, "SPARK_REMOTE": server.url, "GX_ANALYTICS_ENABLED": "False",
+               "PYTHONUNBUFFERED": "1"}
+        runner.start([sys.executable, "-m", "spark_jobs.server.runner", str(socket_path)], env=env,
+                     timeout=timeout, ready=lambda: probe(socket_path))
+    print(f"warm job runner: {socket_path} (pid {runner.pid()}, log {runner.log_file}), "
+          f"ready after {time.monotonic() - started:.1f} s", flush=True)
+    return socket_path

@@ -94,7 +94,7 @@ class Standalone:
                     [spark_class, WORKER_CLASS, self.master_url, "--cores", str(self.cores), "--memory", self.memory,
                      "--host", self.host, "--webui-port", "0", "--work-dir", str(work)],
                     env=env, ready=self._registered(i + 1), timeout=timeout)
-        except BaseException:
+        except BaseException:  # not a catch: whatever stopped the start (an interrupt too), stop all, re-raise
             self.stop()
             raise
 
