@@ -75,11 +75,10 @@ def one_shot(raw: DataFrame, spec: PipelineSpec) -> DataFrame:
     """
     from pyspark.sql import functions as F
 
-    from spark_jobs.phases.compiled import assign_windows
 
     et = F.col(spec.source.event_time)
     valid = raw.where(et.isNotNull() & F.col(spec.group_by[0]).isNotNull()) if spec.group_by else raw
-    rows = assign_windows(valid, spec)
+    rows = spec.window.assign(valid, event_time=spec.source.event_time, keys=spec.group_by)
     return rows.groupBy(*spec.key_columns).agg(*(native_aggregate(a, et).alias(a.name) for a in spec.aggregates),
                                                F.count(F.lit(1)).alias("n_rows"))
 

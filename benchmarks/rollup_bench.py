@@ -28,6 +28,7 @@ from spark_jobs.lake.spec_record import current
 from spark_jobs.phases.compiled import CompiledAggregates
 from spark_jobs.spark_session import SessionConfig, build_session
 from spark_jobs.spec import load_spec
+from spark_jobs.windows import Unwindowed
 
 __all__ = ["rollup_bench"]
 
@@ -73,7 +74,7 @@ def rollup_bench(args: argparse.Namespace) -> int:
     for label, grain in (("all", None), ("1 day", 86_400)):
         request = Rollup(start, end, tuple(spec.group_by), grain)
         day_col = F.date_trunc("day", F.col(spec.source.event_time)).alias("day")
-        keyed = dataclasses.replace(spec, window=None,
+        keyed = dataclasses.replace(spec, window=Unwindowed(),
                                     group_by=(*spec.group_by, "day") if grain else tuple(spec.group_by))
         recompute_s, _ = _best(lambda k=keyed, d=day_col: one_shot(raw.select("*", d), k).toArrow(), times=1)
         figures[f"grain {label}"] = {"recompute_s": recompute_s}

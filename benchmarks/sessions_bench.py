@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchmarks.batch_bench import SAMPLE, fresh, landing, native_aggregate
-from benchmarks.stream_bench import pq_rows, time_ordered_landing
+from benchmarks.stream_bench import baseline_rows, pq_rows, time_ordered_landing
 from spark_jobs.jobs import combine, reduce
 from spark_jobs.lake import PipelineTables, open_lake
 from spark_jobs.spark_session import SessionConfig, build_session
-from spark_jobs.spec import Duration, PipelineSpec, WindowSpec, load_spec
+from spark_jobs.spec import Duration, PipelineSpec, load_spec
+from spark_jobs.windows import Sessions
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -56,10 +57,7 @@ def one_shot_sessions(raw: DataFrame, spec: PipelineSpec) -> DataFrame:
 def spark_session_stream(spark: Any, spec: PipelineSpec, lake: Any, checkpoint: Path) -> None:
     """Spark Structured Streaming's ``session_window`` aggregation of the same aggregates (watermark, append
     mode: the only one Spark allows for sessions), each batch's closed sessions appended to Delta."""
-    from spark_jobs.stream.query import landed_rows
-
-    rows = landed_rows(spark.readStream.option("maxFilesPerTrigger", spec.stream.max_files_per_batch), spec,
-                       None).withWatermark(spec.source.event_time, spec.stream.watermark.spark)
+    rows = baseline_rows(spark, spec).withWatermark(spec.source.event_time, spec.stream.watermark.spark)
     target = str(fresh(Path(spec.lake) / "spark_builtin"))
     query = (one_shot_sessions(rows, spec).writeStream.outputMode("append")
              .foreachBatch(lambda df, _: lake.append(df, target))
@@ -115,7 +113,7 @@ def sessions_bench(args: argparse.Namespace) -> int:
     lake = open_lake(spark)
     sample = load_spec(SAMPLE, lake=str(work / "lake-sessions"), source_path=config.out)
     builtin = tuple(a for a in sample.aggregates if not a.user_defined)  # per-session Python calls are not the point
-    spec = dataclasses.replace(sample, group_by=("user_id",), window=WindowSpec(gap=GAP), rollups=(), aggregates=builtin)
+    spec = dataclasses.replace(sample, group_by=("user_id",), window=Sessions(GAP), rollups=(), aggregates=builtin)
     dates = config.dates
 
     def baseline(days: list[str], target: Path) -> None:

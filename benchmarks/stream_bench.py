@@ -73,13 +73,18 @@ def _stream_spec(work: Path, landing: Path, name: str, files_per_batch: int, tri
         stream=dataclasses.replace(spec.stream, max_files_per_batch=files_per_batch, trigger=Duration(trigger)))
 
 
+def baseline_rows(spark: Any, spec: PipelineSpec) -> Any:
+    """The landing files as Spark's own stream reads them for the baselines: Parquet with the spec's columns,
+    ``stream.max_files_per_batch`` files a batch."""
+    columns = ", ".join([*(f"`{c}` {t}" for c, t in spec.source.schema), "event_date string"])
+    return (spark.readStream.option("maxFilesPerTrigger", spec.stream.max_files_per_batch).schema(columns)
+            .option("basePath", spec.source.path).parquet(spec.source.path))
+
+
 def spark_windowed_stream(spark: Any, spec: PipelineSpec, lake: Any, checkpoint: Path) -> None:
     """Spark's built-in streaming aggregation of the same aggregates (watermark, update mode), each
     batch's updated rows appended to Delta through the same commit path: the baseline."""
-    from spark_jobs.stream.query import landed_rows
-
-    rows = landed_rows(spark.readStream.option("maxFilesPerTrigger", spec.stream.max_files_per_batch), spec,
-                       None).withWatermark(spec.source.event_time, spec.stream.watermark.spark)
+    rows = baseline_rows(spark, spec).withWatermark(spec.source.event_time, spec.stream.watermark.spark)
     target = str(fresh(Path(spec.lake) / "spark_builtin"))
 
     def sink(df: DataFrame, batch_id: int) -> None:
@@ -181,11 +186,11 @@ def stream(args: argparse.Namespace) -> int:
         from benchmarks.flink_peer import flink_peer
 
         spec = _stream_spec(work, landing, "lake-peer", 1)
-        assert spec.window is not None
+        assert spec.window.tile is not None
         # its parallel split readers read the time-ordered files out of order: with the spec's 10-minute watermark
         # most events would be dropped as late, so its watermark allows the whole span
         flink = flink_peer(work, landing, parallelism=os.cpu_count() or 2, watermark_minutes=(args.days + 1) * 24 * 60,
-                           window_minutes=spec.window.length.seconds // 60)
+                           window_minutes=spec.window.tile.seconds // 60)
         flink["events_per_s"] = rows_total / flink["job_s"]
         flink["warm_events_per_s"] = rows_total / flink["warm_job_s"]
         figures["flink"] = flink

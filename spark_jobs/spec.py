@@ -17,7 +17,9 @@ from typing import Any, Literal, cast
 import yaml
 
 from spark_jobs.aggregates.registry import is_user_defined, validate_aggregate
+from spark_jobs.durations import Duration, parse_duration
 from spark_jobs.errors import SpecError
+from spark_jobs.windows import Unwindowed, WindowKind, parse_window
 
 __all__ = [
     "AggregateSpec",
@@ -26,7 +28,7 @@ __all__ = [
     "RollupSpec",
     "SourceSpec",
     "StreamSpec",
-    "WindowSpec",
+    "WindowKind",
     "load_spec",
     "parse_duration",
     "parse_spec",
@@ -72,41 +74,6 @@ RESERVED_COLUMNS = frozenset(
 PARTITION_COLUMN = "event_date"
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-_DURATION = re.compile(
-    r"^\s*(\d+)\s*(s|sec|secs|second|seconds|m|min|mins|minute|minutes|h|hour|hours|d|day|days|w|week|weeks)\s*$"
-)
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-@dataclass(frozen=True)
-class Duration:
-    """A positive span of time, kept in seconds; ``spark`` renders Spark's interval text."""
-
-    seconds: int
-
-    @property
-    def spark(self) -> str:
-        return f"{self.seconds} seconds"
-
-    def __str__(self) -> str:
-        for unit, size in (("week", 604800), ("day", 86400), ("hour", 3600), ("minute", 60)):
-            if self.seconds % size == 0:
-                n = self.seconds // size
-                return f"{n} {unit}{'s' if n != 1 else ''}"
-        return f"{self.seconds} seconds"
-
-
-def parse_duration(text: object) -> Duration:
-    """Parse ``'1 hour'``, ``'90 s'``, ``'10 minutes'``; raise ValueError with the accepted forms."""
-    match = _DURATION.match(str(text)) if isinstance(text, (str, int)) else None
-    if not match or int(match.group(1)) <= 0:
-        raise ValueError(
-            f"bad duration {text!r}; write a positive whole number and a unit, "
-            "e.g. '30 seconds', '10 minutes', '1 hour', '1 day', '1 week'"
-        )
-    unit = match.group(2)
-    key = "m" if unit.startswith("min") or unit == "m" else unit[0]
-    return Duration(int(match.group(1)) * _UNIT_SECONDS[key])
 
 
 OPS = ("+I", "-U", "+U", "-D")  # a changelog source's row kinds; -U and -D retract
@@ -128,38 +95,6 @@ class SourceSpec:
 
     def partition_path(self, date: str) -> str:
         return f"{self.path.rstrip('/')}/{PARTITION_COLUMN}={date}"
-
-
-@dataclass(frozen=True)
-class WindowSpec:
-    """Tumbling (``size``), hopping (``size`` and ``slide``) or session (``gap``) windows.
-
-    A session is ``[first event, last event + gap)`` per group key: an event at or before ``last + gap``
-    joins it, so sessions that touch merge (Spark's ``session_window``, Flink's SESSION)."""
-
-    size: Duration | None = None
-    slide: Duration | None = None
-    gap: Duration | None = None
-
-    @property
-    def hopping(self) -> bool:
-        return self.slide is not None and self.slide != self.size
-
-    @property
-    def session(self) -> bool:
-        return self.gap is not None
-
-    @property
-    def length(self) -> Duration:
-        """The fixed windows' size (what ``size`` is for them); a session's gap, the least a session spans."""
-        length = self.gap if self.gap is not None else self.size
-        assert length is not None
-        return length
-
-    def __str__(self) -> str:
-        if self.gap is not None:
-            return f"sessions (gap {self.gap})"
-        return f"{self.size}" + (f" every {self.slide}" if self.hopping else "")
 
 
 @dataclass(frozen=True)
@@ -207,7 +142,7 @@ class PipelineSpec:
     group_by: tuple[str, ...]
     aggregates: tuple[AggregateSpec, ...]
     lake: str
-    window: WindowSpec | None = None
+    window: WindowKind = dataclasses.field(default_factory=Unwindowed)
     stream: StreamSpec = StreamSpec()
     rollups: tuple[RollupSpec, ...] = ()
     origin: str = "<memory>"
@@ -215,7 +150,7 @@ class PipelineSpec:
     @property
     def key_columns(self) -> tuple[str, ...]:
         """Group keys plus the window bounds: one row per value of these in ``aggregates``."""
-        return self.group_by + (("window_start", "window_end") if self.window else ())
+        return self.group_by + self.window.bounds
 
     @property
     def table_root(self) -> str:
@@ -314,7 +249,7 @@ def parse_spec(raw: Any, *, origin: str = "<memory>", base_dir: Path | None = No
     window = _check_window(c, top.get("window"), op_column)
     aggregates = _check_aggregates(c, top.get("aggregates"), schema, op_column)
     stream = _check_stream(c, top.get("stream"))
-    rollups = _check_rollups(c, top.get("rollups"), keys, window, window_given=top.get("window") is not None)
+    rollups = _check_rollups(c, top.get("rollups"), keys, window)
     lake = top.get("lake")
     _check_paths(c, lake=lake, source_path=src.get("path"))
 
@@ -333,7 +268,7 @@ def parse_spec(raw: Any, *, origin: str = "<memory>", base_dir: Path | None = No
         group_by=keys,
         aggregates=tuple(aggregates),
         lake=_abs(cast(str, lake), base_dir),
-        window=window,
+        window=cast(WindowKind, window),
         stream=stream,
         rollups=tuple(rollups),
         origin=origin,
@@ -413,42 +348,11 @@ def _check_group_by(c: _Checker, group_by: Any, schema: dict[str, str]) -> tuple
     return keys
 
 
-def _check_window(c: _Checker, raw: Any, op_column: str | None) -> WindowSpec | None:
-    if raw is None:
-        return None
-    w = c.mapping(raw, "window", ("size", "slide", "gap"))
-    if isinstance(raw, Mapping) and "gap" in raw:
-        return _check_session(c, w, op_column)
-    if isinstance(raw, Mapping) and raw.get("size") is None:
-        c.add("window.size", "is required: declare {size: 1 hour} (tumbling), {size: 1 hour, slide: 15 minutes} "
-                             "(hopping) or {gap: 30 minutes} (sessions)")
-        return None
-    try:
-        size = parse_duration(w.get("size"))
-        slide = parse_duration(w["slide"]) if w.get("slide") is not None else None
-    except ValueError as exc:
-        c.add("window", str(exc))
-        return None
-    if slide is not None and slide.seconds > size.seconds:
-        c.add("window.slide", f"slide {slide} is longer than size {size}; use a slide <= size")
-    return WindowSpec(size, slide)
-
-
-def _check_session(c: _Checker, w: dict[str, Any], op_column: str | None) -> WindowSpec | None:
-    if "size" in w or "slide" in w:
-        c.add("window", "a session window has a gap and no size or slide: {gap: 30 minutes}; or give a size for "
-                        "tumbling windows")
-        return None
-    try:
-        gap = parse_duration(w.get("gap"))
-    except ValueError as exc:
-        c.add("window.gap", str(exc))
-        return None
-    if op_column is not None:  # a retraction may split a session, which no accumulator can undo
-        c.add("window.gap", "session windows need an append-only source: source.op_column retracts rows, and "
-                            "retracting an event may split its session; drop op_column or use tumbling windows")
-        return None
-    return WindowSpec(gap=gap)
+def _check_window(c: _Checker, raw: Any, op_column: str | None) -> WindowKind | None:
+    kind, problems = parse_window(raw, retracting=op_column is not None)
+    for where, message in problems:
+        c.add(where, message)
+    return kind
 
 
 def _check_aggregates(c: _Checker, raw_aggs: Any, schema: dict[str, str], op_column: str | None) -> list[AggregateSpec]:
@@ -527,23 +431,18 @@ def _check_stream(c: _Checker, raw: Any) -> StreamSpec:
     return StreamSpec(**kwargs)
 
 
-def _check_rollups(c: _Checker, raw: Any, keys: tuple[str, ...], window: WindowSpec | None, *,
-                   window_given: bool = True) -> list[RollupSpec]:
-    """``rollups``: each a name, a grain that is a whole number of windows, and a subset of the group keys.
-    A bad ``window`` (already reported) skips only the checks against the window."""
+def _check_rollups(c: _Checker, raw: Any, keys: tuple[str, ...], window: WindowKind | None) -> list[RollupSpec]:
+    """``rollups``: each a name, a grain that is a whole number of the window's tiles, and a subset of the group
+    keys. A bad ``window`` (already reported) skips only the checks against the window."""
     if raw is None:
         return []
     if not isinstance(raw, list):
         c.add("rollups", f"expected a list, e.g. [{{name: daily, grain: 1 day, by: [page]}}], got {raw!r}")
         return []
-    if raw and window is not None and window.session:
-        c.add("rollups", "rollups merge whole tumbling windows, and sessions have no fixed bucket; drop rollups "
-                         "from a session pipeline (each session row is in aggregates)")
+    if raw and window is not None and window.tile is None:
+        c.add("rollups", window.rollup_refusal)
         return []
-    if raw and ((window is None and not window_given) or (window is not None and window.hopping)):
-        c.add("rollups", "rollups merge whole tumbling windows; declare a window without a slide (hopping windows "
-                         "overlap, so merging them would count rows several times)")
-        return []
+    tile = window.tile if window is not None else None
     out: list[RollupSpec] = []
     for i, item in enumerate(raw):
         field = f"rollups[{i}]"
@@ -559,12 +458,12 @@ def _check_rollups(c: _Checker, raw: Any, keys: tuple[str, ...], window: WindowS
                 grain = parse_duration(r["grain"])
             except ValueError as exc:
                 c.add(f"{field}.grain", str(exc))
-        if grain is not None and window is not None and grain.seconds % window.length.seconds:
-            c.add(f"{field}.grain", f"grain {grain} is not a whole number of {window.size} windows; a window would "
+        if grain is not None and tile is not None and grain.seconds % tile.seconds:
+            c.add(f"{field}.grain", f"grain {grain} is not a whole number of {tile} windows; a window would "
                                     "fall in two buckets")
-        if grain is not None and window is not None and grain.seconds % (7 * 86400) == 0 and (
-                4 * 86400) % window.length.seconds:  # weeks start on Monday, 4 days after the epoch's windows
-            c.add(f"{field}.grain", f"weekly buckets start on Monday, which cuts a {window.size} window (windows "
+        if grain is not None and tile is not None and grain.seconds % (7 * 86400) == 0 and (
+                4 * 86400) % tile.seconds:  # weeks start on Monday, 4 days after the epoch's windows
+            c.add(f"{field}.grain", f"weekly buckets start on Monday, which cuts a {tile} window (windows "
                                     "count from Thursday 1970-01-01); use a grain of whole days")
         if not isinstance(by, list) or not all(isinstance(k, str) for k in by):
             c.add(f"{field}.by", f"expected a list of group keys, got {by!r}")

@@ -64,11 +64,12 @@ class Diff:
     added: tuple[str, ...] = ()  # aggregates whose columns are added (new, or changed: NULL until recombined)
     dropped: tuple[str, ...] = ()  # aggregates whose columns are removed (dropped, or changed)
     dropped_keys: tuple[str, ...] = ()
-    coarsened: bool = False  # tumbling windows merged into whole multiples
+    coarsened: bool = False  # stored windows merged into a coarser grid of tiles
     window_removed: bool = False
     reset: bool = False  # the rows' layout changed: every day's partials are dropped and recombined
     recount: bool = False  # the rows counted may differ (source columns): every day is recombined
     rollups_removed: tuple[str, ...] = ()
+    reserved: bool = False  # the served windows change and are re-derived from the stored rows
 
     @property
     def refused(self) -> list[Change]:
@@ -77,7 +78,7 @@ class Diff:
     @property
     def derives(self) -> bool:
         """Whether rows are re-derived from the stored accumulators (a rewrite of the tables)."""
-        return bool(self.dropped or self.dropped_keys or self.coarsened or self.window_removed) and not self.reset
+        return bool(self.dropped or self.dropped_keys or self.reserved) and not self.reset
 
     @property
     def needs_raw(self) -> bool:
@@ -92,91 +93,89 @@ def _describe(agg: AggregateSpec) -> str:
 def compare(old: PipelineSpec, new: PipelineSpec) -> Diff:
     """Every difference between the lake's spec ``old`` and ``new``, classified."""
     changes: list[Change] = []
-    add = changes.append
-    reset = recount = coarsened = window_removed = False
     if old.name != new.name:
-        add(Change("refused", "name", f"name {old.name} -> {new.name}",
-                   f"a pipeline's name names its tables; keep {old.name!r}, or start a new pipeline in another lake"))
+        changes.append(Change("refused", "name", f"name {old.name} -> {new.name}", f"a pipeline's name names its "
+                              f"tables; keep {old.name!r}, or start a new pipeline in another lake"))
+    reset, recount = _source_changes(old, new, changes)
+    keys = _key_changes(old, new, changes)
+    window = old.window.change_to(new.window) if old.window != new.window else None
+    if window is not None:
+        changes.append(Change(window.cost, "window", window.what, window.effect))
+    added, dropped = _aggregate_changes(old, new, changes)
+    for key in ("max_files_per_batch", "trigger", "watermark"):
+        a, b = getattr(old.stream, key), getattr(new.stream, key)
+        if a != b:
+            changes.append(Change("settings", f"stream.{key}", f"stream.{key} {a} -> {b}",
+                                  "the stream uses it from its next start"))
+    removed = _rollup_changes(old, new, changes)
+    reset = reset or keys == "raw" or (window is not None and window.cost == "raw")
+    if reset:  # the layout changes: nothing is derived, every stored row goes
+        dropped = [a.name for a in old.aggregates if a.name not in {n.name for n in new.aggregates} or a.name in added]
+        added = [a.name for a in new.aggregates]
+    stored = window is not None and window.cost == "stored" and not reset
+    return Diff(tuple(changes), tuple(added), tuple(dropped),
+                () if reset else tuple(k for k in old.group_by if k not in new.group_by),
+                stored and window is not None and window.retile, stored and window is not None and window.unwindow,
+                reset, recount, removed, reserved=stored)
 
-    # source: how rows are read and typed
+
+def _source_changes(old: PipelineSpec, new: PipelineSpec, changes: list[Change]) -> tuple[bool, bool]:
+    """How rows are read and typed: (the layout resets, every day is recounted)."""
+    reset = recount = False
     o_src, n_src = normalise(old)["source"], normalise(new)["source"]
     for key in ("format", "event_time", "op_column"):
         if o_src.get(key) != n_src.get(key):
             reset = True
-            add(Change("raw", f"source.{key}", f"source.{key} {o_src.get(key)} -> {n_src.get(key)}",
-                       "the rows are read differently: every day's partials are dropped and must be recombined"))
+            changes.append(Change("raw", f"source.{key}", f"source.{key} {o_src.get(key)} -> {n_src.get(key)}",
+                                  "the rows are read differently: every day's partials are dropped and must be "
+                                  "recombined"))
     o_cols, n_cols = old.source.columns, new.source.columns
     for col in sorted(set(o_cols) & set(n_cols)):
         if o_cols[col] != n_cols[col]:
             reset = True
-            add(Change("raw", f"source.schema.{col}", f"column {col}: {o_cols[col]} -> {n_cols[col]}",
-                       "values are typed differently: every day's partials are dropped and must be recombined"))
+            changes.append(Change("raw", f"source.schema.{col}", f"column {col}: {o_cols[col]} -> {n_cols[col]}",
+                                  "values are typed differently: every day's partials are dropped and must be "
+                                  "recombined"))
     for col in sorted(set(n_cols) - set(o_cols)):
         recount = True
-        add(Change("raw", f"source.schema.{col}", f"column {col} ({n_cols[col]}) added",
-                   "rows whose value cannot be read as that type are rejected from now on; recombine to count "
-                   "every day so"))
+        changes.append(Change("raw", f"source.schema.{col}", f"column {col} ({n_cols[col]}) added",
+                              "rows whose value cannot be read as that type are rejected from now on; recombine to "
+                              "count every day so"))
     for col in sorted(set(o_cols) - set(n_cols)):
         recount = True
-        add(Change("raw", f"source.schema.{col}", f"column {col} removed",
-                   "rows rejected only for that column count from now on; recombine to count every day so"))
+        changes.append(Change("raw", f"source.schema.{col}", f"column {col} removed",
+                              "rows rejected only for that column count from now on; recombine to count every day so"))
     for key in sorted(set(o_src) | set(n_src)):
         if key not in ("format", "event_time", "op_column", "schema") and o_src.get(key) != n_src.get(key):
-            add(Change("settings", f"source.{key}", f"source.{key} {o_src.get(key)} -> {n_src.get(key)}",
-                       "applies to the next runs"))
+            changes.append(Change("settings", f"source.{key}", f"source.{key} {o_src.get(key)} -> {n_src.get(key)}",
+                                  "applies to the next runs"))
+    return reset, recount
 
-    # group keys
-    added_keys = [k for k in new.group_by if k not in old.group_by]
-    dropped_keys = tuple(k for k in old.group_by if k not in new.group_by)
-    if added_keys:
-        reset = True
-        add(Change("raw", "group_by", f"keys added: {', '.join(added_keys)}",
-                   "the stored rows hold no value for them: every day's partials are dropped and must be recombined"))
-    elif dropped_keys and new.window is not None and new.window.session:
-        reset = True
-        add(Change("raw", "group_by", f"keys dropped: {', '.join(dropped_keys)}",
-                   "sessions are cut per key: every day's partials are dropped and must be recombined"))
-    elif dropped_keys:
-        add(Change("stored", "group_by", f"keys dropped: {', '.join(dropped_keys)}",
-                   "partials, aggregates, rollups and the stream's state are merged across them"))
+
+def _key_changes(old: PipelineSpec, new: PipelineSpec, changes: list[Change]) -> Kind | None:
+    """The group keys' change, and its cost."""
+    added = [k for k in new.group_by if k not in old.group_by]
+    dropped = [k for k in old.group_by if k not in new.group_by]
+    if added:
+        change = Change("raw", "group_by", f"keys added: {', '.join(added)}", "the stored rows hold no value for "
+                        "them: every day's partials are dropped and must be recombined")
+    elif dropped and new.window.cut_per_key:
+        change = Change("raw", "group_by", f"keys dropped: {', '.join(dropped)}", f"{new.window} are cut per key: "
+                        "every day's partials are dropped and must be recombined")
+    elif dropped:
+        change = Change("stored", "group_by", f"keys dropped: {', '.join(dropped)}",
+                        "partials, aggregates, rollups and the stream's state are merged across them")
     elif list(old.group_by) != list(new.group_by):
-        add(Change("settings", "group_by", f"key order {list(old.group_by)} -> {list(new.group_by)}",
-                   "tables are read by column name: nothing to rewrite"))
+        change = Change("settings", "group_by", f"key order {list(old.group_by)} -> {list(new.group_by)}",
+                        "tables are read by column name: nothing to rewrite")
+    else:
+        return None
+    changes.append(change)
+    return change.kind
 
-    # window
-    ow, nw = old.window, new.window
-    if ow != nw:
-        if ow is None:
-            reset = True
-            add(Change("raw", "window", f"window added: {nw or ''}",
-                       "the stored rows span all time: every day's partials are dropped and must be recombined"))
-        elif ow.session or (nw is not None and nw.session):
-            reset = True
-            add(Change("raw", "window", f"window {ow} -> {nw or 'none'}",
-                       "sessions are cut from the events: every day's partials are dropped and must be recombined"))
-        elif nw is None:
-            if ow.hopping:
-                reset = True
-                add(Change("raw", "window", "hopping window removed",
-                           "hopping windows overlap, so merging them would count rows twice: every day's partials "
-                           "are dropped and must be recombined"))
-            else:
-                window_removed = True
-                add(Change("stored", "window", f"window of {ow.length} removed",
-                           "every key's windows are merged into one row"))
-        elif (not ow.hopping and not nw.hopping and nw.length.seconds > ow.length.seconds
-              and nw.length.seconds % ow.length.seconds == 0):
-            coarsened = True
-            add(Change("stored", "window", f"window {ow.length} -> {nw.length}",
-                       f"each {nw.length} window merges its {nw.length.seconds // ow.length.seconds} {ow.length} windows"))
-        else:
-            reset = True
-            how = "refined" if nw.length.seconds < ow.length.seconds else "shifted or made hopping"
-            add(Change("raw", "window", f"window {_window(ow)} -> {_window(nw)} ({how})",
-                       "the stored windows do not tile the new ones: every day's partials are dropped and must be "
-                       "recombined"))
 
-    # aggregates
+def _aggregate_changes(old: PipelineSpec, new: PipelineSpec, changes: list[Change]) -> tuple[list[str], list[str]]:
+    """The aggregates added (or changed) and dropped (or changed)."""
     o_aggs, n_aggs = {a.name: a for a in old.aggregates}, {a.name: a for a in new.aggregates}
     added: list[str] = []
     dropped: list[str] = []
@@ -184,50 +183,41 @@ def compare(old: PipelineSpec, new: PipelineSpec) -> Diff:
         before = o_aggs.get(name)
         if before is None:
             added.append(name)
-            add(Change("raw", f"aggregates[{name}]", f"aggregate added: {_describe(agg)}",
-                       "columns added (no file rewritten); NULL in the windows of days not recombined since"))
+            changes.append(Change("raw", f"aggregates[{name}]", f"aggregate added: {_describe(agg)}",
+                                  "columns added (no file rewritten); NULL in the windows of days not recombined since"))
         elif (before.fn, before.columns, before.args) != (agg.fn, agg.columns, agg.args):
             added.append(name)
             dropped.append(name)
-            add(Change("raw", f"aggregates[{name}]", f"aggregate changed: {_describe(before)} -> {_describe(agg)}",
-                       "its old columns are removed and new ones added; NULL until the days are recombined"))
+            changes.append(Change("raw", f"aggregates[{name}]",
+                                  f"aggregate changed: {_describe(before)} -> {_describe(agg)}",
+                                  "its old columns are removed and new ones added; NULL until the days are recombined"))
     for name, agg in o_aggs.items():
         if name not in n_aggs:
             dropped.append(name)
-            add(Change("stored", f"aggregates[{name}]", f"aggregate dropped: {_describe(agg)}",
-                       "its columns are removed from partials, aggregates, rollups and the stream's state "
-                       "(the changelog keeps them, NULL from now on)"))
-    if not added and not dropped and [a.name for a in old.aggregates] != [a.name for a in new.aggregates]:
-        add(Change("settings", "aggregates", "aggregate order changed", "tables are read by column name"))
+            changes.append(Change("stored", f"aggregates[{name}]", f"aggregate dropped: {_describe(agg)}",
+                                  "its columns are removed from partials, aggregates, rollups and the stream's state "
+                                  "(the changelog keeps them, NULL from now on)"))
+    if not added and not dropped and list(o_aggs) != list(n_aggs):
+        changes.append(Change("settings", "aggregates", "aggregate order changed", "tables are read by column name"))
+    return added, dropped
 
-    # stream settings
-    for key in ("max_files_per_batch", "trigger", "watermark"):
-        a, b = getattr(old.stream, key), getattr(new.stream, key)
-        if a != b:
-            add(Change("settings", f"stream.{key}", f"stream.{key} {a} -> {b}", "the stream uses it from its next start"))
 
-    # rollups
+def _rollup_changes(old: PipelineSpec, new: PipelineSpec, changes: list[Change]) -> tuple[str, ...]:
+    """The rollups' changes; the names of the rollups removed."""
     o_r, n_r = {r.name: r for r in old.rollups}, {r.name: r for r in new.rollups}
     for name, r in n_r.items():
         if name not in o_r:
-            add(Change("settings", f"rollups[{name}]", f"rollup added: {name} ({r.grain} by {', '.join(r.by) or '-'})",
-                       f"rollup_{name} is built from aggregates"))
+            changes.append(Change("settings", f"rollups[{name}]", f"rollup added: {name} ({r.grain} by "
+                                  f"{', '.join(r.by) or '-'})", f"rollup_{name} is built from aggregates"))
         elif (o_r[name].grain, o_r[name].by) != (r.grain, r.by):
-            add(Change("stored", f"rollups[{name}]", f"rollup {name}: {o_r[name].grain} by {list(o_r[name].by)} -> "
-                                                     f"{r.grain} by {list(r.by)}", f"rollup_{name} is rebuilt from aggregates"))
+            changes.append(Change("stored", f"rollups[{name}]", f"rollup {name}: {o_r[name].grain} by "
+                                  f"{list(o_r[name].by)} -> {r.grain} by {list(r.by)}",
+                                  f"rollup_{name} is rebuilt from aggregates"))
     removed = tuple(name for name in o_r if name not in n_r)
     for name in removed:
-        add(Change("stored", f"rollups[{name}]", f"rollup removed: {name}", f"the table rollup_{name} is deleted"))
-
-    if reset:  # the layout changes: nothing is derived, every stored row goes
-        dropped = [a for a in o_aggs if a not in n_aggs or a in added]
-        added = list(n_aggs)
-    return Diff(tuple(changes), tuple(added), tuple(dropped), () if reset else dropped_keys,
-                coarsened and not reset, window_removed and not reset, reset, recount, removed)
-
-
-def _window(w: Any) -> str:
-    return str(w)
+        changes.append(Change("stored", f"rollups[{name}]", f"rollup removed: {name}",
+                              f"the table rollup_{name} is deleted"))
+    return removed
 
 
 @dataclass(frozen=True)

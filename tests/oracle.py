@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from spark_jobs.spec import PipelineSpec
+from spark_jobs.windows import Hopping, Sessions, Tumbling
 
 EXACT_SQL = {
     "count": lambda c: f"count({c or '*'})",
@@ -54,13 +55,13 @@ def expected(raw: pa.Table, spec: PipelineSpec) -> pd.DataFrame:
     et = spec.source.event_time
     keys = list(spec.group_by)
     source = "rows"
-    if spec.window is not None and spec.window.gap is not None:
+    window = spec.window
+    if isinstance(window, Sessions):
         source = _sessions_sql(spec, "rows")
         keys += ["window_start", "window_end"]
-    elif spec.window is not None:
-        assert spec.window.size is not None
-        size = spec.window.size.seconds
-        slide = spec.window.slide.seconds if spec.window.slide else size
+    elif isinstance(window, (Tumbling, Hopping)):
+        size = window.size.seconds
+        slide = window.slide.seconds if isinstance(window, Hopping) else size
         n = -(-size // slide)
         source = (
             f"(SELECT *, ws AS window_start, ws + INTERVAL {size} SECOND AS window_end FROM ("
@@ -79,7 +80,7 @@ def expected(raw: pa.Table, spec: PipelineSpec) -> pd.DataFrame:
 def _sessions_sql(spec: PipelineSpec, rows: str) -> str:
     """Gaps and islands: per key, a new session when an event is more than ``gap`` after the one before it;
     the session is [first event, last event + gap)."""
-    assert spec.window is not None and spec.window.gap is not None
+    assert isinstance(spec.window, Sessions)
     et, gap = spec.source.event_time, spec.window.gap.seconds
     part = f"PARTITION BY {', '.join(spec.group_by)}" if spec.group_by else ""
     return (

@@ -40,7 +40,7 @@ def fmt_time(t: dt.datetime) -> str:
 def default_range(snapshot: Snapshot, spec: PipelineSpec) -> tuple[dt.datetime, dt.datetime]:
     """The last day of data: the UTC day of the newest window (or the last whole day of windows before its end,
     when windows do not divide a day; or the newest window, when windows are longer than a day)."""
-    size = spec.window.length.seconds if spec.window else _DAY
+    size = spec.window.tile.seconds if spec.window.tile else _DAY
     last = None
     if "window_start" in snapshot.schema().names:
         last = pc.max(snapshot.read(["window_start"]).column("window_start")).as_py()

@@ -71,23 +71,17 @@ def parse_by(text: str | None, spec: PipelineSpec) -> tuple[str, ...]:
 
 def _check(spec: PipelineSpec, request: Rollup) -> int:
     """The window size in seconds, after every reason the request cannot be answered from windows."""
-    if spec.window is None:
-        raise InspectError(f"pipeline {spec.name} has no window: its aggregates hold all time per key, so there is "
-                           "no range to roll up")
-    if spec.window.session:
-        raise InspectError(f"pipeline {spec.name} has session windows: they have no fixed bucket to merge into; "
-                           f"read its sessions with `inspect show {spec.name}.aggregates`")
-    if spec.window.hopping:
-        raise InspectError(f"pipeline {spec.name} has hopping windows ({spec.window.slide} slides of "
-                           f"{spec.window.size}): they overlap, and merging them would count rows several times")
-    size = spec.window.length.seconds
+    tile = spec.window.tile
+    if tile is None:
+        raise InspectError(f"pipeline {spec.name} ({spec.window} windows): {spec.window.rollup_refusal}")
+    size = tile.seconds
     if request.end <= request.start:
         raise InspectError(f"--to {request.end:%Y-%m-%d %H:%M:%S} is not after --from {request.start:%Y-%m-%d %H:%M:%S}")
     for flag, t in (("--from", request.start), ("--to", request.end)):
         offset = _offset(t, size, EPOCH)
         if offset:
             before = t - dt.timedelta(microseconds=offset)
-            raise InspectError(f"{flag} {t:%Y-%m-%d %H:%M:%S} cuts a {spec.window.size} window; use a window "
+            raise InspectError(f"{flag} {t:%Y-%m-%d %H:%M:%S} cuts a {tile} window; use a window "
                                f"boundary such as {before:%Y-%m-%d %H:%M:%S} or "
                                f"{before + dt.timedelta(seconds=size):%Y-%m-%d %H:%M:%S}")
     unknown = [k for k in request.by if k not in spec.group_by]
@@ -95,11 +89,11 @@ def _check(spec: PipelineSpec, request: Rollup) -> int:
         raise InspectError(f"unknown key {', '.join(map(repr, unknown))} in --by; {spec.name} is grouped by "
                            f"{', '.join(spec.group_by) or 'nothing'} (drop a key to merge across it)")
     if request.grain_s is not None and request.grain_s % size:
-        raise InspectError(f"grain of {request.grain_s} s is not a whole number of {spec.window.size} windows; a window "
+        raise InspectError(f"grain of {request.grain_s} s is not a whole number of {tile} windows; a window "
                            "would fall in two buckets")
     if request.grain_s is not None and _offset(bucket_origin(request.grain_s), size, EPOCH):
         raise InspectError(f"buckets of {request.grain_s} s count from {bucket_origin(request.grain_s):%Y-%m-%d}, "
-                           f"which cuts a {spec.window.size} window; use a grain of whole days or hours")
+                           f"which cuts a {tile} window; use a grain of whole days or hours")
     return size
 
 
@@ -123,7 +117,7 @@ def rollup(table: Snapshot, spec: PipelineSpec, request: Rollup, *, declared: bo
     table = source or table
     schema = table.schema()
     keys = list(request.by)
-    columns = [*keys, "window_start", "n_rows", *(c for e in entries for c in e.acc_columns),
+    columns = [*keys, "window_start", "window_end", "n_rows", *(c for e in entries for c in e.acc_columns),
                *([SPEC_VERSION] if SPEC_VERSION in schema.names else [])]
     missing = [c for c in columns if c not in schema.names]
     if missing:
@@ -134,6 +128,7 @@ def rollup(table: Snapshot, spec: PipelineSpec, request: Rollup, *, declared: bo
     if request.where:  # keys only: a filter on one window's values would not mean anything once merged
         expr = expr & parse_where(request.where, pa.schema([schema.field(k) for k in spec.group_by]))
     rows = table.read(columns, filter=expr)
+    rows = (rows if source is not None else spec.window.rollup_rows(rows)).drop_columns(["window_end"])
     first = micros(request.start)  # buckets are clipped to the range
     starts = pa.array(np.full(rows.num_rows, first, dtype=np.int64) if request.grain_s is None else np.maximum(
         bucket_starts(rows.column("window_start"), request.grain_s).cast(pa.int64()).to_numpy(), first)).cast(TS)

@@ -85,7 +85,6 @@ log = logging.getLogger("spark_jobs")
 _VALUE = "__value:"  # the value columns that ride along the merged partials
 ARROW_MAX_ROWS = 2_000_000  # rows of a table merged on the driver; a larger one merges in Spark
 Engine = Literal["auto", "arrow", "spark"]
-_US = 1_000_000
 
 
 @dataclass
@@ -198,12 +197,11 @@ def _adopt(lake: Lake, spec: PipelineSpec, run_id: str) -> RecordedSpec:
         if missing or extra:
             problems.append(f"{name}: " + "; ".join(
                 [*(f"lacks {c} ({t})" for c, t in missing.items()), *(f"has {c} ({t})" for c, t in extra.items())]))
-    if spec.window is not None and is_table(tables.aggregates):
+    if spec.window.bounds and is_table(tables.aggregates):
         row = open_table(tables.aggregates).head(1, ["window_start", "window_end"]).to_pylist()
-        if row and not spec.window.session and (
-                (row[0]["window_end"] - row[0]["window_start"]).total_seconds() != spec.window.length.seconds):
+        if row and not spec.window.fits(row[0]["window_start"], row[0]["window_end"]):
             size = (row[0]["window_end"] - row[0]["window_start"]).total_seconds()
-            problems.append(f"aggregates: windows of {size:.0f} s, the spec says {spec.window.size}")
+            problems.append(f"aggregates: windows of {size:.0f} s, the spec says {spec.window}")
     if problems:
         raise SpecChangedError(
             f"the lake {spec.lake}/{spec.name} records no spec, and its tables were not written with "
@@ -338,11 +336,11 @@ class _Migration:
         return self._rewrite(self._conform(rows, "state"), path, read, sort_by=[DAY, *self.spec.key_columns])
 
     def _open(self, rows: pa.Table, high: dt.datetime | None) -> pa.Table:
-        """The rows of windows still open at the stream's watermark (all of them without a window)."""
-        if self.spec.window is None or high is None:
+        """The rows of windows still open at the stream's watermark."""
+        if high is None:
             return rows
         watermark = high - dt.timedelta(seconds=self.spec.stream.watermark.seconds)
-        return rows.filter(pc.greater(rows.column("window_end"), pa.scalar(watermark, TS)))
+        return rows.filter(self.spec.window.is_open_arrow(rows, watermark))
 
     def _stream_partials(self, state_path: str, state_read: int | None) -> pa.Table:
         """The stream's partial rows of the mini-batches the state holds (a batch committed to partials but
@@ -397,7 +395,7 @@ class _Migration:
         files = self.lake.files(self.tables.partials, partials)
         cluster = window_cluster(self.spec, len({f.partition_values.get(DAY) for f in files}))
         rows: pa.Table | DataFrame
-        if not self._merges():  # only aggregates dropped: the rows stand, without their columns
+        if not self._merges() and not self.diff.reserved:  # only aggregates dropped: the rows stand, without them
             rows = (self._conform_spark(self.lake.read(path, version=read), "aggregates") if self.spark is not None
                     else self._conform(self.lake_table(path, read), "aggregates"))
             if not self.reduced:  # the reduce it had not run merges the rewritten partials (all of them) next time
@@ -445,14 +443,9 @@ class _Migration:
         """Rows with the new spec's window bounds (coarser windows, or none)."""
         if self.diff.window_removed:
             return rows.drop_columns(["window_start", "window_end"])
-        if not self.diff.coarsened or self.spec.window is None or rows.num_rows == 0:
+        if not self.diff.coarsened or rows.num_rows == 0:
             return rows
-        size = self.spec.window.length.seconds * _US
-        ticks = rows.column("window_start").cast(TS).cast(pa.int64()).to_numpy()
-        start = ticks // size * size  # Spark counts windows from the epoch
-        rows = rows.drop_columns(["window_start", "window_end"])
-        rows = rows.append_column("window_start", pa.array(start).cast(TS))
-        return rows.append_column("window_end", pa.array(start + size).cast(TS))
+        return self.spec.window.coarsen_arrow(rows)
 
     def _merged(self, rows: pa.Table, *, extra_keys: list[str], extra: list[tuple[str, str]]) -> pa.Table:
         """The kept aggregates' accumulators merged per ``extra_keys`` and the new keys and windows."""
@@ -479,7 +472,7 @@ class _Migration:
         """The reduce from the partials this run merged (version ``partials``), when each key's window has one
         counted row there (a batch lake: one batch per day): its accumulators and values are the window's, so
         they are neither read back nor merged again. None otherwise (:meth:`_reduced` reads and merges)."""
-        if self.merged_partials is None or self.merged_partials[0] != partials:
+        if self.merged_partials is None or self.merged_partials[0] != partials or not self.spec.window.serves_stored:
             return None
         rows = self.merged_partials[1]
         batch = pc.equal(rows.column("source"), BATCH)
@@ -503,7 +496,7 @@ class _Migration:
         counted = (pc.field("source") == BATCH) | ~pc.field(DAY).isin(pa.array(days, pa.date32()))
         rows = open_table(self.tables.partials, partials).read(filter=counted if days else None)
         entries = self.kept.entries
-        merged, accs = merge_groups(rows, list(self.spec.key_columns), entries)
+        merged, accs = merge_groups(self.spec.window.serve_arrow(rows), list(self.spec.key_columns), entries)
         if self.spec.source.op_column is not None:
             keep = pc.not_equal(merged.column("n_rows"), 0)
             merged = merged.filter(keep)
@@ -519,17 +512,9 @@ class _Migration:
 
     # ------------------------------------------------------------ Spark merges
     def _windowed_spark(self, rows: DataFrame) -> DataFrame:
-        from pyspark.sql import functions as F
-
         if self.diff.window_removed:
             return rows.drop("window_start", "window_end")
-        if not self.diff.coarsened or self.spec.window is None:
-            return rows
-        size = self.spec.window.length.seconds * _US
-        micros = F.unix_micros(F.col("window_start"))
-        start = micros - F.pmod(micros, F.lit(size))
-        return (rows.withColumn("window_start", F.timestamp_micros(start))
-                .withColumn("window_end", F.timestamp_micros(start + F.lit(size))))
+        return self.spec.window.coarsen(rows) if self.diff.coarsened else rows
 
     def _merged_spark(self, rows: DataFrame, *, extra_keys: list[str], extra: list[tuple[str, str]]) -> DataFrame:
         from pyspark.sql import functions as F
@@ -554,9 +539,8 @@ class _Migration:
                                   <= F.lit(-1 if done is None else done))
             rows = self._merged_spark(source, extra_keys=[DAY], extra=[]).withColumn(
                 "max_event_time", F.lit(high).cast("timestamp"))
-            if self.spec.window is not None and high is not None:
-                watermark = high - dt.timedelta(seconds=self.spec.stream.watermark.seconds)
-                rows = rows.where(F.col("window_end") > F.lit(watermark))
+            if high is not None:
+                rows = rows.where(self.spec.window.is_open(high - dt.timedelta(seconds=self.spec.stream.watermark.seconds)))
         else:
             rows = self._merged_spark(old, extra_keys=[DAY], extra=[("max_event_time", "max")])
         if self.spec.source.op_column is not None:

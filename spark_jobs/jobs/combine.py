@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from spark_jobs.errors import InputError, PipelineError, UsageError
 from spark_jobs.jobs.conflicts import retry_conflicts
-from spark_jobs.jobs.landing import classify, read_partition, screen_partition, spark_read_error
+from spark_jobs.jobs.landing import classify, read_landing, read_one, screen_partition, spark_read_error
 from spark_jobs.jobs.landing_files import BadFile, Screen, file_columns, file_rows, isolate_unreadable
 from spark_jobs.jobs.run_record import RunRecord, recorded_run
 from spark_jobs.lake import Commit, Lake, PipelineTables, open_lake
@@ -24,7 +24,7 @@ from spark_jobs.lake.layout import SPEC_VERSION
 from spark_jobs.lake.spec_record import ensure_applied
 from spark_jobs.lake.table_rules import BATCH, DEAD_LETTER_PARTITIONS, PARTIALS_PARTITIONS
 from spark_jobs.phases.arrow_merge import TS
-from spark_jobs.phases.compiled import CompiledAggregates, assign_windows, partial_aggregate
+from spark_jobs.phases.compiled import CompiledAggregates, partial_aggregate
 from spark_jobs.spec import PipelineSpec
 
 if TYPE_CHECKING:
@@ -61,7 +61,8 @@ def combine(rows: DataFrame, spec: PipelineSpec, compiled: CompiledAggregates, *
     """Pure transform: valid typed rows of one day -> that day's ``partials`` rows."""
     from pyspark.sql import functions as F
 
-    partials = partial_aggregate(assign_windows(rows, spec), compiled)
+    partials = partial_aggregate(spec.window.assign(rows, event_time=spec.source.event_time, keys=spec.group_by),
+                                 compiled)
     return batch_columns(partials, batch=date, source=BATCH, event_date=F.lit(date).cast("date"), run_id=run_id)
 
 
@@ -126,7 +127,7 @@ def run(spark: SparkSession, spec: PipelineSpec, date: str, *, lake: Lake | None
         try:
             _combine(spark, spec, compiled, lake, tables, record, date, found)
         except _Unreadable as failed:
-            culprits = isolate_unreadable(found.readable, lambda f: _read_whole(spark, spec, date, found, f))
+            culprits = isolate_unreadable(found.readable, lambda f: read_one(spark, spec, found, f))
             if not culprits or len(culprits) == len(found.readable):
                 raise failed.error from failed.__cause__
             found.drop(culprits)
@@ -144,14 +145,6 @@ class _Unreadable(Exception):
         self.error = error
 
 
-def _read_whole(spark: SparkSession, spec: PipelineSpec, date: str, found: Screen, path: str) -> None:
-    """Read every value of one file (an action over its raw records: no column is pruned)."""
-    from pyspark.sql import functions as F
-
-    one = Screen(readable=[path], types=found.types)
-    read_partition(spark, spec, date, one).agg(F.count("_raw")).first()
-
-
 def _combine(spark: SparkSession, spec: PipelineSpec, compiled: CompiledAggregates, lake: Lake,
              tables: PipelineTables, record: RunRecord, date: str, found: Screen) -> None:
     from pyspark import StorageLevel
@@ -159,7 +152,7 @@ def _combine(spark: SparkSession, spec: PipelineSpec, compiled: CompiledAggregat
 
     source = spec.source.partition_path(date)
     # one pass over the input: typed rows are cached, counted, aggregated and rejected from it
-    rows = classify(read_partition(spark, spec, date, found), spec, date).persist(StorageLevel.MEMORY_AND_DISK)
+    rows = classify(read_landing(spark, spec, found), spec, date).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         valid = rows.where(F.col("_reason").isNull()).drop("_raw", "_reason", "_file")
         partials = combine(valid, spec, compiled, date=date, run_id=record.run_id)

@@ -7,17 +7,20 @@ original record in ``_raw``; the job sends those rows to ``dead_letter``.
 
 from __future__ import annotations
 
-import os
+import dataclasses
 from typing import TYPE_CHECKING
 
 from spark_jobs.errors import InputError, SchemaMismatchError
 from spark_jobs.jobs.landing_files import Screen, screen, spark_read_error
+from spark_jobs.lake import storage
+from spark_jobs.lake.table_rules import DAY
+from spark_jobs.spark_failures import spark_errors
 from spark_jobs.spec import OPS, PipelineSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-__all__ = ["CORRUPT", "classify", "read_partition", "screen_partition", "spark_read_error", "with_raw"]
+__all__ = ["CORRUPT", "classify", "read_landing", "read_one", "screen_partition", "spark_read_error", "with_raw"]
 
 CORRUPT = "_corrupt_record"
 _CASTABLE = {  # spec type -> Parquet/Spark types that convert to it without losing meaning
@@ -35,53 +38,77 @@ _CASTABLE = {  # spec type -> Parquet/Spark types that convert to it without los
 def screen_partition(spec: PipelineSpec, date: str) -> Screen:
     """One landing day's files, sorted into readable, unreadable and empty (no data page read)."""
     path = spec.source.partition_path(date)
-    if not os.path.isdir(path):
+    if not storage.is_dir(path):
         raise InputError(
             f"no landing partition {path}; check --date, or land the day's files there "
             f"(python -m spark_jobs generate writes sample data)"
         )
-    names = sorted(n for n in os.listdir(path) if not n.startswith((".", "_")))
+    names = storage.list_dir(path)
     if not names:
         raise InputError(f"landing partition {path} has no data files; land the day's files first")
-    found = screen([os.path.join(path, n) for n in names], spec, exact=False)
+    found = screen(names, spec, exact=False)
     if not found.readable:
         what = "; ".join(b.describe() for b in found.bad) or f"{len(found.empty)} empty file(s)"
         raise InputError(f"landing partition {path} has no readable data file ({what}); land the day's files again")
     return found
 
 
-def read_partition(spark: SparkSession, spec: PipelineSpec, date: str, found: Screen | None = None) -> DataFrame:
-    """The raw rows of one landing partition with ``_raw``; spec columns as read (untyped). ``found``: the
-    files to read (:func:`screen_partition`, the default), with the types to read Parquet columns as."""
-    from pyspark.sql.types import StringType, StructField, StructType
-
-    path = spec.source.partition_path(date)
-    found = found or screen_partition(spec, date)
+def read_landing(spark: SparkSession, spec: PipelineSpec, found: Screen) -> DataFrame:
+    """The raw rows of screened landing files (a day's, or a mini-batch's of any days), read one way for the batch
+    and the stream: spec columns as read (untyped text for JSON and CSV), ``_raw``, ``_file``, and ``event_date``
+    from each file's partition directory. Parquet columns are read as ``found.types``; a CSV file by its header's
+    names, in its header's order (files of several headers are read a header at a time)."""
     files = found.readable
-    columns = [c for c, _ in spec.source.schema]
-    fmt = spec.source.format
-    if fmt == "parquet":
-        read_types = ", ".join(f"`{c}` {t}" for c, t in found.types.items())
+    if not files:
+        return _no_rows(spark, spec)
+    reader = spark.read.option("basePath", spec.source.path)
+    if spec.source.format == "parquet":
+        read_types = ", ".join([*(f"`{c}` {t}" for c, t in found.types.items()), f"{DAY} string"])
         try:
-            df = (spark.read.schema(read_types) if read_types else spark.read).parquet(*files)
-        except Exception as exc:
-            raise InputError(f"cannot read landing partition {path}: {spark_read_error(exc)}") from exc
-        _check_parquet_schema(df, spec, path)
-        return with_raw(df, spec)
-    text_schema = StructType([StructField(c, StringType()) for c in columns] + [StructField(CORRUPT, StringType())])
-    reader = spark.read.schema(text_schema).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT)
-    if fmt == "json":
-        df = reader.json(files)
-    else:  # read by the header's names, in the header's order: CSV files need not follow the spec's order
-        header = _csv_header(files[0])
-        missing = [c for c in columns if c not in header]
-        if missing:
-            raise SchemaMismatchError(f"CSV files in {path} lack columns {missing} (header: {header}); "
-                                      "fix the files or the spec's source.schema")
-        text_schema = StructType([StructField(c, StringType()) for c in header] + [StructField(CORRUPT, StringType())])
-        reader = reader.schema(text_schema)
-        df = reader.option("header", True).option("enforceSchema", False).csv(files)
-    return with_raw(df, spec)
+            df = (reader.schema(read_types) if found.types else reader).parquet(*files)
+        except spark_errors() as exc:
+            raise InputError(f"cannot read landing files in {_where(files, spec)}: {spark_read_error(exc)}") from exc
+        _check_parquet_schema(df, spec, _where(files, spec))
+        return with_raw(df, spec, DAY)
+    reader = reader.option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT)
+    if spec.source.format == "json":
+        return with_raw(reader.schema(_text_schema([c for c, _ in spec.source.schema])).json(files), spec, DAY)
+    by_header: dict[tuple[str, ...], list[str]] = {}
+    for path in files:
+        by_header.setdefault(found.headers.get(path) or tuple(c for c, _ in spec.source.schema), []).append(path)
+    frames = [with_raw(reader.schema(_text_schema(list(header))).option("header", True).option("enforceSchema", False)
+                       .csv(group), spec, DAY) for header, group in by_header.items()]
+    out = frames[0]
+    for frame in frames[1:]:
+        out = out.unionByName(frame)
+    return out
+
+
+def read_one(spark: SparkSession, spec: PipelineSpec, found: Screen, path: str) -> None:
+    """Read every value of one screened file (an action over its raw records: no column is pruned), to find the
+    file a batch's failed read failed on."""
+    from pyspark.sql import functions as F
+
+    read_landing(spark, spec, dataclasses.replace(found, readable=[path])).agg(F.count("_raw")).first()
+
+
+def _text_schema(columns: list[str]) -> str:
+    return ", ".join([*(f"`{c}` string" for c in columns), f"`{CORRUPT}` string", f"{DAY} string"])
+
+
+def _no_rows(spark: SparkSession, spec: PipelineSpec) -> DataFrame:
+    """What :func:`read_landing` gives for no readable file: no rows, the same columns."""
+    if spec.source.format == "parquet":
+        columns = [f"`{c}` {t}" for c, t in spec.source.schema]
+    else:
+        columns = [f"`{c}` string" for c, _ in spec.source.schema] + [f"`{CORRUPT}` string"]
+    return spark.createDataFrame([], ", ".join([*columns, "_raw string", "_file string", f"{DAY} string"]))
+
+
+def _where(files: list[str], spec: PipelineSpec) -> str:
+    """The landing partition the files are in, or the landing directory when they span several."""
+    parents = {f.rsplit("/", 1)[0] for f in files}
+    return storage.local_path(parents.pop()) if len(parents) == 1 else spec.source.path
 
 
 def with_raw(df: DataFrame, spec: PipelineSpec, *keep: str) -> DataFrame:
@@ -95,13 +122,6 @@ def with_raw(df: DataFrame, spec: PipelineSpec, *keep: str) -> DataFrame:
                          file_col, *keep)
     raw = F.coalesce(F.col(CORRUPT), F.to_json(F.struct(*columns)))
     return df.select(*columns, F.col(CORRUPT), raw.alias("_raw"), file_col, *keep)
-
-
-def _csv_header(first: str) -> list[str]:
-    import csv
-
-    with open(first, newline="") as f:
-        return [c.strip() for c in next(csv.reader(f), [])]
 
 
 def _check_parquet_schema(df: DataFrame, spec: PipelineSpec, path: str) -> None:

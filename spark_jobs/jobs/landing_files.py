@@ -14,13 +14,15 @@ counted (``runs.files_skipped``), never quarantined.
 
 from __future__ import annotations
 
+import csv
 import json
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from spark_jobs.errors import InputError
+from spark_jobs.lake import storage
+from spark_jobs.spark_failures import spark_errors
 from spark_jobs.spec import PipelineSpec
 
 if TYPE_CHECKING:
@@ -73,6 +75,7 @@ class Screen:
     empty: list[str] = field(default_factory=list)
     types: dict[str, str] = field(default_factory=dict)  # Parquet: the Spark type to read each column as
     rows: dict[str, int] = field(default_factory=dict)  # Parquet: each file's row count, from its footer
+    headers: dict[str, tuple[str, ...]] = field(default_factory=dict)  # CSV: each file's columns, from its header
 
     def readable_rows(self) -> int | None:
         """The readable files' rows, when their footers tell (Parquet): an upper bound before any is read."""
@@ -93,22 +96,6 @@ class Screen:
         self.bad.extend(bad)
 
 
-def _local(path: str) -> str:
-    """A local path from a Spark file URI (``file:/a%20b/x.parquet`` -> ``/a b/x.parquet``)."""
-    if not path.startswith("file:"):
-        return path
-    from urllib.parse import unquote, urlparse
-
-    return unquote(urlparse(path).path)
-
-
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(_local(path))
-    except OSError:
-        return -1
-
-
 def _arrow_type(typ: object) -> str:
     import pyarrow as pa
 
@@ -122,9 +109,9 @@ def _footer(path: str) -> tuple[dict[str, str] | None, int, str | None]:
     import pyarrow.parquet as pq
 
     try:
-        with pq.ParquetFile(_local(path)) as file:
+        with storage.open_input(path) as handle, pq.ParquetFile(handle) as file:
             schema, rows = file.schema_arrow, file.metadata.num_rows
-    except Exception as exc:  # ArrowInvalid, OSError, ...: an interrupted upload, or not Parquet at all
+    except (OSError, ValueError) as exc:  # ArrowInvalid is a ValueError: an interrupted upload, or not Parquet
         return None, 0, f"not a readable Parquet file ({str(exc).splitlines()[0][:200]})"
     return {f.name: _arrow_type(f.type) for f in schema}, rows, None
 
@@ -144,11 +131,13 @@ def screen(paths: Sequence[str], spec: PipelineSpec, *, exact: bool = True) -> S
     out = Screen()
     footers: dict[str, dict[str, str]] = {}
     for path in paths:
-        size = _size(path)
+        size = storage.size(path)
         if size == 0:
             out.empty.append(path)
         elif size < 0:
             out.bad.append(BadFile(path, size, "cannot be opened"))
+        elif spec.source.format == "csv":
+            _screen_csv(path, size, spec, out)
         elif spec.source.format != "parquet":
             out.readable.append(path)  # text: a line that does not parse is a rejected row, with its reason
         else:
@@ -176,11 +165,27 @@ def screen(paths: Sequence[str], spec: PipelineSpec, *, exact: bool = True) -> S
         wrong = [f"column {col} holds {types[col]}, the spec reads {want}" for col, want in spec.source.schema
                  if col in types and col in out.types and out.types[col] == want and not _reads_as(types[col], want)]
         if wrong:
-            out.bad.append(BadFile(path, _size(path), "; ".join(wrong) + "; fix the file or source.schema"))
+            out.bad.append(BadFile(path, storage.size(path), "; ".join(wrong) + "; fix the file or source.schema"))
         else:
             out.readable.append(path)
     out.readable.sort()
     return out
+
+
+def _screen_csv(path: str, size: int, spec: PipelineSpec, out: Screen) -> None:
+    """A CSV file is read by its header's names, in its header's order: one lacking a spec column is unreadable."""
+    try:
+        header = tuple(c.strip() for c in next(csv.reader([storage.first_line(path)]), []))
+    except OSError as exc:
+        out.bad.append(BadFile(path, size, f"cannot be opened ({exc})"))
+        return
+    missing = [c for c, _ in spec.source.schema if c not in header]
+    if missing:
+        out.bad.append(BadFile(path, size, f"its header lacks columns {missing} (header: {list(header)}); fix the "
+                                           "file or the spec's source.schema"))
+    else:
+        out.headers[path] = header
+        out.readable.append(path)
 
 
 def isolate_unreadable(paths: Sequence[str], read_one: Callable[[str], object]) -> list[BadFile]:
@@ -190,8 +195,8 @@ def isolate_unreadable(paths: Sequence[str], read_one: Callable[[str], object]) 
     for path in paths:
         try:
             read_one(path)
-        except Exception as exc:
-            bad.append(BadFile(path, _size(path), f"cannot be read: {spark_read_error(exc)}"))
+        except spark_errors() as exc:
+            bad.append(BadFile(path, storage.size(path), f"cannot be read: {spark_read_error(exc)}"))
     return bad
 
 

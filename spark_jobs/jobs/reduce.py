@@ -11,37 +11,42 @@ Which partial files count is the hybrid rule of :mod:`spark_jobs.lake.table_rule
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from spark_jobs.errors import LakeError
 from spark_jobs.jobs import rollups
 from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.jobs.run_record import RunRecord, recorded_run
-from spark_jobs.lake import AppTxn, Lake, PipelineTables, open_lake
+from spark_jobs.lake import AppTxn, DataFile, Lake, PipelineTables, open_lake
 from spark_jobs.lake.layout import SPEC_VERSION
 from spark_jobs.lake.spec_record import ensure_applied
-from spark_jobs.lake.table_rules import counted_files, day_bounds, in_days, reduce_app_id, sort_keys, window_cluster
-from spark_jobs.phases.compiled import CompiledAggregates, final_aggregate, merge_sessions
+from spark_jobs.lake.table_rules import DAY, counted_files, in_days, reduce_app_id, sort_keys, window_cluster
+from spark_jobs.phases.compiled import CompiledAggregates, final_aggregate
 from spark_jobs.spec import PipelineSpec
+from spark_jobs.windows import Stored
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["reduce", "run"]
+__all__ = ["reduce", "run", "served_rows"]
 
 log = logging.getLogger("spark_jobs")
 
 
 def reduce(partials: DataFrame, compiled: CompiledAggregates, *, run_id: str) -> DataFrame:
-    """Pure transform: partial rows -> ``aggregates`` rows."""
+    """Pure transform: stored partial rows -> ``aggregates`` rows (the window kind serves them first)."""
+    spec = compiled.spec
+    return served_rows(final_aggregate(spec.window.serve(partials, spec.group_by), compiled), run_id=run_id)
+
+
+def served_rows(merged: DataFrame, *, run_id: str) -> DataFrame:
+    """Merged rows laid out as ``aggregates`` rows: stamped with the time and run, ``spec_version`` last."""
     from pyspark.sql import functions as F
 
-    if compiled.spec.window is not None and compiled.spec.window.session:
-        partials = merge_sessions(partials, compiled.spec)
-    out = final_aggregate(partials, compiled)
-    return out.select(*(c for c in out.columns if c != SPEC_VERSION), F.current_timestamp().alias("updated_at"),
-                      F.lit(run_id).alias("run_id"), *([SPEC_VERSION] if SPEC_VERSION in out.columns else []))
+    return merged.select(*(c for c in merged.columns if c != SPEC_VERSION), F.current_timestamp().alias("updated_at"),
+                         F.lit(run_id).alias("run_id"), *([SPEC_VERSION] if SPEC_VERSION in merged.columns else []))
 
 
 def run(spark: SparkSession, spec: PipelineSpec, *, lake: Lake | None = None, run_id: str | None = None,
@@ -68,14 +73,10 @@ def run(spark: SparkSession, spec: PipelineSpec, *, lake: Lake | None = None, ru
 
 def _merge(lake: Lake, spec: PipelineSpec, tables: PipelineTables, compiled: CompiledAggregates,
            record: RunRecord, *, full: bool) -> None:
-    """One plan and commit, from the tables as they are now."""
+    """One plan and commit, from the tables as they are now: the served rows the changed partial files reach
+    (the window kind's reach), re-merged from every partial that counts for them."""
     from pyspark import StorageLevel
-    from pyspark.sql import functions as F
 
-    sessions = spec.window is not None and spec.window.session
-    # the rows a change replaces: a key's windows, or all of a key's sessions (a day's partials may merge or
-    # split the sessions the days beside it hold); sessions of one global key are all replaced
-    keys = list(spec.group_by if sessions else spec.key_columns)
     version = lake.version(tables.partials)
     if version is None:
         raise LakeError(f"no partials table at {tables.partials}; run combine for at least one day first")
@@ -89,80 +90,65 @@ def _merge(lake: Lake, spec: PipelineSpec, tables: PipelineTables, compiled: Com
         record.message = f"partials version {version} is already merged"
         return
     now = counted_files(lake.files(tables.partials, version))
-    changed: list[str] | None = None
-    if consumed is not None and not full and keys:
-        try:
-            before = counted_files(lake.files(tables.partials, consumed))
-            changed = sorted(set(now) ^ set(before))
-        except LakeError as exc:
-            log.warning("cannot load partials version %s (%s): merging everything", consumed, exc)
-        gone = lake.missing_files(tables.partials, changed or [])
-        if gone:  # removed files already vacuumed: their keys are unknown, so merge everything
-            log.warning("%d replaced partial files are vacuumed (%s...): merging everything", len(gone), gone[0])
-            changed = None
-    touched: DataFrame | None
-    prune = None
+    changed = None if full or not spec.key_columns else _changed(lake, tables, now, consumed)
+    reach = None
     if changed is None:  # first or full reduce: the whole table is replaced
-        paths = list(now)
-        touched = None
-        inputs = lake.read_files(tables.partials, paths)
-    elif sessions and planned is not None:
-        touched, extents, prune = _sessions_in_reach(lake, spec, tables, changed, planned)
-        keys = list(spec.key_columns)  # the sessions in reach are replaced, with whatever their partials merge into
-        paths = list(now)
-        if prune is not None:
-            days = day_bounds(prune[1], prune[2])
-            paths = [p for p, f in now.items() if in_days(f.partition_values.get("event_date"), days)]
-        inputs = (lake.read_files(tables.partials, paths).join(extents, list(spec.group_by))
-                  .where((F.col("window_start") <= F.col("_hi")) & (F.col("window_end") >= F.col("_lo")))
-                  .drop("_lo", "_hi"))
+        inputs, paths = lake.read_files(tables.partials, list(now)), list(now)
     else:
-        touched = lake.read_files(tables.partials, changed).select(*keys).distinct()
-        paths = list(now)
-        if spec.window is not None and not sessions and changed:
-            bounds = touched.agg(F.min("window_start").alias("lo"), F.max("window_end").alias("hi")).first()
-            if bounds is not None and bounds["lo"] is not None:
-                prune = ("window_start", bounds["lo"], bounds["hi"])
-                days = day_bounds(bounds["lo"], bounds["hi"])
-                paths = [p for p, f in now.items() if in_days(f.partition_values.get("event_date"), days)]
-        inputs = lake.read_files(tables.partials, paths).join(touched, keys, "left_semi")
+        reach = spec.window.reach_of(lake.read_files(tables.partials, changed),
+                                     _stored(lake, spec, tables, now, planned), spec.group_by)
+        inputs = reach.stored
+        paths = [p for p, f in now.items() if reach.days is None or in_days(f.partition_values.get(DAY), reach.days)]
     if compiled.udafs:
         inputs = inputs.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         rows = reduce(inputs, compiled, run_id=record.run_id)
-        commit = lake.replace_keys(rows, tables.aggregates, keys=keys, touched=touched,
-                                   app_txn=AppTxn(reduce_app_id(spec), version), sort_by=sort_keys(spec),
-                                   cluster=window_cluster(spec, len({now[p].partition_values.get("event_date")
-                                                                     for p in paths})), prune=prune,
-                                   read_version=planned,
+        commit = lake.replace_keys(rows, tables.aggregates, keys=list(spec.key_columns),
+                                   touched=reach.touched if reach else None, app_txn=AppTxn(reduce_app_id(spec), version),
+                                   sort_by=sort_keys(spec), prune=reach.prune if reach else None, read_version=planned,
+                                   cluster=window_cluster(spec, len({now[p].partition_values.get(DAY) for p in paths})),
                                    metadata={"run_id": record.run_id, "job": "reduce",
                                              "partials_version": version, "partials_consumed": consumed})
     finally:
         inputs.unpersist()
+        for frame in reach.cached if reach else ():
+            frame.unpersist()
     # partial rows in the files read (from Delta stats: no extra Spark job)
     record.rows_in = record.rows_aggregated = sum(now[p].num_records or 0 for p in paths)
     record.versions_written = {"aggregates": commit.version}
     record.message = "full merge" if changed is None else f"{len(changed)} partial files changed"
 
 
-def _sessions_in_reach(lake: Lake, spec: PipelineSpec, tables: PipelineTables, changed: list[str],
-                       planned: int) -> tuple[DataFrame, DataFrame, tuple[str, Any, Any] | None]:
-    """What a change of some partial files can re-derive, per key: the served sessions that touch the span of
-    its changed partial sessions, and that span grown to cover them (``_lo``, ``_hi``). A partial outside it
-    cannot join a session inside: it would have been in one of those sessions already. So only the partials
-    in the span are merged, and only those sessions replaced (the sessions, the spans, and the window starts
-    both lie in)."""
-    from pyspark.sql import functions as F
+def _changed(lake: Lake, tables: PipelineTables, now: dict[str, DataFile], consumed: int | None) -> list[str] | None:
+    """The partial files added or removed since the version merged last (None: merge everything)."""
+    if consumed is None:
+        return None
+    try:
+        changed = sorted(set(now) ^ set(counted_files(lake.files(tables.partials, consumed))))
+    except LakeError as exc:
+        log.warning("cannot load partials version %s (%s): merging everything", consumed, exc)
+        return None
+    gone = lake.missing_files(tables.partials, changed)
+    if gone:  # removed files already vacuumed: their keys are unknown, so merge everything
+        log.warning("%d replaced partial files are vacuumed (%s...): merging everything", len(gone), gone[0])
+        return None
+    return changed
 
-    group = list(spec.group_by)
-    changes = (lake.read_files(tables.partials, changed).groupBy(*group)
-               .agg(F.min("window_start").alias("_lo"), F.max("window_end").alias("_hi")))
-    served = lake.read(tables.aggregates, version=planned).select(*spec.key_columns)
-    hit = (served.join(changes, group)
-           .where((F.col("window_start") <= F.col("_hi")) & (F.col("window_end") >= F.col("_lo")))
-           .select(*spec.key_columns))
-    extents = (changes.unionByName(hit.select(*group, F.col("window_start").alias("_lo"), F.col("window_end").alias("_hi")))
-               .groupBy(*group).agg(F.min("_lo").alias("_lo"), F.max("_hi").alias("_hi")))
-    bounds = extents.agg(F.min("_lo").alias("lo"), F.max("_hi").alias("hi")).first()
-    prune = ("window_start", bounds["lo"], bounds["hi"]) if bounds is not None and bounds["lo"] is not None else None
-    return hit, extents, prune
+
+def _stored(lake: Lake, spec: PipelineSpec, tables: PipelineTables, now: dict[str, DataFile],
+            planned: int | None) -> Stored:
+    """The counted partial files, read by event day, and the served keys of ``aggregates`` as planned."""
+    day_of = {p: dt.date.fromisoformat(d) for p, f in now.items() if (d := f.partition_values.get(DAY))}
+
+    def read(lo: dt.date | None, hi: dt.date | None, keys: DataFrame | None) -> DataFrame:
+        paths = [p for p in now if p not in day_of or ((lo is None or lo <= day_of[p]) and (hi is None or day_of[p] <= hi))]
+        rows = lake.read_files(tables.partials, paths)
+        return rows if keys is None else rows.join(keys, list(spec.group_by), "left_semi")
+
+    def served() -> tuple[DataFrame | None, int | None]:
+        if planned is None:
+            return None, None
+        return lake.read(tables.aggregates, version=planned).select(*spec.key_columns), planned
+
+    days = (min(day_of.values()), max(day_of.values())) if day_of else None
+    return Stored(read, days, served)

@@ -125,8 +125,9 @@ def rollup_rows(aggregates: Snapshot, compiled: CompiledAggregates, rollup: Roll
     schema = aggregates.schema()
     acc = [c for e in entries for c in e.acc_columns]
     versions = [SPEC_VERSION] if SPEC_VERSION in schema.names else []
-    rows = aggregates.read([*rollup.by, "window_start", "n_rows", *acc, *versions],
+    rows = aggregates.read([*rollup.by, "window_start", "window_end", "n_rows", *acc, *versions],
                            filter=None if ranges is None else _in_ranges(ranges))
+    rows = compiled.spec.window.rollup_rows(rows).drop_columns(["window_end"])
     grain = rollup.grain.seconds
     rows = rows.drop_columns(["window_start"]).append_column(
         "window_start", bucket_starts(rows.column("window_start"), grain))

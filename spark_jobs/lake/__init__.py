@@ -27,6 +27,7 @@ BACKENDS: tuple[str, ...] = ("embedded", "delta-spark")
 
 class Lake(Protocol):
     name: str
+    commits_on_driver: bool  # its commits are the driver's own work, not Spark jobs: they may run beside Spark's
     spec_txn: AppTxn | None  # set by ``spec_record.ensure_applied``: commits to spec-shaped tables carry it
 
     def version(self, path: str) -> int | None: ...

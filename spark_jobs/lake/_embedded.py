@@ -184,6 +184,7 @@ class EmbeddedLake:
     """Delta tables on a local (or mounted) file system, committed with delta-rs."""
 
     name = "embedded"
+    commits_on_driver = True  # delta-rs commits on the driver, no Spark job
 
     def __init__(self, spark: SparkSession | None) -> None:
         self._spark = spark  # None: driver-only (Arrow writes, metadata); a Spark read or write then fails

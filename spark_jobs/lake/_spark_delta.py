@@ -51,6 +51,7 @@ def _conflicts(path: str) -> Iterator[None]:
 
 class SparkDeltaLake(EmbeddedLake):
     name = "delta-spark"
+    commits_on_driver = False  # its commits are Spark jobs (MERGE)
 
     def read(self, path: str, *, version: int | None = None,
              partitions: Sequence[tuple[str, str, Any]] | None = None) -> DataFrame:

@@ -33,8 +33,7 @@ def key_fields(spec: PipelineSpec, keys: tuple[str, ...] | None = None) -> list[
     """The group keys (``keys``, default all) and, with a window, its bounds."""
     types = spec.source.columns
     fields = [pa.field(k, ARROW_TYPES[types[k]]) for k in (spec.group_by if keys is None else keys)]
-    if spec.window is not None:
-        fields += [pa.field("window_start", TS), pa.field("window_end", TS)]
+    fields += [pa.field(bound, TS) for bound in spec.window.bounds]
     return fields
 
 

@@ -96,12 +96,9 @@ def normalise(spec: PipelineSpec) -> dict[str, Any]:
                        for a in spec.aggregates],
         "stream": {f.name: _plain(getattr(spec.stream, f.name)) for f in dataclasses.fields(spec.stream)},
     }
-    if spec.window is not None and spec.window.gap is not None:
-        out["window"] = {"gap": str(spec.window.gap)}
-    elif spec.window is not None:
-        out["window"] = {"size": str(spec.window.size)}
-        if spec.window.slide is not None:
-            out["window"]["slide"] = str(spec.window.slide)
+    window = spec.window.to_dict()
+    if window is not None:
+        out["window"] = window
     if spec.rollups:
         out["rollups"] = [{"name": r.name, "grain": str(r.grain), "by": list(r.by)} for r in spec.rollups]
     return out

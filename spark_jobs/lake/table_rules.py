@@ -76,12 +76,12 @@ def in_days(day: str | None, bounds: tuple[dt.date, dt.date]) -> bool:
 
 def sort_keys(spec: PipelineSpec) -> list[str]:
     """How ``aggregates`` rows are sorted in their files: by window first, so a day rewrites few files."""
-    return ["window_start", *spec.group_by] if spec.window else list(spec.group_by)
+    return [*spec.window.bounds[:1], *spec.group_by]
 
 
 def window_cluster(spec: PipelineSpec, files: int, *, by: str = "range") -> Cluster | None:
     """About ``files`` files of ``aggregates`` by window start; None without a window."""
-    if spec.window is None:
+    if not spec.window.bounds:
         return None
     return Cluster("window_start", max(files, 1), by="hash" if by == "hash" else "range")
 
@@ -96,12 +96,15 @@ def stream_layout(spec: PipelineSpec, span: tuple[dt.datetime, dt.datetime], row
     """How a mini-batch rewrites ``aggregates``: the window starts it can touch, and about a file
     per window, so the next batch rewrites only the files of its own windows; but no file of fewer than
     ``STREAM_FILE_ROWS`` of the batch's ``rows`` (a backlog's batch spans days of windows: a file per
-    hour would be many small files, whose writing and reading cost more than the boundary file's rewrite)."""
+    hour would be many small files, whose writing and reading cost more than the boundary file's rewrite).
+    Windows without a grid of starts (sessions: a heavy user's may have started weeks ago) are laid out about a
+    file per day of the batch, and every file may hold a touched one."""
     window = spec.window
-    if window is None:
-        return None, None
-    prune = ("window_start", span[0] - dt.timedelta(seconds=window.length.seconds), span[1])  # starts in (t - size, t]
-    windows = int((prune[2] - prune[1]).total_seconds() // (window.slide or window.length).seconds) + 1
+    starts = window.starts_between(*span)
+    step = window.start_step
+    if starts is None or step is None:
+        return None, window_cluster(spec, (span[1] - span[0]).days + 1)
+    windows = int((starts[1] - starts[0]).total_seconds() // step.seconds) + 1
     if rows is not None:
         windows = min(windows, -(-rows // STREAM_FILE_ROWS))
-    return prune, window_cluster(spec, windows, by="hash")
+    return ("window_start", *starts), window_cluster(spec, windows, by="hash")

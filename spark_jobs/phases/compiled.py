@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from spark_jobs.lake.spec_record import RecordedSpec
 
-__all__ = ["CompiledAggregates", "assign_windows", "final_aggregate", "merge_sessions", "partial_aggregate", "with_sign"]
+__all__ = ["CompiledAggregates", "final_aggregate", "partial_aggregate", "with_sign"]
 
 
 class CompiledAggregates:
@@ -88,63 +88,6 @@ class CompiledAggregates:
             else:
                 out.append(F.col(b.name))
         return out
-
-
-def assign_windows(df: DataFrame, spec: PipelineSpec) -> DataFrame:
-    """Add ``window_start``/``window_end`` (one row per window for hopping windows)."""
-    from pyspark.sql import functions as F
-
-    if spec.window is None:
-        return df
-    if spec.window.session:
-        return _sessions(df, spec)
-    assert spec.window.size is not None
-    size = spec.window.size.spark
-    slide = spec.window.slide.spark if spec.window.hopping and spec.window.slide else None
-    w = F.window(F.col(spec.source.event_time), size, slide) if slide else F.window(F.col(spec.source.event_time), size)
-    return (df.withColumn("_window", w)
-            .withColumn("window_start", F.col("_window.start"))
-            .withColumn("window_end", F.col("_window.end"))
-            .drop("_window"))
-
-
-def _sessions(df: DataFrame, spec: PipelineSpec) -> DataFrame:
-    """Each row's session among these rows: a new one per key when an event is more than ``gap`` after the
-    one before it (gaps and islands); ``window_start`` its first event, ``window_end`` its last plus ``gap``."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    assert spec.window is not None and spec.window.gap is not None
-    gap = F.lit(spec.window.gap.seconds * 1_000_000)
-    t = F.unix_micros(F.col(spec.source.event_time))
-    by_key = Window.partitionBy(*spec.group_by).orderBy(t)
-    before = F.lag(t).over(by_key)
-    new = F.when(before.isNull() | (t - before > gap), 1).otherwise(0)
-    rows = df.withColumn("_session", F.sum(new).over(by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)))
-    session = Window.partitionBy(*spec.group_by, "_session")
-    return (rows.withColumn("window_start", F.timestamp_micros(F.min(t).over(session)))
-            .withColumn("window_end", F.timestamp_micros(F.max(t).over(session) + gap))
-            .drop("_session"))
-
-
-def merge_sessions(partials: DataFrame, spec: PipelineSpec, *, extra_keys: Sequence[str] = ()) -> DataFrame:
-    """Partial sessions relabelled with the session they belong to: per key, sorted by start, a partial joins
-    the one before it when it starts at or before the latest end so far (sessions that touch merge, as events
-    ``gap`` apart do), so a session two days' combines cut in halves, or that an event bridges, is one again.
-    Merging touching intervals is exact: each partial holds a run of events less than ``gap`` apart.
-    ``extra_keys`` merge finer (the stream's state, per event day)."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    by_key = Window.partitionBy(*extra_keys, *spec.group_by).orderBy("window_start", "window_end")
-    latest = F.max("window_end").over(by_key.rowsBetween(Window.unboundedPreceding, -1))
-    new = F.when(latest.isNull() | (F.col("window_start") > latest), 1).otherwise(0)
-    rows = partials.withColumn("_new", new).withColumn(
-        "_session", F.sum("_new").over(by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)))
-    session = Window.partitionBy(*extra_keys, *spec.group_by, "_session")
-    return (rows.withColumn("window_start", F.min("window_start").over(session))
-            .withColumn("window_end", F.max("window_end").over(session))
-            .drop("_new", "_session"))
 
 
 def _join(left: DataFrame, right: DataFrame, keys: list[str], how: str = "inner") -> DataFrame:

@@ -11,14 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 from spark_jobs.aggregates.builtins import Builtin
 from spark_jobs.lake.table_rules import DAY
-from spark_jobs.phases.compiled import (
-    SIGN,
-    CompiledAggregates,
-    assign_windows,
-    final_aggregate,
-    merge_sessions,
-    partial_aggregate,
-)
+from spark_jobs.phases.compiled import SIGN, CompiledAggregates, final_aggregate, partial_aggregate
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -70,15 +63,13 @@ def phase_frame(spark: SparkSession, compiled: CompiledAggregates, phase: Phase)
 
     spec = compiled.spec
     ddl = ", ".join(f"`{c}` {t}" for c, t in spec.source.schema)
-    rows = assign_windows(spark.createDataFrame([], ddl), spec)
+    rows = spec.window.assign(spark.createDataFrame([], ddl), event_time=spec.source.event_time, keys=spec.group_by)
     if phase == "combine":
         return partial_aggregate(rows, compiled)
     if phase == "reduce":
         partials = partial_aggregate(rows, compiled)
         empty = spark.createDataFrame([], partials.schema)
-        if spec.window is not None and spec.window.session:
-            empty = merge_sessions(empty, spec)
-        return final_aggregate(empty, compiled)
+        return final_aggregate(spec.window.serve(empty, spec.group_by), compiled)
     et = F.col(spec.source.event_time)
     delta = partial_aggregate(rows.withColumn(DAY, F.to_date(et)), compiled, extra_keys=[DAY],
                               extra_aggs=[F.max(et).alias("max_event_time")])
@@ -95,16 +86,9 @@ def explain(spark: SparkSession, compiled: CompiledAggregates, phase: Phase) -> 
     lines = [f"{spec.name}: {phase} = {_OPERATOR[phase]}",
              f"  group by: {', '.join(keys) or '(one global group)'}"
              + ("; source is a changelog: -U/-D rows retract (_sign = -1)" if compiled.retracting else "")]
-    if spec.window is not None and spec.window.session:
-        gap = spec.window.gap
-        lines.append({
-            "combine": f"  sessions: per key, events ordered by time; a new session after a gap of more than {gap}; "
-                       f"window_start = first event, window_end = last event + {gap}",
-            "reduce": "  session merge (MergingWindowSet): per key, partial sessions ordered by start; one that "
-                      "starts at or before the latest end so far joins it (the halves of a session two days cut, "
-                      "or that an event bridges); window_start/end = the merged bounds, then grouped as below",
-            "stream": "  sessions: each mini-batch's partial sessions merged with the touched keys' partial sessions "
-                      "that count, as the reduce merges them; the state keeps the open sessions per event day"}[phase])
+    line = spec.window.explain(phase)
+    if line is not None:
+        lines.append(f"  {line}")
     lines.append("")
     for row in rows:
         lines.append(f"  {row['aggregate']} = {row['function']}")

@@ -413,7 +413,7 @@ def _serving_table(run: GateRun) -> tuple[DataFrame, str, dict[str, int]]:
 
 def _windows_once(spec: PipelineSpec) -> bool:
     """Each row falls in exactly one window (tumbling or none): row counts reconcile with the combine runs."""
-    return spec.window is None or spec.window.slide is None
+    return spec.window.rows_once
 
 
 def _rollup_checks(compiled: CompiledAggregates, lake: Lake) -> list[Check]:

@@ -1,164 +1,186 @@
-"""The stream's driver merge engine: a small mini-batch merged with the aggregates' Python
-algebra, Arrow in, Arrow out, no Spark job.
+"""The stream's driver merge engine: a small mini-batch merged with the aggregates' Python algebra, Arrow in,
+Arrow out, no Spark job but the window kind's reach over ``partials`` where the state does not cover it.
 
-Planning and scheduling a merge's Spark jobs costs seconds, merging a few thousand keys
-milliseconds; the state of open windows stays in memory between batches. The rules are those
-of :mod:`spark_jobs.stream.spark_engine` (a test holds the two to byte-identical tables): each
-touched (day, key) state row is merged once with the batch's pre-aggregated row; the changelog
-compares each touched key's state value before and after; a key's ``aggregates`` row merges the
-partials that count (the hybrid rule); closed windows leave state.
+Planning and scheduling a merge's Spark jobs costs seconds, merging a few thousand keys milliseconds; the
+state stays in memory between batches. The rules are those of :mod:`spark_jobs.stream.spark_engine` (a test
+holds the two to the same tables): each stored row the batch touches is merged once with the batch's rows;
+the served rows the batch reaches give their values before and after, and the changelog between them. Most
+of a batch's keys at a realistic spread are new windows alone in the batch: those take a column-wise path
+(no accumulator decoded, merged or encoded in Python).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import math
-from collections import defaultdict
 from collections.abc import Mapping, Sequence, Set
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_jobs.key_match import key_mask
 from spark_jobs.lake import Lake, PipelineTables
-from spark_jobs.lake.arrow import key_mask
 from spark_jobs.lake.layout import ADOPTED, SPEC_VERSION, TS, table_schema
 from spark_jobs.lake.table_rules import DAY, STREAM
 from spark_jobs.phases import CompiledAggregates
 from spark_jobs.phases.arrow_merge import encoded_columns, value_columns
 from spark_jobs.phases.python_merge import LocalAggregates
+from spark_jobs.stream.changelog import FIRST_SEEN, ChangelogRule
 from spark_jobs.stream.outputs import BatchOutputs, MiniBatch
+from spark_jobs.stream.spark_engine import partials_in_reach
+from spark_jobs.windows import WindowKind
 
-__all__ = ["DRIVER_MAX_KEYS", "DriverEngine", "merge_on_driver", "partial_rows", "same_values"]
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["DRIVER_MAX_KEYS", "ArrowEngine", "Reached", "merge_on_driver", "partial_rows"]
 
 DRIVER_MAX_KEYS = 200_000  # (day, key, window) rows of a pre-aggregated batch merged on the driver
 DRIVER_MAX_STATE = 2_000_000  # state rows held in driver memory for it
+Row = dict[str, Any]
 
 
-def merge_on_driver(delta: pa.Table, state: pa.Table, local: LocalAggregates, keys: Sequence[str], *,
-                    schemas: Mapping[str, pa.Schema], batch_id: int, closes: dt.datetime | None,
-                    retracting: bool, run_id: str, now: dt.datetime, batch_days: Set[dt.date] = frozenset(),
-                    batch_rows: pa.Table | None = None) -> BatchOutputs:
-    """Merge the batch's pre-aggregated ``delta`` (state columns plus ``_first_seen``) into ``state``.
+@dataclass(frozen=True)
+class Reached:
+    """The stored rows (that count) of the served rows a batch reaches, and the served keys it rewrites."""
 
-    ``batch_days``/``batch_rows``: the touched days with a batch combine and their batch partial
-    rows; for those days the batch rows count in ``aggregates`` instead of the state's.
-    """
-    keys = list(keys)
-    state_keys = [DAY, *keys]
-    columns = state.column_names
-    touched = delta.select(keys).group_by(keys, use_threads=False).aggregate([]) if keys else delta.select([])
-    new = pa.array(_new_alone(delta, state, keys, batch_days, batch_rows) if not retracting
-                   else np.zeros(delta.num_rows, dtype=bool))
-    quick, rest = delta.filter(new), delta.filter(pc.invert(new))
-    key_rows = state.filter(pa.array(key_mask(state, keys, touched))).to_pylist()
-    old = {tuple(r[k] for k in state_keys): r for r in key_rows}
+    stored: pa.Table
+    touched: pa.Table
+    read_version: int | None = None
 
-    merged: list[dict[str, Any]] = []
-    first_seen: dict[tuple[Any, ...], Any] = {}
-    for row in rest.to_pylist():
-        skey = tuple(row[k] for k in state_keys)
-        key = skey[1:]
-        seen = first_seen.get(key)
-        first_seen[key] = row["_first_seen"] if seen is None else min(seen, row["_first_seen"])
-        prev = old.get(skey)
-        if prev is None:
-            merged.append({c: row[c] for c in columns})
-            continue
-        accs = local.merge_rows([prev, row])
-        version = local.version([prev, row])
-        times = [t for t in (prev["max_event_time"], row["max_event_time"]) if t is not None]
-        merged.append({**dict(zip(state_keys, skey, strict=True)), "n_rows": prev["n_rows"] + row["n_rows"],
-                       **local.encode(accs, version), "max_event_time": max(times) if times else None,
-                       SPEC_VERSION: version})
 
-    written = {tuple(r[k] for k in state_keys) for r in merged}
-    before: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
-    after: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
-    for row in key_rows:
-        skey = tuple(row[k] for k in state_keys)
-        before[skey[1:]].append(row)
-        if skey not in written:
-            after[skey[1:]].append(row)
-    for row in merged:
-        after[tuple(row[k] for k in keys)].append(row)
+def merge_on_driver(groups: pa.Table, state: pa.Table, local: LocalAggregates, *, schemas: Mapping[str, pa.Schema],
+                    batch_id: int, closes: dt.datetime | None, run_id: str, now: dt.datetime,
+                    batch_days: Set[dt.date] = frozenset(), batch_rows: pa.Table | None = None,
+                    reached: Reached | None = None) -> BatchOutputs:
+    """Merge the batch's pre-aggregated ``groups`` (state columns plus ``_first_seen``) into ``state``.
 
-    counted: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
-    if batch_rows is not None and batch_rows.num_rows:
-        for row in batch_rows.filter(pa.array(key_mask(batch_rows, keys, touched))).to_pylist():
-            counted[tuple(row[k] for k in keys)].append(row)
-
-    changes: list[dict[str, Any]] = []
-    rows_out: list[dict[str, Any]] = []
-    for key in sorted(after, key=lambda k: (first_seen[k], k)):
-        new_accs = local.merge_rows(after[key])
-        new_n = sum(r["n_rows"] for r in after[key])
-        new_version = local.version(after[key])
-        new = local.values(new_accs, new_version)
-        was = bool(before.get(key)) and sum(r["n_rows"] for r in before[key]) != 0
-        prev_values = local.values(local.merge_rows(before[key]), local.version(before[key])) if was else None
-        key_cols = dict(zip(keys, key, strict=True))
-        gone = new_n == 0
-        if not was and not gone:
-            changes.append({"op": "+I", **key_cols, **new})
-        elif was and gone:
-            changes.append({"op": "-D", **key_cols, **(prev_values or {})})
-        elif was and prev_values is not None and not same_values(prev_values, new):
-            changes.extend([{"op": "-U", **key_cols, **prev_values}, {"op": "+U", **key_cols, **new}])
-        inputs = [r for r in after[key] if r[DAY] not in batch_days] + counted[key]
-        if inputs:  # the key's aggregates row, from the partials that count (its state, unless the hybrid rule)
-            same = len(inputs) == len(after[key]) and not counted[key]
-            accs = new_accs if same else local.merge_rows(inputs)
-            version = new_version if same else local.version(inputs)
-            n = sum(r["n_rows"] for r in inputs)
-            if not (retracting and n == 0):
-                rows_out.append({**key_cols, **local.values(accs, version), "n_rows": n, **local.encode(accs, version),
-                                 "updated_at": now, "run_id": run_id, SPEC_VERSION: version})
-    for seq, change in enumerate(changes):
-        change.update(batch_id=batch_id, seq=seq)
-    aggregates = pa.Table.from_pylist(rows_out, schema=schemas["aggregates"])
-    changelog = pa.Table.from_pylist(changes, schema=schemas["changelog"])
-    merged_table = pa.Table.from_pylist(merged, schema=state.schema)
-    if quick.num_rows:
-        versioned = _versioned(quick)
-        values = value_columns(versioned, {}, local.compiled.entries, local.compiled.coverage)  # read once, for both
-        changelog = _with_new_keys(changelog, [first_seen[tuple(c[k] for k in keys)] for c in changes], versioned,
-                                   values, keys, schemas["changelog"], batch_id=batch_id)
-        aggregates = pa.concat_tables([aggregates, _new_aggregates(versioned, values, local, keys,
-                                                                   schemas["aggregates"], run_id=run_id, now=now)])
-        merged_table = pa.concat_tables([merged_table, quick.select(columns).cast(state.schema)])
-    kept = state.filter(pa.array(~key_mask(state, state_keys, merged_table)))
-    new_state = pa.concat_tables([kept, merged_table])
+    ``reached``: the stored rows in the batch's reach where the state does not cover it (the counted partials of
+    sessions); else the state's rows of days without a batch combine and the ``batch_rows`` (batch partials) of
+    days with one."""
+    merge = _DriverMerge(local, schemas, run_id=run_id, now=now)
+    if reached is None:
+        reached = merge.reach_in_state(groups.filter(pc.invert(_in_days(groups, batch_days))), state, batch_days,
+                                       batch_rows)
+    live = np.asarray(pc.invert(_in_days(groups, batch_days)).to_numpy(zero_copy_only=False), dtype=bool)
+    quick = merge.alone(groups, live, state, reached.stored)
+    rest, alone = groups.filter(pa.array(~quick)), groups.filter(pa.array(quick))
+    stored = reached.stored.to_pylist()
+    before, after = merge.served(stored), merge.served([*stored, *groups.filter(pa.array(live & ~quick)).to_pylist()])
+    new_state = pa.concat_tables([merge.state(state, rest), alone.select(state.column_names).cast(state.schema)])
     if closes is not None:
-        new_state = new_state.filter(pc.greater(new_state.column("window_end"), pa.scalar(closes, pa.timestamp("us", "UTC"))))
-    if retracting:
+        new_state = new_state.filter(merge.kind.is_open_arrow(new_state, closes))
+    if local.compiled.retracting:
         new_state = new_state.filter(pc.not_equal(new_state.column("n_rows"), 0))
+    after_values, quick_rows = merge.alone_values(alone)
+    first_seen = groups.group_by(merge.group, use_threads=False).aggregate([(FIRST_SEEN, "min")]).rename_columns(
+        [*merge.group, FIRST_SEEN])
     return BatchOutputs(
-        aggregates=aggregates,
-        touched=touched.cast(pa.schema([schemas["aggregates"].field(k) for k in keys])),
-        changelog=changelog,
-        partials=partial_rows(delta, schemas["partials"], batch=f"stream-{batch_id}", run_id=run_id, now=now),
-        state=new_state,
-    )
+        aggregates=pa.concat_tables([merge.aggregates(after), quick_rows]),
+        touched=reached.touched.cast(pa.schema([schemas["aggregates"].field(k) for k in merge.keys])),
+        changelog=merge.rule.arrow(merge.values(before), pa.concat_tables([merge.values(after), after_values]),
+                                   first_seen, batch_id, schemas["changelog"]),
+        partials=partial_rows(groups, schemas["partials"], batch=f"stream-{batch_id}", run_id=run_id, now=now),
+        state=new_state, read_version=reached.read_version)
 
 
-def _new_alone(delta: pa.Table, state: pa.Table, keys: list[str], batch_days: Set[dt.date],
-               batch_rows: pa.Table | None) -> np.ndarray:
-    """The batch rows of keys the state does not hold, one row per key, of a day without a batch combine: their
-    state row, ``aggregates`` row and ``+I`` are the row itself. At a realistic spread most of a batch's keys are
-    new windows, and these take the column-wise path (no accumulator decoded, merged or encoded in Python)."""
-    if delta.num_rows == 0 or not keys:
-        return np.zeros(delta.num_rows, dtype=bool)
-    alone = delta.select(keys).group_by(keys, use_threads=False).aggregate([([], "count_all")])
-    alone = alone.filter(pc.equal(alone.column("count_all"), 1))
-    out = key_mask(delta, keys, alone) & ~key_mask(delta, keys, state)
-    if batch_days:
-        out &= ~np.asarray(pc.is_in(delta.column(DAY), pa.array(sorted(batch_days), pa.date32())).to_numpy(
-            zero_copy_only=False), dtype=bool)
-    if batch_rows is not None and batch_rows.num_rows:
-        out &= ~key_mask(delta, keys, batch_rows)
-    return out
+class _DriverMerge:
+    """One batch's merges with the aggregates' Python algebra, over rows the window kind groups."""
+
+    def __init__(self, local: LocalAggregates, schemas: Mapping[str, pa.Schema], *, run_id: str,
+                 now: dt.datetime) -> None:
+        spec = local.compiled.spec
+        self.local, self.schemas, self.run_id, self.now = local, schemas, run_id, now
+        self.kind: WindowKind = spec.window
+        self.group, self.keys = list(spec.group_by), list(spec.key_columns)
+        self.rule = ChangelogRule.of(spec, local.names)
+        self.value_schema = pa.schema([*(schemas["aggregates"].field(c) for c in self.keys),
+                                       *(schemas["aggregates"].field(n) for n in local.names),
+                                       pa.field("n_rows", pa.int64())])
+
+    def reach_in_state(self, live: pa.Table, state: pa.Table, batch_days: Set[dt.date],
+                       batch_rows: pa.Table | None) -> Reached:
+        """The window kind's reach of the ``live`` rows in the state: its rows of days without a batch combine and
+        the batch partials of days with one (the hybrid rule)."""
+        columns = [*self.keys, "n_rows", *self.local.compiled.acc_columns, SPEC_VERSION]
+        schema = pa.schema([self.schemas["partials"].field(c) for c in columns])
+        counted = state.filter(pc.invert(_in_days(state, batch_days))).select(columns).cast(schema)
+        if batch_rows is not None:
+            counted = pa.concat_tables([counted, batch_rows.select(columns).cast(schema)])
+        return Reached(self.kind.within_arrow(counted, live, self.group), self.kind.touched_arrow(live, self.group))
+
+    def alone(self, groups: pa.Table, live: np.ndarray, state: pa.Table, stored: pa.Table) -> np.ndarray:
+        """The rows of keys alone among the batch's ``live`` rows (of days without a batch combine), in no state
+        or stored row: their state row, served row and ``+I`` are the row itself (where the kind serves stored
+        rows as they are)."""
+        if not (live.any() and self.kind.serves_stored and not self.local.compiled.retracting and self.keys):
+            return np.zeros(groups.num_rows, dtype=bool)
+        counts = groups.filter(pa.array(live)).select(self.keys).group_by(self.keys, use_threads=False).aggregate(
+            [([], "count_all")])
+        alone = counts.filter(pc.equal(counts.column("count_all"), 1))
+        return live & key_mask(groups, self.keys, alone) & ~key_mask(groups, self.keys, state) & ~key_mask(
+            groups, self.keys, stored)
+
+    def alone_values(self, alone: pa.Table) -> tuple[pa.Table, pa.Table]:
+        """The served values of rows alone (for the changelog) and their ``aggregates`` rows, column-wise."""
+        rows = _versioned(alone)
+        entries, coverage = self.local.compiled.entries, self.local.compiled.coverage
+        values = value_columns(rows, {}, entries, coverage)
+        served = {**{k: rows.column(k) for k in self.keys}, **values, "n_rows": rows.column("n_rows")}
+        schema = self.schemas["aggregates"]
+        out = {**served, **encoded_columns(rows, {}, entries, schema, coverage),
+               "updated_at": pa.repeat(pa.scalar(self.now, TS), rows.num_rows),
+               "run_id": pa.repeat(pa.scalar(self.run_id), rows.num_rows), SPEC_VERSION: rows.column(SPEC_VERSION)}
+        return (pa.table([served[f.name].cast(f.type) for f in self.value_schema], schema=self.value_schema),
+                pa.table([out[f.name].cast(f.type) for f in schema], schema=schema))
+
+    def served(self, rows: list[Row]) -> dict[tuple[Any, ...], tuple[list[Any], int, int]]:
+        """Each served row the stored ``rows`` merge into: merged accumulators, row count, spec version."""
+        out = {}
+        for key, members in self.kind.serve_rows(rows, self.group).items():
+            out[key] = (self.local.merge_rows(members), sum(r["n_rows"] for r in members), self.local.version(members))
+        return out
+
+    def values(self, served: Mapping[tuple[Any, ...], tuple[list[Any], int, int]]) -> pa.Table:
+        rows = [{**dict(zip(self.keys, key, strict=True)), **self.local.values(accs, version), "n_rows": n}
+                for key, (accs, n, version) in served.items()]
+        return pa.Table.from_pylist(rows, schema=self.value_schema)
+
+    def aggregates(self, served: Mapping[tuple[Any, ...], tuple[list[Any], int, int]]) -> pa.Table:
+        retracting = self.local.compiled.retracting
+        rows = [{**dict(zip(self.keys, key, strict=True)), **self.local.values(accs, version), "n_rows": n,
+                 **self.local.encode(accs, version), "updated_at": self.now, "run_id": self.run_id,
+                 SPEC_VERSION: version}
+                for key, (accs, n, version) in served.items() if not (retracting and n == 0)]
+        return pa.Table.from_pylist(rows, schema=self.schemas["aggregates"])
+
+    def state(self, state: pa.Table, rest: pa.Table) -> pa.Table:
+        """The state without the stored rows ``rest`` touches, and those merged with ``rest`` once."""
+        day_keys = [DAY, *self.group]
+        touched = self.kind.within_arrow(state, rest, day_keys)
+        merged = []
+        for members in self.kind.merge_stored_rows([*touched.to_pylist(), *rest.to_pylist()], day_keys).values():
+            merged.append(self._stored_row(members, state.column_names))
+        kept = self.kind.within_arrow(state, rest, day_keys, anti=True)
+        return pa.concat_tables([kept, pa.Table.from_pylist(merged, schema=state.schema)])
+
+    def _stored_row(self, members: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> Row:
+        if len(members) == 1:
+            return {c: members[0][c] for c in columns}
+        times = [t for r in members if (t := r["max_event_time"]) is not None]
+        version = self.local.version(members)
+        return {**{c: members[0][c] for c in (DAY, *self.group)},
+                **{b: f(r[b] for r in members) for b, f in zip(self.kind.bounds, (min, max), strict=False)},
+                "n_rows": sum(r["n_rows"] for r in members), **self.local.encode(self.local.merge_rows(members), version),
+                "max_event_time": max(times) if times else None, SPEC_VERSION: version}
+
+
+def _in_days(table: pa.Table, days: Set[dt.date]) -> pa.Array:
+    if not days:
+        return pa.array(np.zeros(table.num_rows, dtype=bool))
+    return pc.fill_null(pc.is_in(table.column(DAY), pa.array(sorted(days), pa.date32())), False)
 
 
 def _versioned(rows: pa.Table) -> pa.Table:
@@ -169,113 +191,75 @@ def _versioned(rows: pa.Table) -> pa.Table:
     return rows.set_column(at, SPEC_VERSION, pc.fill_null(rows.column(SPEC_VERSION), ADOPTED))
 
 
-def _new_aggregates(rows: pa.Table, values: Mapping[str, pa.Array], local: LocalAggregates, keys: list[str],
-                    schema: pa.Schema, *, run_id: str, now: dt.datetime) -> pa.Table:
-    """The ``aggregates`` rows of new keys alone in the batch, column-wise: their values and accumulators
-    (NULL for aggregates newer than a row's spec version, as ``LocalAggregates`` gives them)."""
-    entries, coverage = local.compiled.entries, local.compiled.coverage
-    out = {**{k: rows.column(k) for k in keys}, **values,
-           "n_rows": rows.column("n_rows"), **encoded_columns(rows, {}, entries, schema, coverage),
-           "updated_at": pa.repeat(pa.scalar(now, TS), rows.num_rows),
-           "run_id": pa.repeat(pa.scalar(run_id), rows.num_rows), SPEC_VERSION: rows.column(SPEC_VERSION)}
-    return pa.table([out[f.name].cast(f.type) for f in schema], schema=schema)
-
-
-def _with_new_keys(changelog: pa.Table, first_seen: list[Any], rows: pa.Table, values: Mapping[str, pa.Array],
-                   keys: list[str], schema: pa.Schema, *, batch_id: int) -> pa.Table:
-    """The batch's changelog (each row's key first seen at ``first_seen``) with a ``+I`` per new key alone, every
-    row numbered again in the order the engines share: keys by first event in the batch, then by key (``-U``
-    before ``+U``)."""
-    inserts = {"op": pa.repeat(pa.scalar("+I"), rows.num_rows), **{k: rows.column(k) for k in keys}, **values,
-               "batch_id": pa.repeat(pa.scalar(batch_id, pa.int64()), rows.num_rows),
-               "seq": pa.array(np.arange(changelog.num_rows, changelog.num_rows + rows.num_rows, dtype=np.int64))}
-    both = pa.concat_tables([changelog, pa.table([inserts[f.name].cast(f.type) for f in schema], schema=schema)])
-    seen = pa.concat_arrays([pa.array(first_seen, TS), rows.column("_first_seen").cast(TS).combine_chunks()])
-    both = both.append_column("_first_seen", seen).sort_by(  # nulls first, as Spark orders them
-        [(c, "ascending", "at_start") for c in ("_first_seen", *keys, "seq")])
-    return both.drop_columns(["_first_seen", "seq"]).append_column(
-        "seq", pa.array(np.arange(both.num_rows, dtype=np.int64))).select(schema.names)
-
-
-def partial_rows(delta: pa.Table, schema: pa.Schema, *, batch: str, run_id: str, now: dt.datetime) -> pa.Table:
+def partial_rows(groups: pa.Table, schema: pa.Schema, *, batch: str, run_id: str, now: dt.datetime) -> pa.Table:
     """The batch's pre-aggregated rows as ``partials`` rows (source ``stream``), like ``batch_columns``."""
-    n = delta.num_rows
+    n = groups.num_rows
     constants = {"batch": batch, "source": STREAM, "run_id": run_id, "created_at": now}
-    arrays = [pa.array([constants[f.name]] * n, f.type) if f.name in constants else delta.column(f.name).cast(f.type)
+    arrays = [pa.array([constants[f.name]] * n, f.type) if f.name in constants else groups.column(f.name).cast(f.type)
               for f in schema]
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def same_values(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """Spark's null-safe equality, NaN equal to NaN."""
-    for name, x in a.items():
-        y = b[name]
-        if not (x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))):
-            return False
-    return True
-
-
-
-class DriverEngine:
+class ArrowEngine:
     """Merges on the driver; keeps the state it committed in memory while the table has not moved on."""
 
     name = "driver"
 
-    def __init__(self, compiled: CompiledAggregates, lake: Lake, max_keys: int = DRIVER_MAX_KEYS) -> None:
-        self.local = LocalAggregates(compiled)
-        self.lake, self.max_keys = lake, max_keys
+    def __init__(self, spark: SparkSession, compiled: CompiledAggregates, lake: Lake,
+                 max_keys: int = DRIVER_MAX_KEYS) -> None:
+        self.spark, self.local, self.lake, self.max_keys = spark, LocalAggregates(compiled), lake, max_keys
         spec = compiled.spec
+        self.kind, self.group = spec.window, list(spec.group_by)
         self.tables = PipelineTables(spec.lake, spec.name)
-        self.keys = list(spec.key_columns)
+        self.partial_columns = [*spec.key_columns, "n_rows", *compiled.acc_columns, SPEC_VERSION]
         self._held: tuple[int | None, pa.Table] | None = None  # (state version, its rows)
-        self._schemas: dict[str, pa.Schema] | None = None
+        self._cached: list[DataFrame] = []
 
-    def accepts(self, keys: int) -> bool:
-        """Whether a batch of ``keys`` pre-aggregated rows merges here: not too many keys, a state
-        small enough to hold, and output tables that exist or that it may create (not those of sessions,
-        whose first batch creates them in Spark)."""
-        self._schemas = self._output_schemas() if keys <= self.max_keys else None
-        return self._schemas is not None
-
-    def _output_schemas(self) -> dict[str, pa.Schema] | None:
-        t = self.tables
-        spec = self.local.compiled.spec
-        new = spec.window is None or not spec.window.session  # a missing table is created with its layout's columns
-        schemas = {name: self.lake.schema(path) or (table_schema(spec, name) if new else None) for name, path in (
-            ("aggregates", t.aggregates), ("changelog", t.changelog), ("partials", t.partials),
-            ("state", t.stream_state))}
-        if any(s is None for s in schemas.values()):
-            return None
-        if sum(f.num_records or 0 for f in self.lake.files(t.stream_state)) > DRIVER_MAX_STATE:
-            return None
-        return {k: s for k, s in schemas.items() if s is not None}
+    def fits(self, keys: int) -> bool:
+        """Whether a batch of ``keys`` pre-aggregated rows merges here: not too many, and a state small enough."""
+        return keys <= self.max_keys and sum(
+            f.num_records or 0 for f in self.lake.files(self.tables.stream_state)) <= DRIVER_MAX_STATE
 
     def merge(self, batch: MiniBatch) -> BatchOutputs:
-        schemas = self._schemas
-        assert schemas is not None, "merge follows accepts"
-        state_schema = schemas["state"]
-        delta = self._delta(batch, state_schema)
+        schemas = self._schemas()
+        groups = _groups(batch, schemas["state"])
         batch_rows = None
         if batch.batch_files:
-            columns = [*self.keys, "n_rows", *self.local.compiled.acc_columns, SPEC_VERSION]
-            partials = schemas["partials"]
-            batch_rows = (self.lake.read_files(self.tables.partials, list(batch.batch_files)).select(*columns)
-                          .toArrow().cast(pa.schema([partials.field(c) for c in columns])))
-        return merge_on_driver(delta, self._state(state_schema), self.local, self.keys, schemas=schemas,
-                               batch_id=batch.batch_id, closes=batch.closes, retracting=self.local.compiled.retracting,
-                               run_id=batch.run_id, now=dt.datetime.now(dt.UTC), batch_days=batch.batch_days,
-                               batch_rows=batch_rows)
+            batch_rows = self.lake.read_files(self.tables.partials, list(batch.batch_files)).select(
+                *self.partial_columns).toArrow()
+        reached = None if self.kind.state_covers_reach else self._reach_in_partials(batch, groups, schemas)
+        return merge_on_driver(groups, self._state(schemas["state"]), self.local, schemas=schemas,
+                               batch_id=batch.batch_id, closes=batch.closes, run_id=batch.run_id,
+                               now=dt.datetime.now(dt.UTC), batch_days=batch.batch_days, batch_rows=batch_rows,
+                               reached=reached)
 
-    @staticmethod
-    def _delta(batch: MiniBatch, state_schema: pa.Schema) -> pa.Table:
-        first_seen = pa.field("_first_seen", state_schema.field("max_event_time").type)
-        rows = batch.rows if batch.rows is not None else batch.delta.toArrow()
-        return rows.select([*state_schema.names, "_first_seen"]).cast(
-            pa.schema([*state_schema, first_seen]))
-
-    def committed(self, state_version: int | None, outputs: BatchOutputs) -> None:
+    def after_commit(self, state_version: int | None, outputs: BatchOutputs) -> None:
         assert isinstance(outputs.state, pa.Table)
         self._held = (state_version, outputs.state)
+        for df in self._cached:
+            df.unpersist()
+        self._cached = []
+
+    def _schemas(self) -> dict[str, pa.Schema]:
+        """Each output table's columns: as it is, or as its layout makes it for a table the batch creates."""
+        t, spec = self.tables, self.local.compiled.spec
+        return {name: self.lake.schema(path) or table_schema(spec, name) for name, path in (
+            ("aggregates", t.aggregates), ("changelog", t.changelog), ("partials", t.partials),
+            ("state", t.stream_state))}
+
+    def _reach_in_partials(self, batch: MiniBatch, groups: pa.Table, schemas: Mapping[str, pa.Schema]) -> Reached:
+        """The window kind's reach of the batch's live rows over ``partials`` (in Spark), brought to the driver."""
+        live = groups.filter(pc.invert(_in_days(groups, batch.batch_days)))
+        stored_schema = pa.schema([schemas["partials"].field(c) for c in self.partial_columns])
+        keys = list(self.local.compiled.spec.key_columns)
+        if not live.num_rows:
+            return Reached(stored_schema.empty_table(), live.select(keys))
+        reach = self.kind.reach_of(self.spark.createDataFrame(live.select(self.partial_columns).cast(stored_schema)),
+                                   partials_in_reach(self.lake, self.tables, batch), self.group)
+        self._cached += reach.cached
+        touched = reach.touched.toArrow() if reach.touched is not None else live.select(keys).slice(0, 0)
+        return Reached(reach.stored.select(*self.partial_columns).toArrow().cast(stored_schema), touched,
+                       reach.read_version)
 
     def _state(self, schema: pa.Schema) -> pa.Table:
         version = self.lake.version(self.tables.stream_state)
@@ -284,3 +268,9 @@ class DriverEngine:
         if self._held is None or self._held[0] != version:
             self._held = (version, self.lake.read(self.tables.stream_state).toArrow().select(schema.names).cast(schema))
         return self._held[1]
+
+
+def _groups(batch: MiniBatch, state_schema: pa.Schema) -> pa.Table:
+    first_seen = pa.field(FIRST_SEEN, state_schema.field("max_event_time").type)
+    rows = batch.collected if batch.collected is not None else batch.groups.toArrow()
+    return rows.select([*state_schema.names, FIRST_SEEN]).cast(pa.schema([*state_schema, first_seen]))

@@ -11,9 +11,8 @@ done, with the same files, batch id and (state as it was) watermark; records the
 from __future__ import annotations
 
 import json
-import os
 
-import pyarrow.fs as pafs
+from spark_jobs.lake import storage
 
 __all__ = ["Handoffs"]
 
@@ -22,39 +21,27 @@ class Handoffs:
     """The hand-off records of one stream checkpoint (a local path or a URI pyarrow can write)."""
 
     def __init__(self, checkpoint: str) -> None:
-        where = checkpoint.rstrip("/") + "/handoff"
-        if "://" in where:
-            self.fs, self.dir = pafs.FileSystem.from_uri(where)
-        else:
-            self.fs, self.dir = pafs.LocalFileSystem(), os.path.abspath(where)
+        self.dir = checkpoint.rstrip("/") + "/handoff"
 
     def record(self, batch_id: int, files: list[str]) -> None:
-        """Record a batch's files before Spark marks it done (a rename: never half a record)."""
-        self.fs.create_dir(self.dir, recursive=True)
-        temp, path = f"{self.dir}/.{batch_id}.json.tmp", self._path(batch_id)
-        with self.fs.open_output_stream(temp) as out:
-            out.write(json.dumps({"batch_id": batch_id, "files": files}).encode())
-        self.fs.move(temp, path)
+        """Record a batch's files before Spark marks it done (written whole: never half a record)."""
+        storage.write_whole(self._path(batch_id), json.dumps({"batch_id": batch_id, "files": files}).encode())
 
     def pending(self, done: int | None) -> list[tuple[int, list[str]]]:
         """The recorded batches after ``done`` (the state's last batch), in batch order."""
-        found = []
-        for batch_id in self._ids():
-            if done is None or batch_id > done:
-                with self.fs.open_input_stream(self._path(batch_id)) as src:
-                    found.append((batch_id, list(json.loads(src.read())["files"])))
+        found = [(batch_id, list(json.loads(storage.read_bytes(self._path(batch_id)))["files"]))
+                 for batch_id in self._ids() if done is None or batch_id > done]
         return sorted(found)
 
     def forget(self, through: int | None) -> None:
         """Remove the records of batches up to ``through``: the state has their commits."""
         for batch_id in self._ids():
             if through is not None and batch_id <= through:
-                self.fs.delete_file(self._path(batch_id))
+                storage.delete_file(self._path(batch_id))
 
     def _ids(self) -> list[int]:
-        infos = self.fs.get_file_info(pafs.FileSelector(self.dir, allow_not_found=True))
-        return [int(i.base_name[:-5]) for i in infos
-                if i.type == pafs.FileType.File and i.base_name.endswith(".json") and i.base_name[:-5].isdigit()]
+        names = [p.rsplit("/", 1)[-1] for p in storage.list_dir(self.dir)]
+        return [int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit()]
 
     def _path(self, batch_id: int) -> str:
         return f"{self.dir}/{batch_id}.json"

@@ -18,14 +18,14 @@ from spark_jobs.jobs.combine import write_dead_letters
 from spark_jobs.jobs.landing_files import BadFile
 from spark_jobs.jobs.timing import PhaseTimer
 from spark_jobs.lake import AppTxn, Lake, PipelineTables
-from spark_jobs.lake.table_rules import DAY, PARTIALS_PARTITIONS, sort_keys, stream_layout, window_cluster
+from spark_jobs.lake.table_rules import DAY, PARTIALS_PARTITIONS, sort_keys, stream_layout
 from spark_jobs.spec import PipelineSpec
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
 
-__all__ = ["BatchOutputs", "Committed", "MergeEngine", "MiniBatch", "Rows", "commit_outputs", "pending"]
+__all__ = ["BatchCommits", "BatchOutputs", "MergeEngine", "MiniBatch", "Rows", "commit_outputs", "pending"]
 
 Rows = Union["DataFrame", "pa.Table"]
 
@@ -36,12 +36,13 @@ class MiniBatch:
 
     batch_id: int
     run_id: str
-    delta: DataFrame  # one row per (event day, key, window): state columns and ``_first_seen``
+    groups: DataFrame  # its pre-aggregated rows, one per (event day, key, stored window): state columns and
+    # ``_first_seen``
     span: tuple[dt.datetime, dt.datetime]  # event times of its valid rows
     closes: dt.datetime | None  # windows ending at or before it leave state
     batch_days: frozenset[dt.date] = frozenset()  # touched days with a batch combine (the hybrid rule) ...
     batch_files: tuple[str, ...] = ()  # ... and their batch partial files, whose rows count instead
-    rows: pa.Table | None = None  # ``delta``'s rows when the pre-aggregation already brought them to the driver
+    collected: pa.Table | None = None  # ``groups`` when the pre-aggregation already brought them to the driver
 
     @property
     def name(self) -> str:
@@ -57,7 +58,7 @@ class BatchOutputs:
     changelog: Rows
     partials: Rows  # the batch's pre-aggregated rows as ``partials`` rows (source ``stream``)
     state: Rows  # the whole new state
-    read_version: int | None = None  # sessions: ``touched`` names served sessions (key columns) of this version
+    read_version: int | None = None  # ``touched`` names served rows of this version of ``aggregates``
 
 
 class MergeEngine(Protocol):
@@ -65,17 +66,14 @@ class MergeEngine(Protocol):
 
     name: str
 
-    def accepts(self, keys: int) -> bool:
-        """Whether it merges a batch of ``keys`` pre-aggregated (day, key, window) rows."""
-
     def merge(self, batch: MiniBatch) -> BatchOutputs: ...
 
-    def committed(self, state_version: int | None, outputs: BatchOutputs) -> None:
+    def after_commit(self, state_version: int | None, outputs: BatchOutputs) -> None:
         """Told the state version its outputs made (an engine may keep state between batches)."""
 
 
 @dataclass
-class Committed:
+class BatchCommits:
     written: dict[str, int | None] = field(default_factory=dict)
     state_writes: int = 0  # (day, key, window) accumulators written: the batch's partial rows
     changes: int = 0
@@ -90,7 +88,7 @@ def pending(lake: Lake, path: str, txn: AppTxn) -> bool:
 
 def commit_outputs(lake: Lake, spec: PipelineSpec, txn: AppTxn, *, run_id: str, rejects: Rows, rejected: int,
                    batch: MiniBatch | None, out: BatchOutputs | None, files: Sequence[BadFile] = (),
-                   phase: PhaseTimer | None = None) -> Committed:
+                   phase: PhaseTimer | None = None) -> BatchCommits:
     """Commit a batch: its rejected rows, then (when it aggregated any) its outputs, each as one Delta
     commit carrying ``txn``. State goes last, so a batch with a state commit is complete and a replay
     skips every table that has its commit (dead letters, with the quarantined ``files``, are replaced by
@@ -98,7 +96,7 @@ def commit_outputs(lake: Lake, spec: PipelineSpec, txn: AppTxn, *, run_id: str, 
     import pyarrow as pa
 
     t = PipelineTables(spec.lake, spec.name)
-    done = Committed()
+    done = BatchCommits()
     phase = phase or PhaseTimer()
     with phase("commit dead_letter"):
         dead = write_dead_letters(lake, t, rejects, job="stream", batch=f"stream-{txn.version}", run_id=run_id,
@@ -107,14 +105,10 @@ def commit_outputs(lake: Lake, spec: PipelineSpec, txn: AppTxn, *, run_id: str, 
         done.written["dead_letter"] = dead.version
     if batch is None or out is None:
         return done
-    sessions = spec.window is not None and spec.window.session
     keys = list(spec.key_columns)
     meta: dict[str, Any] = {"run_id": batch.run_id, "job": "stream", "batch_id": batch.batch_id}
     driver_rows = out.aggregates.num_rows if isinstance(out.aggregates, pa.Table) else None
     prune, cluster = stream_layout(spec, batch.span, driver_rows)
-    if sessions:  # the served sessions in reach are replaced, in the files that hold them (a heavy user's may
-        # have started weeks ago, so no range of starts bounds them); files by session start, about a day each
-        prune, cluster = None, window_cluster(spec, (batch.span[1] - batch.span[0]).days + 1)
     if pending(lake, t.aggregates, txn):  # first: it is what readers wait for
         with phase("commit aggregates"):
             done.written["aggregates"] = lake.replace_keys(

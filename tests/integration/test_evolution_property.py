@@ -98,8 +98,8 @@ class Model:
         et = spec.source.event_time
         keys = list(spec.group_by)
         source = "rows"
-        if spec.window is not None:
-            size = spec.window.size.seconds
+        if spec.window.tile is not None:
+            size = spec.window.tile.seconds
             source = (f"(SELECT *, time_bucket(INTERVAL {size} SECOND, {et}, TIMESTAMPTZ '1970-01-01 00:00:00+00') "
                       f"AS window_start, time_bucket(INTERVAL {size} SECOND, {et}, TIMESTAMPTZ '1970-01-01 00:00:00+00')"
                       f" + INTERVAL {size} SECOND AS window_end FROM rows)")

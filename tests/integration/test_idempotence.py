@@ -14,8 +14,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from spark_jobs.jobs import combine, reduce
-from spark_jobs.jobs.landing import classify, read_partition
+from spark_jobs.jobs import combine, landing, reduce
 from spark_jobs.lake import PipelineTables, open_lake
 from spark_jobs.lake.table_rules import PARTIALS_PARTITIONS, reduce_app_id
 from spark_jobs.phases.compiled import CompiledAggregates
@@ -61,7 +60,7 @@ def stream_partials(spark, spec: PipelineSpec, date: str):
     """What a streaming job would have written for ``date``: the pure combine transform, source=stream."""
     from pyspark.sql import functions as F
 
-    rows = classify(read_partition(spark, spec, date), spec, date)
+    rows = landing.classify(landing.read_landing(spark, spec, landing.screen_partition(spec, date)), spec, date)
     valid = rows.where(F.col("_reason").isNull()).drop("_raw", "_reason", "_file")
     out = combine.combine(valid, spec, CompiledAggregates(spec), date=date, run_id="stream-run-1")
     return out.withColumn("source", F.lit("stream")).withColumn("batch", F.lit("stream-1"))

@@ -14,7 +14,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from spark_jobs.aggregates.builtins import BUILTINS, NUMERIC
 from spark_jobs.lake._embedded import _nullable
 from spark_jobs.lake.layout import table_schema
-from spark_jobs.phases import CompiledAggregates, assign_windows, final_aggregate, partial_aggregate
+from spark_jobs.phases import CompiledAggregates, final_aggregate, partial_aggregate
 from spark_jobs.spec import parse_spec
 
 pytestmark = pytest.mark.spark
@@ -47,7 +47,7 @@ def test_declared_columns_are_what_spark_writes(spark, column_type, changelog):
     compiled = CompiledAggregates(spec)
     fields = ", ".join(f"`{c}` {t}" for c, t in spec.source.schema)
     rows = spark.createDataFrame([], fields)
-    partial = partial_aggregate(assign_windows(rows, spec), compiled)
+    partial = partial_aggregate(spec.window.assign(rows, event_time=spec.source.event_time, keys=spec.group_by), compiled)
     final = final_aggregate(partial, compiled)
     for frame, table in ((partial, "partials"), (final, "aggregates")):
         # as the embedded backend stores them: nullable all the way down

@@ -31,7 +31,7 @@ def test_finds_the_spec_by_name_among_yaml_and_yml(tmp_path):
     assert find_spec("clicks", tmp_path).name == "clicks"
     spec = find_spec("views", tmp_path)  # bad.yaml is named views too, but invalid: skipped
     assert spec.name == "views" and spec.origin == str(tmp_path / "views.yml")
-    assert spec.window is not None and spec.window.size.seconds == 3600
+    assert spec.window.tile is not None and spec.window.tile.seconds == 3600
 
 
 def test_no_match_names_the_folder_the_specs_and_the_skipped_files(tmp_path):

@@ -12,6 +12,7 @@ import pytest
 
 from spark_jobs.errors import SpecError
 from spark_jobs.spec import Duration, PipelineSpec, load_spec, parse_duration, parse_spec
+from spark_jobs.windows import Hopping, Sessions, Tumbling
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "pipelines" / "page_views.yaml"
@@ -64,10 +65,7 @@ def test_sample_spec_loads() -> None:
     spec = load_spec(SAMPLE)
     assert spec.name == "page_views"
     assert spec.group_by == ("page",)
-    assert spec.window is not None
-    assert spec.window.size.seconds == 3600
-    assert spec.window.slide is None
-    assert not spec.window.hopping
+    assert spec.window == Tumbling(Duration(3600))
     assert len(spec.aggregates) == 8
     assert [a.name for a in spec.aggregates] == [
         "views", "total_ms", "max_ms", "avg_ms", "users", "p95_ms", "first_user", "weighted_ms",
@@ -157,15 +155,12 @@ def test_the_base_spec_is_valid(tmp_path: Path) -> None:
 
 def test_hopping_window(tmp_path: Path) -> None:
     spec = parse(raw_spec(lambda r: r["window"].update(slide="15 minutes")), tmp_path)
-    assert spec.window is not None
-    assert spec.window.slide == Duration(900)
-    assert spec.window.hopping
+    assert spec.window == Hopping(Duration(3600), Duration(900))
 
 
 def test_session_window(tmp_path: Path) -> None:
     spec = parse(raw_spec(lambda r: r.update(window={"gap": "30 minutes"})), tmp_path)
-    assert spec.window is not None and spec.window.session and spec.window.gap == Duration(1800)
-    assert not spec.window.hopping and spec.window.size is None
+    assert spec.window == Sessions(Duration(1800))
 
 
 # --- rejections --------------------------------------------------------------------------------

@@ -16,9 +16,9 @@ T0 = dt.datetime(2024, 3, 1, tzinfo=dt.UTC)
 TS = pa.timestamp("us", tz="UTC")
 
 
-def spec(op_column: str | None = None) -> PipelineSpec:
+def spec(op_column: str | None = None, **extra: Any) -> PipelineSpec:
     schema = {"at": "timestamp", "name": "string", "score": "long", **({op_column: "string"} if op_column else {})}
-    return parse_spec({"name": "scores", "lake": "lake", "group_by": ["name"],
+    return parse_spec({"name": "scores", "lake": "lake", "group_by": ["name"], **extra,
                        "source": {"path": "landing", "event_time": "at", "schema": schema,
                                   **({"op_column": op_column} if op_column else {})},
                        "aggregates": [{"name": "cnt", "fn": "count"}, {"name": "low", "fn": "min", "column": "score"}]})
@@ -28,23 +28,24 @@ def state_schema(local: LocalAggregates) -> pa.Schema:
     low = pa.map_(pa.int64(), pa.int64()) if local.compiled.retracting else pa.int64()
     return pa.schema([("event_date", pa.date32()), ("name", pa.string()), ("n_rows", pa.int64()),
                       ("cnt__count", pa.int64()), ("low__" + ("counts" if local.compiled.retracting else "value"), low),
-                      ("max_event_time", TS)])
+                      ("max_event_time", TS), ("spec_version", pa.int64())])
 
 
 def partials_schema(local: LocalAggregates) -> pa.Schema:
     state = state_schema(local)
     return pa.schema([("batch", pa.string()), ("source", pa.string()), *list(state)[:5], ("run_id", pa.string()),
-                      ("created_at", TS)])
+                      ("created_at", TS), ("spec_version", pa.int64())])
 
 
-def schemas(local: LocalAggregates) -> dict[str, pa.Schema]:
-    state = state_schema(local)
+def schemas(local: LocalAggregates, bounds: list[tuple[str, pa.DataType]] | None = None) -> dict[str, pa.Schema]:
+    state, bounds = state_schema(local), bounds or []
     values = [("cnt", pa.int64()), ("low", pa.int64())]
-    return {"partials": partials_schema(local),
-            "aggregates": pa.schema([("name", pa.string()), *values, *list(state)[2:5], ("updated_at", TS),
-                                     ("run_id", pa.string())]),
-            "changelog": pa.schema([("op", pa.string()), ("name", pa.string()), *values, ("batch_id", pa.int64()),
-                                    ("seq", pa.int64())])}
+    partials = partials_schema(local)
+    return {"partials": pa.schema([*list(partials)[:4], *bounds, *list(partials)[4:]]),
+            "aggregates": pa.schema([("name", pa.string()), *bounds, *values, *list(state)[2:5], ("updated_at", TS),
+                                     ("run_id", pa.string()), ("spec_version", pa.int64())]),
+            "changelog": pa.schema([("op", pa.string()), ("name", pa.string()), *bounds, *values,
+                                    ("batch_id", pa.int64()), ("seq", pa.int64())])}
 
 
 def delta(local: LocalAggregates, rows: list[tuple[str, int, Any, int]]) -> pa.Table:
@@ -52,7 +53,7 @@ def delta(local: LocalAggregates, rows: list[tuple[str, int, Any, int]]) -> pa.T
     schema = state_schema(local)
     return pa.Table.from_pylist(
         [{"event_date": T0.date(), "name": n, "n_rows": k, "cnt__count": k, schema.field(4).name: low,
-          "max_event_time": T0 + dt.timedelta(minutes=m), "_first_seen": T0 + dt.timedelta(minutes=m)}
+          "max_event_time": T0 + dt.timedelta(minutes=m), "spec_version": 1, "_first_seen": T0 + dt.timedelta(minutes=m)}
          for n, k, low, m in rows], schema=schema.append(pa.field("_first_seen", TS)))
 
 
@@ -61,9 +62,8 @@ def run(local: LocalAggregates, batches: list[list[tuple[str, int, Any, int]]]) 
     ops: list[str] = []
     result = None
     for batch_id, rows in enumerate(batches):
-        result = merge_on_driver(delta(local, rows), state, local, ["name"], schemas=schemas(local),
-                                 batch_id=batch_id, closes=None, retracting=local.compiled.retracting,
-                                 run_id="r", now=T0)
+        result = merge_on_driver(delta(local, rows), state, local, schemas=schemas(local), batch_id=batch_id,
+                                 closes=None, run_id="r", now=T0)
         ops += [f"{r['op']}[{r['name']},{r['cnt']}]" for r in result.changelog.to_pylist()]
         assert result.changelog.column("seq").to_pylist() == list(range(result.changelog.num_rows))
         state = result.state
@@ -79,7 +79,7 @@ def test_one_row_per_batch_gives_flinks_retraction_changelog():
         ("John", 1, 15), ("Tom", 3, 12)]
     assert result.aggregates.to_pylist()[0] | {"updated_at": None} == {
         "name": "Tom", "cnt": 3, "low": 12, "n_rows": 3, "cnt__count": 3, "low__value": 12, "updated_at": None,
-        "run_id": "r"}
+        "run_id": "r", "spec_version": 1}
     assert result.partials.num_rows == 1  # one state write: the batch's one pre-aggregated row
 
 
@@ -103,14 +103,15 @@ def test_retracted_keys_are_deleted_and_min_falls_back_to_the_next_value():
 
 
 def test_closed_windows_leave_state():
-    local = LocalAggregates(CompiledAggregates(spec()))
-    state = state_schema(local).empty_table()
-    closes = T0 + dt.timedelta(minutes=5)
-    window_state = state.append_column("window_end", pa.array([], TS))
+    local = LocalAggregates(CompiledAggregates(spec(window={"size": "5 minutes"})))
+    bounds = [("window_start", TS), ("window_end", TS)]
+    state = pa.schema([*list(state_schema(local))[:2], *bounds, *list(state_schema(local))[2:]]).empty_table()
     rows = delta(local, [("Tom", 1, 12, 0), ("Ann", 1, 3, 9)])
-    rows = rows.append_column("window_end", pa.array([T0 + dt.timedelta(minutes=5), T0 + dt.timedelta(minutes=10)], TS))
-    out = merge_on_driver(rows.select([*window_state.column_names, "_first_seen"]), window_state, local, ["name"],
-                          schemas=schemas(local), batch_id=0, closes=closes, retracting=False, run_id="r", now=T0)
+    rows = rows.append_column("window_start", pa.array([T0, T0 + dt.timedelta(minutes=5)], TS)).append_column(
+        "window_end", pa.array([T0 + dt.timedelta(minutes=5), T0 + dt.timedelta(minutes=10)], TS))
+    out = merge_on_driver(rows.select([*state.column_names, "_first_seen"]), state, local,
+                          schemas=schemas(local, bounds), batch_id=0, closes=T0 + dt.timedelta(minutes=5),
+                          run_id="r", now=T0)
     assert out.state.column("name").to_pylist() == ["Ann"]
     assert out.aggregates.num_rows == 2  # closing a window drops its state, not its values
 

@@ -1,0 +1,182 @@
+"""A mini-batch's one pass over its files: rows read and classified (late ones too), pre-aggregated per (event day,
+key, stored window), each reject a group of its own; a batch that fits the driver comes to it in that same job.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from spark_jobs.errors import InputError
+from spark_jobs.jobs.landing import classify, read_landing
+from spark_jobs.jobs.landing_files import Screen, spark_read_error
+from spark_jobs.lake.layout import SPEC_VERSION
+from spark_jobs.lake.spec_record import RecordedSpec
+from spark_jobs.lake.table_rules import DAY
+from spark_jobs.phases import CompiledAggregates, partial_aggregate
+from spark_jobs.spark_failures import spark_errors
+from spark_jobs.spec import PipelineSpec
+from spark_jobs.stream.outputs import Rows
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["BatchRead", "BatchReader", "utc"]
+
+log = logging.getLogger("spark_jobs")
+
+
+class BatchReader:
+    """Reads mini-batches; learns how many groups a row makes, to bring the next batches to the driver in the pass."""
+
+    def __init__(self, spark: SparkSession, compiled: CompiledAggregates, record: RecordedSpec,
+                 driver_max_keys: int) -> None:
+        self.spark, self.compiled, self.record, self.driver_max_keys = spark, compiled, record, driver_max_keys
+        self.spec = compiled.spec
+        self._groups_per_row: float | None = None  # a batch's groups over its footers' bound: the largest seen
+
+    def read(self, found: Screen, watermark: dt.datetime | None, batch_id: int) -> BatchRead:
+        """The pass. A batch that fits the driver engine, by its files' row counts or by the groups per row of the
+        batches before it, comes to the driver in that same Spark job; another is cached and counted first. A file
+        unreadable past its footer fails here (InputError)."""
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        combined = self._combined(found, watermark)
+        bound = found.readable_rows()
+        groups = None if bound is None else bound * self.spec.window.windows_per_row  # at most, per row and window
+        # to the driver in the pass itself when the footers bound the batch under the driver's limit, or when twice
+        # the groups per row of the densest batch yet would fit; else cached and counted first
+        fits = groups is not None and groups <= self.driver_max_keys
+        expected = fits or (groups is not None and self._groups_per_row is not None
+                            and 2 * self._groups_per_row * groups <= self.driver_max_keys)
+        read = BatchRead(combined)
+        try:
+            if not (expected and read.collect(bounded=fits)):
+                combined.persist(StorageLevel.MEMORY_AND_DISK)
+                valid = F.col(_BAD).isNull()
+                read.counted(combined.agg(
+                    F.sum(F.when(valid, F.col("_rows"))).alias("rows"),
+                    F.min(F.when(valid, F.col("_first_seen"))).alias("low"),
+                    F.max(F.when(valid, F.col("max_event_time"))).alias("high"), F.count(F.when(valid, 1)).alias("keys"),
+                    F.count(F.when(~valid, 1)).alias("rejected"), F.count(F.when(F.col("_reject._late"), 1)).alias("late"),
+                ).first())
+        except spark_errors() as exc:
+            read.combined.unpersist()
+            raise InputError(f"mini-batch {batch_id} failed reading {self.spec.source.path}: "
+                             f"{spark_read_error(exc)}") from exc
+        if groups:
+            self._groups_per_row = max(self._groups_per_row or 0.0, (read.keys + read.rejected) / groups)
+        return read
+
+    def _combined(self, found: Screen, watermark: dt.datetime | None) -> DataFrame:
+        """The batch's groups and rejects in one frame (see :func:`_rejects_apart`)."""
+        from pyspark.sql import functions as F
+
+        spec, window = self.spec, self.spec.window
+        et = F.col(spec.source.event_time)
+        rows = classify(read_landing(self.spark, spec, found), spec, F.col(DAY), DAY)
+        late = F.col("_reason").isNull() & (et < F.lit(watermark)) if watermark is not None else F.lit(False)
+        rows = rows.withColumn("_late", late).withColumn("_reason", F.coalesce("_reason", F.when(
+            F.col("_late"), F.concat(F.lit("late: "), et.cast("string"), F.lit(
+                f" is older than the watermark {watermark or dt.datetime.min:%Y-%m-%d %H:%M:%S} UTC; the batch "
+                "combine of its day counts it")))))
+        windowed = window.assign(_rejects_apart(rows.withColumn(DAY, F.col(DAY).cast("date")), spec),
+                                 event_time=spec.source.event_time, keys=spec.group_by)
+        windowed = windowed.withColumns({c: F.when(F.col(_BAD).isNull(), F.col(c)) for c in window.bounds})
+        combined = partial_aggregate(windowed, self.compiled, extra_keys=[DAY, _BAD], extra_aggs=[
+            F.max(et).alias("max_event_time"), F.min(et).alias("_first_seen"),
+            window.count_once(spec.source.event_time).alias("_rows"), F.first("_reject").alias("_reject")])
+        if self.record.uncovered_through is not None:  # days whose earlier rows a spec change dropped
+            combined = combined.withColumn(SPEC_VERSION, F.when(F.col(DAY) <= F.lit(self.record.uncovered_through),
+                                                                F.lit(0).cast("bigint")).otherwise(F.col(SPEC_VERSION)))
+        return combined
+
+
+_BAD = "_bad"
+_REJECT = "struct<_reason string, _raw string, _file string, _late boolean>"  # Arrow needs nullable fields
+
+
+def _rejects_apart(rows: DataFrame, spec: PipelineSpec) -> DataFrame:
+    """Rejects ride through the pre-aggregation as groups of their own, so that one pass over a batch's files
+    yields both. ``_bad``, a grouping key, is a row id for a reject (NULL for a valid row), ``_reject`` its
+    reason, record, file and lateness; a reject's group keys are NULL (never those of a valid row) and its
+    event time a constant, so that it falls in windows no valid row shares."""
+    from pyspark.sql import functions as F
+
+    bad = F.col("_reason").isNotNull()
+    # Parquet is read with the spec's types, so its record is its typed columns: written out here, for the
+    # rejects alone (a ``_raw`` column would be computed for every row before the branch)
+    raw = F.to_json(F.struct(*(c for c, _ in spec.source.schema))) if spec.source.format == "parquet" else F.col("_raw")
+    reject = F.when(bad, F.struct("_reason", raw.alias("_raw"), "_file", "_late").cast(_REJECT))
+    columns = []
+    for c in rows.columns:
+        if c in spec.group_by:
+            columns.append(F.when(~bad, F.col(c)).alias(c))
+        elif c == spec.source.event_time:
+            columns.append(F.when(bad, F.timestamp_seconds(F.lit(0))).otherwise(F.col(c)).alias(c))
+        elif c not in ("_reason", "_raw", "_file", "_late"):
+            columns.append(F.col(c))
+    return rows.select(*columns, F.when(bad, F.monotonically_increasing_id()).alias(_BAD), reject.alias("_reject"))
+
+
+class BatchRead:
+    """A mini-batch's files read once: its pre-aggregated groups and its rejects in one DataFrame (cached when
+    it is not collected in the pass), their counts, and (batches that fit the driver) both on the driver as Arrow."""
+
+    def __init__(self, combined: DataFrame) -> None:
+        self.combined = combined
+        self.rows = self.keys = self.rejected = self.late = 0
+        self.low: dt.datetime | None = None  # event times of the valid rows
+        self.high: dt.datetime | None = None
+        self.collected: pa.Table | None = None  # the valid groups on the driver
+        self._rejects: pa.Table | None = None
+
+    def counted(self, counts: Any) -> None:
+        self.rows, self.keys = int(counts["rows"] or 0), int(counts["keys"])
+        self.rejected, self.late = int(counts["rejected"]), int(counts["late"])
+        self.low, self.high = utc(counts["low"]), utc(counts["high"])
+
+    def collect(self, *, bounded: bool = True) -> bool:
+        """Bring the groups and rejects to the driver. An estimated batch (not ``bounded``) whose result outgrows
+        ``spark.driver.maxResultSize`` is not collected (False): it is counted and merged in Spark instead."""
+        import pyarrow.compute as pc
+
+        try:
+            table = self.combined.toArrow()
+        except spark_errors() as exc:
+            if bounded or "maxResultSize" not in str(exc):
+                raise
+            log.warning("a mini-batch held more groups than expected; merging it in Spark (%s)", exc)
+            return False
+        bad = pc.is_valid(table.column(_BAD))
+        valid = table.filter(pc.invert(bad)).drop_columns([_BAD, "_reject"])
+        rejects = pa.Table.from_struct_array(table.filter(bad).column("_reject").combine_chunks())
+        self.collected, self._rejects = valid, rejects
+        self.rows, self.keys = int(pc.sum(valid.column("_rows")).as_py() or 0), valid.num_rows
+        self.rejected, self.late = rejects.num_rows, int(pc.sum(rejects.column("_late")).as_py() or 0)
+        self.low = utc(pc.min(valid.column("_first_seen")).as_py())
+        self.high = utc(pc.max(valid.column("max_event_time")).as_py())
+        return True
+
+    def groups(self) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        return self.combined.where(F.col(_BAD).isNull()).drop(_BAD, "_reject", "_rows")
+
+    def rejects(self) -> Rows:
+        from pyspark.sql import functions as F
+
+        if self._rejects is not None:
+            return self._rejects
+        return self.combined.where(F.col(_BAD).isNotNull()).select("_reject.*")
+
+
+def utc(value: dt.datetime | None) -> dt.datetime | None:
+    """Spark hands timestamps back as naive local time; make them aware UTC."""
+    if value is None:
+        return None
+    return value.astimezone(dt.UTC) if value.tzinfo else value.astimezone().astimezone(dt.UTC)

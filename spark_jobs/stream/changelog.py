@@ -1,0 +1,152 @@
+"""The changelog rule, once, in its Spark and Arrow forms (a property test holds the two equal).
+
+Each served row's values before and after a mini-batch give its change, as Flink's retracting group
+aggregation emits them: a new row ``+I`` (new values); a changed row ``-U`` (old values) then ``+U`` (new
+values); a row whose row count falls to zero, or that is gone, ``-D`` (old values); an unchanged row nothing.
+A row that is missing or has a row count of zero does not exist. A served row is named by the window kind's
+identity columns (a session by its key and start: one that grew keeps its name, ``-U`` with its old end and
+``+U`` with its new one; one absorbed by another, or whose start a merge moved, is deleted and the merged one
+inserted or updated under its own start). ``seq`` orders the rows within the batch: by the first event of
+their group key in the batch, then by identity, ``-U`` before ``+U``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from spark_jobs.spec import PipelineSpec
+
+__all__ = ["ChangelogRule", "FIRST_SEEN"]
+
+FIRST_SEEN = "_first_seen"
+_ORDER = "_order"
+
+
+@dataclass(frozen=True)
+class ChangelogRule:
+    """The rule over one pipeline's served rows: ``identity`` names a row, ``values`` are compared (with
+    ``n_rows``), ``group`` orders the rows by its first event, ``columns`` are the changelog's own."""
+
+    identity: tuple[str, ...]
+    values: tuple[str, ...]
+    group: tuple[str, ...]
+    columns: tuple[str, ...]  # the key columns and value columns the changelog stores, in its order
+
+    @classmethod
+    def of(cls, spec: PipelineSpec, values: Sequence[str]) -> ChangelogRule:
+        """The rule of a pipeline whose served rows have the aggregates' ``values``."""
+        window = spec.window
+        return cls(tuple(window.identity(spec.group_by)), (*window.changelog_values, *values), spec.group_by,
+                   (*spec.key_columns, *values))
+
+    # ------------------------------------------------------------------ Spark
+    def spark(self, before: DataFrame, after: DataFrame, first_seen: DataFrame, batch_id: int) -> DataFrame:
+        """``before`` and ``after``: identity and value columns with ``n_rows``; ``first_seen``: group key
+        columns and ``_first_seen``."""
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        keys, names = list(self.identity), [*self.values]
+        old = before.select(*keys, F.struct(*names, "n_rows").alias("_old"))
+        new = after.select(*keys, F.struct(*names, "n_rows").alias("_new"))
+        both = old.join(new, keys, "full_outer") if keys else old.crossJoin(new)
+        both = both.join(first_seen, list(self.group), "left") if self.group else both.crossJoin(first_seen)
+        same = F.lit(True)
+        for name in names:
+            same = same & F.col(f"_old.{name}").eqNullSafe(F.col(f"_new.{name}"))
+
+        def entry(op: str, order: int, side: str) -> Any:
+            return F.struct(F.lit(op).alias("op"), F.lit(order).alias(_ORDER),
+                            *(F.col(f"{side}.{n}").alias(n) for n in names))
+
+        was = F.col("_old").isNotNull() & (F.col("_old.n_rows") != 0)
+        gone = F.col("_new").isNull() | (F.col("_new.n_rows") == 0)
+        ops = (F.when(~was & ~gone, F.array(entry("+I", 0, "_new")))
+               .when(was & gone, F.array(entry("-D", 0, "_old")))
+               .when(was & ~same, F.array(entry("-U", 0, "_old"), entry("+U", 1, "_new")))
+               .otherwise(F.array()))
+        rows = both.select(*keys, FIRST_SEEN, F.explode(ops).alias("_c")).select(*keys, FIRST_SEEN, "_c.*")
+        order = Window.orderBy(F.col(FIRST_SEEN).asc_nulls_first(), *keys, _ORDER)
+        return rows.select("op", *self.columns, F.lit(batch_id).cast("bigint").alias("batch_id"),
+                           (F.row_number().over(order) - 1).cast("bigint").alias("seq"))
+
+    # ------------------------------------------------------------------ Arrow
+    def arrow(self, before: pa.Table, after: pa.Table, first_seen: pa.Table, batch_id: int,
+              schema: pa.Schema) -> pa.Table:
+        """The Arrow form of :meth:`spark`, as ``schema`` (the changelog table's) lays it out."""
+        both = _matched(before, after, list(self.identity))
+        was, gone = _present(before, both, "_o"), pc.invert(_present(after, both, "_n"))
+        changed = pc.and_(pc.and_(was, pc.invert(gone)), pc.invert(self._same(before, after, both)))
+        pieces = [_entries(after, both, pc.and_(pc.invert(was), pc.invert(gone)), "+I", 0, "_n"),
+                  _entries(before, both, pc.and_(was, gone), "-D", 0, "_o"),
+                  _entries(before, both, changed, "-U", 0, "_o"), _entries(after, both, changed, "+U", 1, "_n")]
+        rows = self._first_seen(pa.concat_tables(pieces), first_seen)
+        rows = rows.sort_by([(c, "ascending") for c in (FIRST_SEEN, *self.identity, _ORDER)],
+                            null_placement="at_start")
+        out = {"op": rows.column("op"), **{c: rows.column(c) for c in self.columns},
+               "batch_id": pa.repeat(pa.scalar(batch_id, pa.int64()), rows.num_rows),
+               "seq": pa.array(np.arange(rows.num_rows, dtype=np.int64))}
+        return pa.table([out[f.name].cast(f.type) for f in schema], schema=schema)
+
+    def _same(self, before: pa.Table, after: pa.Table, both: pa.Table) -> pa.Array:
+        """Null-safe equality of every value (NaN equal to NaN), as Spark's ``eqNullSafe`` of the two sides."""
+        same = np.ones(both.num_rows, dtype=bool)
+        for name in self.values:
+            a, b = before.column(name).take(both.column("_o")), after.column(name).take(both.column("_n"))
+            try:
+                eq = pc.fill_null(pc.equal(a, b), False)
+                eq = pc.or_(eq, pc.and_(pc.is_null(a), pc.is_null(b)))
+                if pa.types.is_floating(a.type):
+                    eq = pc.or_(eq, pc.and_(pc.fill_null(pc.is_nan(a), False), pc.fill_null(pc.is_nan(b), False)))
+                same &= np.asarray(eq.to_numpy(zero_copy_only=False), dtype=bool)
+            except (pa.ArrowNotImplementedError, pa.ArrowTypeError):  # nested values: Python's equality
+                same &= np.array([_equal(x, y) for x, y in zip(a.to_pylist(), b.to_pylist(), strict=True)], dtype=bool)
+        return pa.array(same)
+
+    def _first_seen(self, rows: pa.Table, first_seen: pa.Table) -> pa.Table:
+        group = list(self.group)
+        if not group:
+            seen = first_seen.column(FIRST_SEEN)[0] if first_seen.num_rows else None
+            return rows.append_column(FIRST_SEEN, pa.repeat(pa.scalar(seen, first_seen.schema.field(FIRST_SEEN).type),
+                                                            rows.num_rows))
+        index = rows.append_column("_row", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+        joined = index.select([*group, "_row"]).join(first_seen, group, join_type="left outer", use_threads=False)
+        order = np.argsort(joined.column("_row").to_numpy())
+        return rows.append_column(FIRST_SEEN, joined.column(FIRST_SEEN).take(pa.array(order)))
+
+
+def _matched(before: pa.Table, after: pa.Table, keys: list[str]) -> pa.Table:
+    """Each identity once, with its row in ``before`` (``_o``) and in ``after`` (``_n``), NULL where absent: a join
+    of the key columns and row numbers only (Arrow joins carry no list or map payload)."""
+    if not keys:
+        return pa.table({"_o": pa.array([0] if before.num_rows else [None], pa.int64()),
+                         "_n": pa.array([0] if after.num_rows else [None], pa.int64())})
+    sides = [t.select(keys).append_column(name, pa.array(np.arange(t.num_rows, dtype=np.int64)))
+             for t, name in ((before, "_o"), (after, "_n"))]
+    return sides[0].join(sides[1], keys, join_type="full outer", use_threads=False, coalesce_keys=True)
+
+
+def _present(side: pa.Table, both: pa.Table, index: str) -> pa.Array:
+    """Whether the side holds the row with a row count other than zero."""
+    rows = side.column("n_rows").take(both.column(index))
+    return pc.fill_null(pc.not_equal(rows, 0), False)
+
+
+def _entries(side: pa.Table, both: pa.Table, mask: pa.Array, op: str, order: int, index: str) -> pa.Table:
+    rows = side.take(both.column(index).filter(mask))
+    return rows.append_column("op", pa.repeat(pa.scalar(op), rows.num_rows)).append_column(
+        _ORDER, pa.repeat(pa.scalar(order, pa.int8()), rows.num_rows))
+
+
+def _equal(x: Any, y: Any) -> bool:
+    return x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))

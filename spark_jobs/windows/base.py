@@ -1,0 +1,240 @@
+"""The questions every window kind answers, so that no job asks which kind it holds (Flink's ``SliceAssigner``).
+
+Two layouts meet here. *Stored* rows are what ``partials`` and the stream's state hold per key and batch:
+a window (tumbling, hopping), a step-sized slice (cumulative), a partial session, or a key's rows of a
+day (no window). *Served* rows are what ``aggregates`` holds per key: :meth:`WindowKind.serve` turns stored
+rows into served ones (as they are, exploded into the windows a slice belongs to, or merged into
+sessions), and rows of one key and served window then merge. Each question has its Spark form (over
+DataFrames) and, where the driver needs it, its Arrow form beside it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from abc import ABC, abstractmethod
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_jobs.durations import Duration
+from spark_jobs.key_match import key_mask
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+__all__ = ["BOUNDS", "TS", "Grouped", "Reach", "Stored", "WindowChange", "WindowKind", "floor_micros", "floor_ticks", "ticks"]
+
+BOUNDS = ("window_start", "window_end")
+TS = pa.timestamp("us", tz="UTC")
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+Cost = Literal["settings", "stored", "raw"]
+Grouped = dict[tuple[Any, ...], list[Mapping[str, Any]]]  # a served or stored row's key and bounds -> its rows
+
+
+@dataclass(frozen=True)
+class WindowChange:
+    """A change of window, as ``plan`` sorts it: what it costs and what ``apply`` does to the stored rows."""
+
+    cost: Cost
+    what: str
+    effect: str
+    retile: bool = False  # stored rows merge into the new kind's tiles (a coarser grid)
+    unwindow: bool = False  # windows removed: each key's stored rows merge into one
+
+
+@dataclass(frozen=True)
+class Stored:
+    """The lake's side of a reach: the counted stored rows by event day, and the served keys."""
+
+    read: Callable[[dt.date | None, dt.date | None, DataFrame | None], DataFrame]  # days [lo, hi] (None: open),
+    # of the keys in a frame when one is given
+    days: tuple[dt.date, dt.date] | None  # the first and last event day with stored rows
+    served: Callable[[], tuple[DataFrame | None, int | None]]  # served key columns, and the version read
+
+
+@dataclass(frozen=True)
+class Reach:
+    """What a change of some stored rows reaches: the served rows it replaces and the stored rows they merge."""
+
+    stored: DataFrame  # the stored rows in reach (not served), without the changed rows not stored yet
+    touched: DataFrame | None  # served key columns of the rows replaced (None: every row)
+    prune: tuple[str, Any, Any] | None = None  # (column, lo, hi): where in ``aggregates`` the replaced rows lie
+    days: tuple[dt.date, dt.date] | None = None  # the event days of stored rows read (None: all)
+    read_version: int | None = None  # the ``aggregates`` version ``touched`` was read at
+    cached: tuple[DataFrame, ...] = field(default_factory=tuple)  # released after the commit
+
+
+class WindowKind(ABC):
+    """One kind of window. Subclasses are frozen dataclasses holding their durations."""
+
+    bounds: tuple[str, ...] = BOUNDS
+    windows_per_row = 1  # stored rows one event makes
+    rows_once = True  # each event counts in exactly one served row (sums of ``n_rows`` add up)
+    serves_stored = True  # served rows are the stored rows as they are
+    cut_per_key = False  # stored rows are cut per key: dropping a key cannot merge them
+    changelog_values: tuple[str, ...] = ()  # bounds that are values, not identity, in the changelog
+
+    state_covers_reach = True  # the stored rows a non-late event reaches are all open, so in the stream's state
+    closes = True  # windows close at the watermark (late rows are rejected, closed stored rows leave state)
+
+    # ------------------------------------------------------------------ what it is
+    @abstractmethod
+    def to_dict(self) -> dict[str, str] | None:
+        """The spec's ``window`` mapping (None without a window)."""
+
+    @property
+    def reach(self) -> Duration | None:
+        """How far from its events a served row reaches in time (None: without bound)."""
+        return None
+
+    @property
+    def tile(self) -> Duration | None:
+        """The unit rollups merge served rows in (their grains are whole numbers of it); None: no rollups."""
+        return None
+
+    @property
+    def rollup_refusal(self) -> str:
+        """Why served rows cannot merge into rollup buckets (asked when ``tile`` is None)."""
+        return "rollups merge whole windows"
+
+    @property
+    def start_step(self) -> Duration | None:
+        """The time between consecutive served window starts (None: no grid)."""
+        return None
+
+    def identity(self, group_by: Sequence[str]) -> list[str]:
+        """The columns that name a served row in the changelog."""
+        return [*group_by, *self.bounds]
+
+    def fits(self, start: dt.datetime, end: dt.datetime) -> bool:
+        """Whether a served row of these bounds can be this kind's (``apply`` adopting an old lake checks one)."""
+        return True
+
+    def starts_between(self, lo: dt.datetime, hi: dt.datetime) -> tuple[dt.datetime, dt.datetime] | None:
+        """The served window starts that events in [lo, hi] can reach (None: any)."""
+        return None
+
+    def explain(self, phase: str) -> str | None:
+        """A line for ``explain`` about how this kind cuts and merges, per phase."""
+        return None
+
+    # ------------------------------------------------------------------ Spark forms
+    def assign(self, rows: DataFrame, *, event_time: str, keys: Sequence[str]) -> DataFrame:
+        """Raw rows with their stored window bounds (one row per stored window)."""
+        return rows
+
+    def serve(self, rows: DataFrame, keys: Sequence[str]) -> DataFrame:
+        """Stored rows relabelled with the served window(s) they merge into."""
+        return rows
+
+    def merge_stored(self, rows: DataFrame, keys: Sequence[str]) -> DataFrame:
+        """Stored rows of one scope (a key's day) relabelled with the stored row they merge into."""
+        return rows
+
+    def count_once(self, event_time: str) -> Column:
+        """The rows of a group of stored rows, each event once (an aggregate's ``count(*)``)."""
+        from pyspark.sql import functions as F
+
+        return F.count(F.lit(1))
+
+    def is_open(self, watermark: dt.datetime) -> Column:
+        """Whether a stored row still belongs to a window the watermark has not closed."""
+        from pyspark.sql import functions as F
+
+        return F.lit(True)
+
+    def touched(self, changed: DataFrame, keys: Sequence[str]) -> DataFrame:
+        """The served key columns a change of the stored ``changed`` rows rewrites."""
+        return self.serve(changed, keys).select(*keys, *self.bounds).distinct()
+
+    def within(self, stored: DataFrame, changed: DataFrame, keys: Sequence[str], *, anti: bool = False) -> DataFrame:
+        """The ``stored`` rows that merge with the ``changed`` ones into a served row (``anti``: the others)."""
+        columns = [*keys, *self.bounds]
+        return stored.join(changed.select(*columns).distinct(), columns, "left_anti" if anti else "left_semi")
+
+    def reach_of(self, changed: DataFrame, stored: Stored, keys: Sequence[str]) -> Reach:
+        """The served rows a change of the stored ``changed`` rows reaches, and the stored rows they merge."""
+        from pyspark.sql import functions as F
+
+        touched = self.touched(changed, keys)
+        prune, days = None, None
+        if self.bounds:
+            found = touched.agg(F.min("window_start").alias("lo"), F.max("window_end").alias("hi")).first()
+            if found is not None and found["lo"] is not None:
+                prune = ("window_start", found["lo"], found["hi"])
+                days = (found["lo"].date() - _DAY, found["hi"].date() + _DAY)
+        rows = stored.read(days[0] if days else None, days[1] if days else None, None)
+        return Reach(self.within(rows, changed, keys), touched, prune, days)
+
+    # ------------------------------------------------------------------ Arrow and driver forms
+    def serve_arrow(self, rows: pa.Table) -> pa.Table:
+        return rows
+
+    def touched_arrow(self, changed: pa.Table, keys: Sequence[str]) -> pa.Table:
+        """:meth:`touched` of a table on the driver."""
+        columns = [*keys, *self.bounds]
+        return changed.select(columns).group_by(columns, use_threads=False).aggregate([]) if columns else \
+            changed.select([])  # one global key: any row matches every row
+
+    def within_arrow(self, stored: pa.Table, changed: pa.Table, keys: Sequence[str], *, anti: bool = False
+                     ) -> pa.Table:
+        """:meth:`within` of tables on the driver (``anti``: the rows it leaves out)."""
+        hit = key_mask(stored, [*keys, *self.bounds], changed)
+        return stored.filter(pa.array(~hit if anti else hit))
+
+    def serve_rows(self, rows: Iterable[Mapping[str, Any]], keys: Sequence[str]) -> Grouped:
+        """:meth:`serve` of rows on the driver: each served row (its key and bound values) and the rows it merges."""
+        return self.merge_stored_rows(rows, keys)
+
+    def merge_stored_rows(self, rows: Iterable[Mapping[str, Any]], keys: Sequence[str]) -> Grouped:
+        """:meth:`merge_stored` of rows on the driver: each stored row (key and bound values) and its rows."""
+        columns = [*keys, *self.bounds]
+        out: Grouped = defaultdict(list)
+        for row in rows:
+            out[tuple(row[c] for c in columns)].append(row)
+        return out
+
+    def rollup_rows(self, rows: pa.Table) -> pa.Table:
+        """The served rows (with their bounds) that tile rollup buckets: every one, for windows that tile."""
+        return rows
+
+    def is_open_arrow(self, rows: pa.Table, watermark: dt.datetime) -> pa.Array:
+        return pa.array(np.ones(rows.num_rows, dtype=bool))
+
+    # ------------------------------------------------------------------ spec changes
+    def coarsen(self, rows: DataFrame) -> DataFrame:
+        """Stored rows of a finer grid on this kind's (``apply`` of a change that retiles)."""
+        raise NotImplementedError(f"{self} windows are not a grid that coarsens")
+
+    def coarsen_arrow(self, rows: pa.Table) -> pa.Table:
+        raise NotImplementedError(f"{self} windows are not a grid that coarsens")
+
+    def change_to(self, new: WindowKind) -> WindowChange:
+        """What a change from this kind to ``new`` costs (``plan``)."""
+        return WindowChange("raw", f"window {self} -> {new}",
+                            "the stored windows do not tile the new ones: every day's partials are dropped and must "
+                            "be recombined")
+
+
+_DAY = dt.timedelta(days=1)  # windows reach at most a day past their events' day; Spark hands back local times
+
+
+def floor_micros(micros: Column, step: Duration) -> Column:
+    """The start of the ``step`` that holds ``micros``, counted from the epoch as Spark counts windows."""
+    from pyspark.sql import functions as F
+
+    return micros - F.pmod(micros, F.lit(step.micros))
+
+
+def ticks(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Microseconds since the epoch of a timestamp column."""
+    return np.asarray(pc.cast(column, TS).cast(pa.int64()).to_numpy(zero_copy_only=False))
+
+
+def floor_ticks(values: np.ndarray, step: Duration) -> np.ndarray:
+    return values // step.micros * step.micros

@@ -1,0 +1,86 @@
+"""Hopping windows: ``size`` long, one starting every ``slide`` (Spark's ``window(t, size, slide)``). An event is in
+``size / slide`` windows, each stored as it is served; they overlap, so they neither merge into rollups nor
+into a coarser grid."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_jobs.durations import Duration
+from spark_jobs.windows.base import TS, WindowChange, WindowKind
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from pyspark.sql import Column, DataFrame
+
+__all__ = ["Hopping"]
+
+
+@dataclass(frozen=True)
+class Hopping(WindowKind):
+    size: Duration
+    slide: Duration
+    rows_once = False
+
+    def to_dict(self) -> dict[str, str]:
+        return {"size": str(self.size), "slide": str(self.slide)}
+
+    def __str__(self) -> str:
+        return f"{self.size} every {self.slide}"
+
+    @property
+    def windows_per_row(self) -> int:  # type: ignore[override]
+        return -(-self.size.seconds // self.slide.seconds)
+
+    @property
+    def reach(self) -> Duration:
+        return self.size
+
+    @property
+    def rollup_refusal(self) -> str:
+        return ("rollups merge whole tumbling windows, and hopping windows overlap (merging them would count rows "
+                f"several times); declare a window without a slide instead of {self}")
+
+    @property
+    def start_step(self) -> Duration:
+        return self.slide
+
+    def fits(self, start: dt.datetime, end: dt.datetime) -> bool:
+        return (end - start).total_seconds() == self.size.seconds
+
+    def starts_between(self, lo: dt.datetime, hi: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
+        return lo - dt.timedelta(seconds=self.size.seconds), hi
+
+    def assign(self, rows: DataFrame, *, event_time: str, keys: Sequence[str]) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        window = F.window(F.col(event_time), self.size.spark, self.slide.spark)
+        return rows.withColumns({"window_start": window.start, "window_end": window.end})
+
+    def count_once(self, event_time: str) -> Column:
+        """An event's copies count in its last window only: the one it entered less than a slide after the start."""
+        from pyspark.sql import functions as F
+
+        since_start = F.unix_micros(F.col(event_time)) - F.unix_micros(F.col("window_start"))
+        return F.count(F.when(since_start < F.lit(self.slide.micros), 1))
+
+    def is_open(self, watermark: dt.datetime) -> Column:
+        from pyspark.sql import functions as F
+
+        return F.col("window_end") > F.lit(watermark)
+
+    def is_open_arrow(self, rows: pa.Table, watermark: dt.datetime) -> pa.Array:
+        return pc.greater(rows.column("window_end"), pa.scalar(watermark, TS))
+
+    def change_to(self, new: WindowKind) -> WindowChange:
+        if not new.bounds:
+            return WindowChange("raw", "hopping window removed",
+                                "hopping windows overlap, so merging them would count rows twice: every day's "
+                                "partials are dropped and must be recombined")
+        return super().change_to(new)

@@ -1,0 +1,292 @@
+"""Session windows: ``[first event, last event + gap)`` per key, as Flink's MergingWindowSet merges them.
+
+An event at or before ``last + gap`` joins a session, so sessions that touch merge (Spark's ``session_window``,
+Flink's SESSION). Each combine and mini-batch stores the partial sessions of its own rows; a served session is
+the merge of every partial that touches it, however many days and batches they came from. Merging touching
+intervals is exact: each partial holds a run of events less than ``gap`` apart.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_jobs.durations import Duration
+from spark_jobs.key_match import key_mask
+from spark_jobs.windows.base import TS, Grouped, Reach, Stored, WindowChange, WindowKind
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+__all__ = ["Sessions", "cut"]
+
+_EXPLAIN = {
+    "combine": "sessions: per key, events ordered by time; a new session after a gap of more than {gap}; "
+               "window_start = first event, window_end = last event + {gap}",
+    "reduce": "session merge (MergingWindowSet): per key, partial sessions ordered by start; one that starts at or "
+              "before the latest end so far joins it (the halves of a session two days cut, or that an event "
+              "bridges); window_start/end = the merged bounds, then grouped as below",
+    "stream": "sessions: each mini-batch's partial sessions merged with the touched keys' partial sessions that "
+              "count, as the reduce merges them; the state keeps the open sessions per event day"}
+
+
+@dataclass(frozen=True)
+class Sessions(WindowKind):
+    gap: Duration
+    serves_stored = False
+    cut_per_key = True
+    state_covers_reach = False  # a served session outlives the partials of it that left the state
+    changelog_values = ("window_end",)
+
+    def to_dict(self) -> dict[str, str]:
+        return {"gap": str(self.gap)}
+
+    def __str__(self) -> str:
+        return f"sessions (gap {self.gap})"
+
+    @property
+    def reach(self) -> Duration:
+        return self.gap
+
+    @property
+    def rollup_refusal(self) -> str:
+        return ("rollups merge whole tumbling windows, and sessions have no fixed bucket; drop rollups from a "
+                "session pipeline (each session row is in aggregates: `inspect show <pipeline>.aggregates`)")
+
+    def identity(self, group_by: Sequence[str]) -> list[str]:
+        """A session is named by its key and start: one that grows keeps its name, one a merge moves is new."""
+        return [*group_by, "window_start"]
+
+    def explain(self, phase: str) -> str | None:
+        return _EXPLAIN[phase].format(gap=self.gap)
+
+    def change_to(self, new: WindowKind) -> WindowChange:
+        return WindowChange("raw", f"window {self} -> {new if new.bounds else 'none'}",
+                            "sessions are cut from the events: every day's partials are dropped and must be "
+                            "recombined")
+
+    # ------------------------------------------------------------------ Spark forms
+    def assign(self, rows: DataFrame, *, event_time: str, keys: Sequence[str]) -> DataFrame:
+        """Each row's session among these rows: a new one per key when an event is more than ``gap`` after the
+        one before it (gaps and islands)."""
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        gap = F.lit(self.gap.micros)
+        t = F.unix_micros(F.col(event_time))
+        by_key = Window.partitionBy(*keys).orderBy(t)
+        before = F.lag(t).over(by_key)
+        new = F.when(before.isNull() | (t - before > gap), 1).otherwise(0)
+        rows = rows.withColumn("_session", F.sum(new).over(by_key.rowsBetween(Window.unboundedPreceding,
+                                                                               Window.currentRow)))
+        session = Window.partitionBy(*keys, "_session")
+        return (rows.withColumn("window_start", F.timestamp_micros(F.min(t).over(session)))
+                .withColumn("window_end", F.timestamp_micros(F.max(t).over(session) + gap))
+                .drop("_session"))
+
+    def serve(self, rows: DataFrame, keys: Sequence[str]) -> DataFrame:
+        """Partial sessions relabelled with the session they belong to: per key, sorted by start, a partial joins
+        the one before it when it starts at or before the latest end so far."""
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        by_key = Window.partitionBy(*keys).orderBy("window_start", "window_end")
+        latest = F.max("window_end").over(by_key.rowsBetween(Window.unboundedPreceding, -1))
+        new = F.when(latest.isNull() | (F.col("window_start") > latest), 1).otherwise(0)
+        rows = rows.withColumn("_new", new).withColumn(
+            "_session", F.sum("_new").over(by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)))
+        session = Window.partitionBy(*keys, "_session")
+        return (rows.withColumn("window_start", F.min("window_start").over(session))
+                .withColumn("window_end", F.max("window_end").over(session))
+                .drop("_new", "_session"))
+
+    def merge_stored(self, rows: DataFrame, keys: Sequence[str]) -> DataFrame:
+        return self.serve(rows, keys)
+
+    def is_open(self, watermark: dt.datetime) -> Column:
+        """An event at the watermark still joins a session ending there."""
+        from pyspark.sql import functions as F
+
+        return F.col("window_end") >= F.lit(watermark)
+
+    def touched(self, changed: DataFrame, keys: Sequence[str]) -> DataFrame:
+        return changed.select(*keys).distinct()
+
+    def within(self, stored: DataFrame, changed: DataFrame, keys: Sequence[str], *, anti: bool = False) -> DataFrame:
+        if not keys:
+            return stored.limit(0) if anti else stored
+        return stored.join(changed.select(*keys).distinct(), list(keys), "left_anti" if anti else "left_semi")
+
+    def reach_of(self, changed: DataFrame, stored: Stored, keys: Sequence[str]) -> Reach:
+        """The sessions the ``changed`` partial sessions reach, whole, reading only the days of stored partials
+        they reach. A partial session of day d starts on d and ends before d + 1 day + gap: so sessions merged
+        from the partials of days [a, b] and the changed ones are whole when each that holds a changed partial
+        starts at or after a + gap (no partial of an earlier day can touch it) and ends before b + 1 day (nor of
+        a later one); otherwise the days widen, for the keys of those sessions only, and they merge again (a heavy
+        user's session may span every day). Sessions that hold no changed partial are the same after the change:
+        they are neither read whole nor rewritten."""
+        from pyspark.sql import functions as F
+
+        group = list(keys)
+        span = changed.agg(F.min("window_start").alias("lo"), F.max("window_end").alias("hi")).first()
+        if span is None or span["lo"] is None:
+            empty = changed.select(*group, *self.bounds).limit(0)
+            return Reach(changed.limit(0), empty, read_version=None)
+        widen = _Widening(self, group, changed, stored, (_utc(span["lo"]).date(), _utc(span["hi"]).date()))
+        reached, read = widen.run()
+        known = read if read is not None else changed.limit(0)
+
+        def inside(rows: DataFrame) -> DataFrame:
+            joined = rows.join(reached, group) if group else rows.crossJoin(reached)
+            return joined.where((F.col("window_start") <= F.col("_hi")) & (F.col("window_end") >= F.col("_lo"))) \
+                .drop("_lo", "_hi")
+
+        served, version = stored.served()
+        touched = changed.select(*group, *self.bounds).limit(0)
+        if served is not None:
+            touched = inside(served.select(*group, *self.bounds)).persist()
+            widen.cached.append(touched)
+        found = reached.agg(F.min("_lo").alias("lo"), F.max("_hi").alias("hi")).first()
+        prune = ("window_start", found["lo"], found["hi"]) if found is not None and found["lo"] is not None else None
+        return Reach(inside(known), touched, prune, (widen.lo, widen.hi), version, tuple(widen.cached))
+
+    # ------------------------------------------------------------------ Arrow forms
+    def serve_arrow(self, rows: pa.Table) -> pa.Table:
+        raise NotImplementedError("the driver merges sessions through windows.session.cut")
+
+    def within_arrow(self, stored: pa.Table, changed: pa.Table, keys: Sequence[str], *, anti: bool = False
+                     ) -> pa.Table:
+        hit = key_mask(stored, keys, changed) if keys else np.ones(stored.num_rows, dtype=bool)
+        return stored.filter(pa.array(~hit if anti else hit))
+
+    def merge_stored_rows(self, rows: Iterable[Mapping[str, Any]], keys: Sequence[str]) -> Grouped:
+        out: Grouped = {}
+        for key, sessions in cut(rows, keys).items():
+            for session in sessions:
+                bounds = (min(r["window_start"] for r in session), max(r["window_end"] for r in session))
+                out[(*key, *bounds)] = session
+        return out
+
+    def is_open_arrow(self, rows: pa.Table, watermark: dt.datetime) -> pa.Array:
+        return pc.greater_equal(rows.column("window_end"), pa.scalar(watermark, TS))
+
+
+class _Widening:
+    """The days of stored partials read for a reach, widened until every session holding a changed partial is
+    whole (see :meth:`Sessions.reach_of`)."""
+
+    def __init__(self, kind: Sessions, group: list[str], changed: DataFrame, stored: Stored,
+                 days: tuple[dt.date, dt.date]) -> None:
+        from pyspark.sql import functions as F
+
+        self.kind, self.group, self.stored = kind, group, stored
+        self.gap = dt.timedelta(seconds=kind.gap.seconds)
+        self.spans = changed.select(*group, "window_start", "window_end", F.lit(True).alias("_live"))
+        self.pending = changed.select(*group).distinct()  # the keys whose sessions may reach past the days read
+        self.lo, self.hi = days
+        self.cached: list[DataFrame] = []
+
+    def run(self) -> tuple[DataFrame, DataFrame | None]:
+        """The reached sessions (key columns, ``_lo``, ``_hi``) and the stored partials read (None: none)."""
+        from pyspark.sql import functions as F
+
+        known: DataFrame | None = None
+        done: tuple[dt.date, dt.date] | None = None  # the days read so far for the pending keys
+        while True:
+            rows = self._read(done)
+            if rows is not None:
+                known = rows if known is None else known.unionByName(rows)
+            base = self.spans.limit(0).drop("_live") if known is None else known.select(
+                *self.group, "window_start", "window_end")
+            reached = self._reached(base)
+            short = self._short(reached)
+            bounds = short.agg(F.min("_lo").alias("lo"), F.max("_hi").alias("hi")).first()
+            if bounds is None or bounds["lo"] is None:
+                return reached, known
+            done, self.pending = (self.lo, self.hi), short.select(*self.group).distinct()
+            first, last = _utc(bounds["lo"]), _utc(bounds["hi"])
+            if first < _midnight(self.lo) + self.gap:
+                self.lo = min(self.lo - dt.timedelta(days=1), (first - self.gap).date())
+            if last >= _midnight(self.hi + dt.timedelta(days=1)):
+                self.hi = max(self.hi + dt.timedelta(days=1), last.date())
+
+    def _read(self, done: tuple[dt.date, dt.date] | None) -> DataFrame | None:
+        from pyspark.sql import functions as F
+
+        parts = [(self.lo, self.hi)] if done is None else [
+            (a, b) for a, b in ((self.lo, done[0] - dt.timedelta(days=1)), (done[1] + dt.timedelta(days=1), self.hi))
+            if a <= b]
+        if self.stored.days is None:  # nothing stored yet
+            return None
+        first, last = self.stored.days
+        parts = [(max(a, first), min(b, last)) for a, b in parts if a <= last and b >= first]
+        frames = [self.stored.read(a, b, F.broadcast(self.pending) if self.group else None) for a, b in parts]
+        if not frames:
+            return None
+        out = frames[0]
+        for frame in frames[1:]:
+            out = out.unionByName(frame)
+        return out
+
+    def _reached(self, known: DataFrame) -> DataFrame:
+        """The sessions (key, ``_lo``, ``_hi``) of the known and changed partials that hold a changed one."""
+        from pyspark.sql import functions as F
+
+        from_known = known.select(*self.group, "window_start", "window_end", F.lit(False).alias("_live"))
+        sessions = self.kind.serve(from_known.unionByName(self.spans), self.group)
+        reached = (sessions.groupBy(*self.group, "window_start", "window_end").agg(F.max("_live").alias("_live"))
+                   .where("_live").select(*self.group, F.col("window_start").alias("_lo"),
+                                          F.col("window_end").alias("_hi")).persist())
+        self.cached.append(reached)
+        return reached
+
+    def _short(self, reached: DataFrame) -> DataFrame:
+        """The reached sessions of pending keys that may reach stored partials of days not read yet."""
+        from pyspark.sql import functions as F
+
+        first, last = self.stored.days or (self.lo, self.hi)
+        earlier = (F.col("_lo") < F.lit(_midnight(self.lo) + self.gap)) if self.lo > first else F.lit(False)
+        later = (F.col("_hi") >= F.lit(_midnight(self.hi + dt.timedelta(days=1)))) if self.hi < last else F.lit(False)
+        short = reached.join(self.pending, self.group, "left_semi") if self.group else reached
+        short = short.where(earlier | later).persist()
+        self.cached.append(short)
+        return short
+
+
+def cut(rows: Iterable[Mapping[str, Any]], by: Sequence[str]) -> dict[tuple[Any, ...], list[list[Mapping[str, Any]]]]:
+    """The driver's form of :meth:`Sessions.serve`: partial sessions (rows with ``window_start``/``window_end``) per
+    ``by`` key, cut into sessions: sorted by start, a partial joins the session before it when it starts at or
+    before its latest end."""
+    by_key: dict[tuple[Any, ...], list[Mapping[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_key[tuple(row[k] for k in by)].append(row)
+    out: dict[tuple[Any, ...], list[list[Mapping[str, Any]]]] = {}
+    for key, partials in by_key.items():
+        partials.sort(key=lambda r: (r["window_start"], r["window_end"]))
+        sessions: list[list[Mapping[str, Any]]] = []
+        latest = None
+        for row in partials:
+            if latest is None or row["window_start"] > latest:
+                sessions.append([row])
+                latest = row["window_end"]
+            else:
+                sessions[-1].append(row)
+                latest = max(latest, row["window_end"])
+        out[key] = sessions
+    return out
+
+
+def _midnight(day: dt.date) -> dt.datetime:
+    return dt.datetime.combine(day, dt.time(), dt.UTC)
+
+
+def _utc(value: dt.datetime) -> dt.datetime:
+    """Spark hands timestamps back as naive local time."""
+    return value.astimezone(dt.UTC)

@@ -1,0 +1,102 @@
+"""Tumbling windows: ``[k·size, (k+1)·size)`` from the epoch, as Spark's ``window`` counts them. Each event is in one
+window; stored and served rows are the same windows, and a coarser tumbling grid is a merge of whole windows."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_jobs.durations import Duration
+from spark_jobs.windows.base import TS, WindowChange, WindowKind, floor_micros, floor_ticks, ticks
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from pyspark.sql import Column, DataFrame
+
+__all__ = ["Tumbling", "TiledWindows"]
+
+
+@dataclass(frozen=True)
+class TiledWindows(WindowKind):
+    """Windows over a grid of tiles from the epoch (tumbling, and the slices of cumulative windows)."""
+
+    size: Duration
+
+    @property
+    def grid(self) -> Duration:
+        """The stored rows' tile: an event's stored window is the tile that holds it."""
+        return self.size
+
+    @property
+    def reach(self) -> Duration:
+        return self.size
+
+    @property
+    def tile(self) -> Duration:
+        return self.size
+
+    @property
+    def start_step(self) -> Duration:
+        return self.size
+
+    def fits(self, start: dt.datetime, end: dt.datetime) -> bool:
+        return (end - start).total_seconds() == self.size.seconds
+
+    def starts_between(self, lo: dt.datetime, hi: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
+        return lo - dt.timedelta(seconds=self.size.seconds), hi
+
+    def assign(self, rows: DataFrame, *, event_time: str, keys: Sequence[str]) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        window = F.window(F.col(event_time), self.grid.spark)
+        return rows.withColumns({"window_start": window.start, "window_end": window.end})
+
+    def coarsen(self, rows: DataFrame) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        start = floor_micros(F.unix_micros(F.col("window_start")), self.grid)
+        return rows.withColumns({"window_start": F.timestamp_micros(start),
+                                 "window_end": F.timestamp_micros(start + F.lit(self.grid.micros))})
+
+    def coarsen_arrow(self, rows: pa.Table) -> pa.Table:
+        start = floor_ticks(ticks(rows.column("window_start")), self.grid)
+        rows = rows.drop_columns(["window_start", "window_end"])
+        return rows.append_column("window_start", pa.array(start).cast(TS)).append_column(
+            "window_end", pa.array(start + self.grid.micros).cast(TS))
+
+    def is_open(self, watermark: dt.datetime) -> Column:
+        from pyspark.sql import functions as F
+
+        return F.col("window_end") > F.lit(watermark)
+
+    def is_open_arrow(self, rows: pa.Table, watermark: dt.datetime) -> pa.Array:
+        return pc.greater(rows.column("window_end"), pa.scalar(watermark, TS))
+
+    def change_to(self, new: WindowKind) -> WindowChange:
+        if isinstance(new, TiledWindows) and new.grid.seconds % self.grid.seconds == 0:
+            n = new.grid.seconds // self.grid.seconds
+            effect = (f"each {new.grid} tile merges its {n} {self.grid} tiles" if n > 1 else
+                      f"the stored {self.grid} tiles stand; aggregates merge them into the new windows")
+            return WindowChange("stored", f"window {self} -> {new}", effect, retile=n > 1)
+        if not new.bounds:
+            return WindowChange("stored", f"window of {self} removed", "every key's windows are merged into one row",
+                                unwindow=True)
+        how = ("refined" if isinstance(new, TiledWindows) and new.grid.seconds < self.grid.seconds
+               else "shifted or made hopping")
+        return WindowChange("raw", f"window {self} -> {new} ({how})",
+                            "the stored windows do not tile the new ones: every day's partials are dropped and must "
+                            "be recombined")
+
+
+@dataclass(frozen=True)
+class Tumbling(TiledWindows):
+    def to_dict(self) -> dict[str, str]:
+        return {"size": str(self.size)}
+
+    def __str__(self) -> str:
+        return str(self.size)

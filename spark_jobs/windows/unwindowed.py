@@ -1,0 +1,31 @@
+"""No window: each key's aggregate over all time (Flink's group aggregation). Stored rows are a key's rows of a
+day; nothing closes, so the stream's state of a key lives as long as the key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spark_jobs.windows.base import WindowChange, WindowKind
+
+__all__ = ["Unwindowed"]
+
+
+@dataclass(frozen=True)
+class Unwindowed(WindowKind):
+    bounds = ()
+    closes = False
+
+    def to_dict(self) -> None:
+        return None
+
+    def __str__(self) -> str:
+        return "none"
+
+    @property
+    def rollup_refusal(self) -> str:
+        return ("rollups merge whole tumbling windows, and without a window aggregates hold all time per key; "
+                "declare a window without a slide, e.g. {size: 1 hour}")
+
+    def change_to(self, new: WindowKind) -> WindowChange:
+        return WindowChange("raw", f"window added: {new}",
+                            "the stored rows span all time: every day's partials are dropped and must be recombined")
