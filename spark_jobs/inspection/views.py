@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -26,7 +25,7 @@ import pyarrow.compute as pc
 from spark_jobs.errors import InspectError, LakeError
 from spark_jobs.inspection.where import parse_where
 from spark_jobs.lake import GUARD_PREFIX
-from spark_jobs.lake.reader import Snapshot, commit_time, is_table, open_table
+from spark_jobs.lake.reader import READ_ERRORS, CommitChange, Snapshot, commit_time, is_table, open_table
 from spark_jobs.lake.runs_table import dead_letter_rows_by_run, read_runs
 from spark_jobs.lake.tables import TABLES, is_table_name
 
@@ -90,7 +89,7 @@ def _inside(path: str | Path, root: str | Path) -> bool:
 def _is_delta(path: str) -> bool:
     try:
         return is_table(path)
-    except Exception:
+    except READ_ERRORS:  # a path that is a file, or that cannot be listed: no table there
         return False
 
 
@@ -139,7 +138,7 @@ def resolve_table(name: str, lake: str | None, *, confined: bool = False) -> Tab
 def _latest(ref: TableRef) -> Snapshot:
     try:
         return open_table(ref.path)
-    except Exception as exc:
+    except READ_ERRORS as exc:
         raise LakeError(f"cannot read Delta table {ref.name} at {ref.path}: {exc}") from exc
 
 
@@ -193,7 +192,7 @@ def open_version(ref: TableRef, *, version: int | None = None, as_of: str | dt.d
         return latest
     try:
         return latest.at(version)
-    except Exception as exc:
+    except READ_ERRORS as exc:
         raise InspectError(f"version {version} of {ref.name} can no longer be read (its log or files were "
                            f"cleaned up): {exc}; list readable versions with: inspect history {ref.name}") from exc
 
@@ -241,7 +240,7 @@ def list_tables(lake: str, *, pipeline: str | None = None) -> pa.Table:
             continue
         try:
             summary = table_summary(entry["path"])
-        except Exception as exc:
+        except READ_ERRORS as exc:
             raise LakeError(f"cannot read Delta table {entry['table']} at {entry['path']}: {exc}") from exc
         rows.append({"table": entry["table"], **summary, "path": entry["path"]})
     schema = pa.schema([("table", pa.string()), ("version", pa.int64()), ("rows", pa.int64()), ("files", pa.int64()),
@@ -251,15 +250,10 @@ def list_tables(lake: str, *, pipeline: str | None = None) -> pa.Table:
 
 
 # --------------------------------------------------------------------------- history
-def _num_records(add: dict[str, Any]) -> int | None:
-    try:
-        return int(json.loads(add.get("stats") or "{}")["numRecords"])
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-def _consumed(commit: dict[str, Any], txns: list[tuple[str, int]]) -> str:
-    parts = [f"txn {app}={v}" for app, v in txns]
+def _consumed(commit: dict[str, Any], change: CommitChange) -> str:
+    """The commit's app transactions (guards left out) and the inputs its commit info records."""
+    txns = [t for t in change.app_txns if not t.app_id.startswith(GUARD_PREFIX)]
+    parts = [f"txn {t.app_id}={t.version}" for t in txns]
     raw = commit.get("inputs")
     try:
         inputs = json.loads(raw) if isinstance(raw, str) else (raw or [])
@@ -284,49 +278,21 @@ def history(ref: TableRef, *, limit: int | None = None) -> pa.Table:
 
     ``consumed`` lists the commit's Delta app transactions (``txn <app id>=<input version>``, e.g. the
     ``partials`` version a reduce merged) and its recorded inputs (a combine's landing partition).
-    Row counts come from the commit's file statistics; a removed file's rows from the snapshot it left.
+    Row counts come from the file statistics of the snapshots before and after the commit.
     """
     latest = _latest(ref)
-    entries = sorted(latest.history(limit), key=lambda h: int(h["version"]))
-    if not entries:
-        return pa.Table.from_pylist([], schema=_HISTORY_SCHEMA)
-    first = int(entries[0]["version"])
-    records: dict[str, int | None] = {}
-    if first > 0:
-        try:
-            actions = latest.at(first - 1).add_actions()
-            records = {unquote(p): n for p, n in zip(actions["path"].to_pylist(), actions["num_records"].to_pylist(),
-                                                     strict=True)}
-        except Exception:
-            records = {}
+    entries = sorted(latest.history(limit), key=lambda h: int(h["version"]), reverse=True)
+    changes = {c.version: c for c in latest.commit_changes(int(entries[-1]["version"]))} if entries else {}
     rows = []
     for entry in entries:
         v = int(entry["version"])
-        actions_ = latest.commit_actions(v)
-        added = removed = rows_added = rows_removed = None
-        txns: list[tuple[str, int]] = []
-        if actions_ is not None:
-            added = removed = rows_added = rows_removed = 0
-            for action in actions_:
-                if "add" in action:
-                    add = action["add"]
-                    n = _num_records(add)
-                    records[unquote(add["path"])] = n
-                    added += 1
-                    rows_added = None if n is None or rows_added is None else rows_added + n
-                elif "remove" in action:
-                    n = records.pop(unquote(action["remove"]["path"]), None)
-                    removed += 1
-                    rows_removed = None if n is None or rows_removed is None else rows_removed + n
-                elif "txn" in action and not str(action["txn"].get("appId")).startswith(GUARD_PREFIX):
-                    txns.append((str(action["txn"].get("appId")), int(action["txn"].get("version", -1))))
+        change = changes.get(v) or CommitChange(v)
         rows.append({
             "version": v, "committed_at": commit_time(entry), "operation": entry.get("operation", ""),
             "run_id": entry.get("run_id"), "job": entry.get("job"), "batch": entry.get("batch"),
-            "files_added": added, "files_removed": removed, "rows_added": rows_added, "rows_removed": rows_removed,
-            "consumed": _consumed(entry, txns),
+            "files_added": change.files_added, "files_removed": change.files_removed,
+            "rows_added": change.rows_added, "rows_removed": change.rows_removed, "consumed": _consumed(entry, change),
         })
-    rows.reverse()
     return pa.Table.from_pylist(rows, schema=_HISTORY_SCHEMA)
 
 
@@ -534,18 +500,7 @@ def diff(ref: TableRef, *, from_version: int, to_version: int | None = None, key
     removed = joined.filter(pc.invert(in_new)).select([*key_cols, *(f"{c}.old" for c in compared)])
     removed = removed.rename_columns([*key_cols, *compared]).sort_by(order)
     both = joined.filter(pc.and_(in_old, in_new))
-    masks = {c: _differs(both[f"{c}.old"], both[f"{c}.new"]) for c in compared}
-    any_change = pa.chunked_array([pa.array([False] * both.num_rows, pa.bool_())])
-    for m in masks.values():
-        any_change = pc.or_(any_change, m)
-    changed_rows = both.filter(any_change)
-    cols = [*key_cols]
-    for c in compared:
-        cols.extend([f"{c}.old", f"{c}.new"])
-    changed_rows = changed_rows.select(cols).sort_by(order).slice(0, limit)
-    changed_cols = [[c for c in compared if _row_differs(changed_rows, c, i)] for i in range(changed_rows.num_rows)]
-    changed = changed_rows.append_column("changed_columns", pa.array(changed_cols, pa.list_(pa.string())))
-    n_changed = int(pc.sum(any_change).as_py() or 0)
+    changed, n_changed = _changed(both, key_cols, compared, limit)
     return TableDiff(
         table=ref.name, from_version=old_t.version(), to_version=to_v, keys=key_cols, compared=compared,
         added=added.slice(0, limit), removed=removed.slice(0, limit), changed=changed,
@@ -554,6 +509,21 @@ def diff(ref: TableRef, *, from_version: int, to_version: int | None = None, key
         columns_added=[c for c in new_s.names if c not in old_s.names],
         columns_removed=[c for c in old_s.names if c not in new_s.names],
     )
+
+
+def _changed(both: pa.Table, key_cols: list[str], compared: list[str], limit: int) -> tuple[pa.Table, int]:
+    """Of the keys in both versions, the first ``limit`` whose compared columns differ (old and new values, and
+    which columns), and how many differ in all."""
+    any_change = pa.chunked_array([pa.array([False] * both.num_rows, pa.bool_())])
+    for c in compared:
+        any_change = pc.or_(any_change, _differs(both[f"{c}.old"], both[f"{c}.new"]))
+    cols = [*key_cols]
+    for c in compared:
+        cols.extend([f"{c}.old", f"{c}.new"])
+    rows = both.filter(any_change).select(cols).sort_by([(k, "ascending") for k in key_cols]).slice(0, limit)
+    changed_cols = [[c for c in compared if _row_differs(rows, c, i)] for i in range(rows.num_rows)]
+    changed = rows.append_column("changed_columns", pa.array(changed_cols, pa.list_(pa.string())))
+    return changed, int(pc.sum(any_change).as_py() or 0)
 
 
 def _row_differs(rows: pa.Table, column: str, i: int) -> bool:
@@ -587,6 +557,23 @@ _RUNS_SCHEMA = pa.schema([
 ])
 
 
+def _run_row(r: dict[str, Any], pipeline: str, dead: dict[str, int]) -> dict[str, Any]:
+    """One recorded run as ``runs`` shows it (``dead``: dead-letter rows per run id)."""
+    n_in, n_agg, n_rej = r.get("rows_in"), r.get("rows_aggregated"), r.get("rows_rejected")
+    return {
+        "run_id": r.get("run_id"), "pipeline": r.get("pipeline") or pipeline, "job": r.get("job"),
+        "batch": r.get("batch"), "status": r.get("status"), "started_at": r.get("started_at"),
+        "duration_s": None if r.get("duration_s") is None else round(r["duration_s"], 2),
+        "attempts": r.get("attempts") or 1,  # runs recorded before attempts were counted made one
+        "rows_in": n_in, "rows_aggregated": n_agg, "rows_rejected": n_rej,
+        "reconciles": None if n_in is None or n_agg is None or n_rej is None else n_in == n_agg + n_rej,
+        "files_quarantined": r.get("files_quarantined") or 0, "files_skipped": r.get("files_skipped") or 0,
+        "dead_letter_rows": dead.get(r.get("run_id") or "", 0),
+        "read": _compact_versions(r.get("versions_read")), "wrote": _compact_versions(r.get("versions_written")),
+        "message": r.get("message") or "",
+    }
+
+
 def runs(lake: str, *, pipeline: str | None = None, limit: int | None = None) -> pa.Table:
     """Every job run recorded in the lake (or one pipeline's), oldest first (the last ``limit``).
 
@@ -608,26 +595,13 @@ def runs(lake: str, *, pipeline: str | None = None, limit: int | None = None) ->
         name = entry["table"].split(".")[0]
         try:
             recorded = read_runs(entry["path"])
-        except Exception as exc:
+        except READ_ERRORS as exc:
             raise LakeError(f"cannot read {entry['table']}: {exc}") from exc
         dead: dict[str, int] = {}
         dl_path = os.path.join(os.path.dirname(entry["path"]), "dead_letter")
         if _inside(dl_path, lake) and _is_delta(dl_path):
             dead = dead_letter_rows_by_run(dl_path)
-        for r in recorded:
-            n_in, n_agg, n_rej = r.get("rows_in"), r.get("rows_aggregated"), r.get("rows_rejected")
-            rows.append({
-                "run_id": r.get("run_id"), "pipeline": r.get("pipeline") or name, "job": r.get("job"),
-                "batch": r.get("batch"), "status": r.get("status"), "started_at": r.get("started_at"),
-                "duration_s": None if r.get("duration_s") is None else round(r["duration_s"], 2),
-                "attempts": r.get("attempts") or 1,  # runs recorded before attempts were counted made one
-                "rows_in": n_in, "rows_aggregated": n_agg, "rows_rejected": n_rej,
-                "reconciles": None if n_in is None or n_agg is None or n_rej is None else n_in == n_agg + n_rej,
-                "files_quarantined": r.get("files_quarantined") or 0, "files_skipped": r.get("files_skipped") or 0,
-                "dead_letter_rows": dead.get(r.get("run_id") or "", 0),
-                "read": _compact_versions(r.get("versions_read")), "wrote": _compact_versions(r.get("versions_written")),
-                "message": r.get("message") or "",
-            })
+        rows.extend(_run_row(r, name, dead) for r in recorded)
     far_past = dt.datetime.min.replace(tzinfo=dt.UTC)
     rows.sort(key=lambda r: (r["started_at"] or far_past, r["run_id"] or ""))
     if limit is not None:

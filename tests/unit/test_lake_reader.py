@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import time
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from spark_jobs.lake.reader import is_table, open_table, table_version
+from spark_jobs.lake import AppTxn
+from spark_jobs.lake.reader import CommitChange, is_table, open_table, table_version
 from spark_jobs.lake.runs_table import ROLLBACK, RUNS_SCHEMA, dead_letter_rows_by_run, latest_combines, read_runs
 
 UTC = dt.UTC
@@ -33,15 +35,35 @@ def test_a_snapshot_reads_versions_metadata_log_and_rows(tmp_path):
     assert [h["version"] for h in table.history()] == [1, 0] and len(table.history(1)) == 1
     assert table.version_at(between) == 0 and table.version_at(dt.datetime.now(UTC)) == 1
     assert table.version_at(dt.datetime(2000, 1, 1, tzinfo=UTC)) is None
-    actions = table.commit_actions(1)
-    assert actions is not None and sum("add" in a for a in actions) == 1
-    assert table.commit_actions(7) is None
     assert sorted(table.read(["x"]).column("x").to_pylist()) == [1, 2, 3]
     assert table.read(["x"], filter=pc.field("day") == "d1").column("x").to_pylist() in ([1, 3], [3, 1])
     assert table.head(1, columns=["x"]).num_rows == 1
     first = table.at(0)
     assert first.version() == 0 and first.read().num_rows == 2
     assert open_table(path, 0).read().num_rows == 2
+
+
+def test_commit_changes_count_files_rows_and_app_transactions_of_each_commit(tmp_path):
+    path = str(tmp_path / "t")
+    write_deltalake(path, pa.table({"day": ["d1", "d1", "d2"], "x": [1, 2, 3]}), partition_by=["day"])
+    write_deltalake(path, pa.table({"day": ["d1"], "x": [4]}), partition_by=["day"], mode="append",
+                    commit_properties=CommitProperties(app_transactions=[Transaction("views.reduce", 7)]))
+    write_deltalake(path, pa.table({"day": ["d1"], "x": [5]}), partition_by=["day"], mode="overwrite",
+                    predicate="day = 'd1'")
+    txn = (AppTxn("views.reduce", 7),)
+    changes = open_table(path).commit_changes(0)
+    assert changes == [
+        CommitChange(0, files_added=2, files_removed=0, rows_added=3, rows_removed=0),
+        CommitChange(1, files_added=1, files_removed=0, rows_added=1, rows_removed=0, app_txns=txn),
+        CommitChange(2, files_added=1, files_removed=2, rows_added=1, rows_removed=3),
+    ]
+    assert open_table(path).commit_changes(2) == changes[2:]  # removed rows from the snapshot before
+
+    DeltaTable(path, version=1).create_checkpoint()
+    os.remove(os.path.join(path, "_delta_log", f"{0:020d}.json"))  # log cleanup: version 0 is gone
+    assert open_table(path).commit_changes(1) == [  # a file of version 0 was removed: its rows are not known
+        changes[1], CommitChange(2, files_added=1, files_removed=2, rows_added=1, rows_removed=None)]
+    assert open_table(path).commit_changes(0)[0] == CommitChange(0)  # its log file is gone: nothing is known
 
 
 def _run(job: str, batch: str | None, status: str, started: int, finished: int, rows: int,
