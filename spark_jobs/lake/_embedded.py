@@ -27,6 +27,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -37,7 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 from deltalake import Schema as DeltaSchema
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction, create_table_with_add_actions
 
 from spark_jobs._failpoints import failpoint
@@ -206,7 +207,7 @@ class EmbeddedLake:
             return DeltaTable(local, version=version)
         except TableNotFoundError:
             return None
-        except Exception as exc:  # delta-rs raises plain exceptions for unknown versions
+        except (DeltaError, OSError, OverflowError) as exc:  # out of range, cleaned up, corrupt; OverflowError: < 0
             raise LakeError(f"cannot load version {version} of Delta table {path}: {exc}") from exc
 
     def version(self, path: str) -> int | None:
@@ -455,57 +456,67 @@ class EmbeddedLake:
         ``overwrite`` replaces every row and may change the columns (a spec change)."""
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        if isinstance(df, list):
-            schema = _nullable(df[0].schema)
-        else:
-            schema = _nullable(to_arrow_schema(df.schema, timezone="UTC"))
-        table_name = Path(_local(path)).name
-        planned = not isinstance(snapshot, str)
+        schema = _nullable(df[0].schema if isinstance(df, list) else to_arrow_schema(df.schema, timezone="UTC"))
+        name = Path(_local(path)).name
+        self._check_target(self.table(path) if isinstance(snapshot, str) else snapshot, path, schema, partition_by,
+                           overwrite=overwrite)
+        staged = self._stage(_sorted(df, sort_by), path, partition_by)
+        write = _Write(path, name, schema, tuple(partition_by), [a for a, _ in staged], tuple(removes), replace,
+                       overwrite, metadata, self._app_txns(path, app_txn, app_txns))
+        self._commit_retrying(write, snapshot)
+        failpoint(f"commit:{name}:after")
+        dt = DeltaTable(_local(path))
+        return Commit(dt.version(), files_added=len(staged), files_removed=len(removes),
+                      rows_added=sum(rows for _, rows in staged))
+
+    def _app_txns(self, path: str, app_txn: AppTxn | None, app_txns: Sequence[AppTxn]) -> list[Transaction]:
+        """The input versions a commit records, and the spec version on a spec-shaped table (unless
+        ``app_txns`` records it already)."""
         txns = [Transaction(t.app_id, t.version) for t in ([app_txn] if app_txn else [])]
         txns += [Transaction(t.app_id, t.version) for t in app_txns]
         spec_txn = self.spec_txn if self.spec_txn is not None and is_spec_shaped(path) else None
         if spec_txn is not None and all(t.app_id != spec_txn.app_id for t in app_txns):
             txns.append(Transaction(spec_txn.app_id, spec_txn.version))
-        self._check_target(self.table(path) if isinstance(snapshot, str) else snapshot, path, schema, partition_by,
-                           overwrite=overwrite)
-        if isinstance(df, list):
-            tables = [t.sort_by([(c, "ascending") for c in sort_by]) if sort_by else t for t in df]
-            adds = self._stage(tables, path, partition_by)
-        else:
-            adds = self._stage(df.sortWithinPartitions(*sort_by) if sort_by else df, path, partition_by)
-        rows = sum(a_rows for _, a_rows in adds)
+        return txns
+
+    def _commit_retrying(self, write: _Write, snapshot: DeltaTable | Literal["latest"] | None) -> None:
+        """Commit ``write`` against ``snapshot``; ``"latest"``: against the latest version, again (up to
+        ``_COMMIT_TRIES`` times) when a concurrent commit wins the race."""
+        planned = not isinstance(snapshot, str)
         for attempt in range(1, 2 if planned else _COMMIT_TRIES + 1):
-            existing = snapshot if not isinstance(snapshot, str) else self.table(path)
-            self._check_target(existing, path, schema, partition_by, overwrite=overwrite)
+            existing = snapshot if not isinstance(snapshot, str) else self.table(write.path)
+            self._check_target(existing, write.path, write.schema, write.partition_by, overwrite=write.overwrite)
             now = int(time.time() * 1000)
-            guards = [Transaction(_guard(replace), now)] if replace is not None or planned else []
-            props = CommitProperties(custom_metadata=_meta(metadata), app_transactions=(txns + guards) or None)
-            remove_actions = [RemoveAction(f.path, True, now, f.size, dict(f.partition_values)) for f in removes]
-            failpoint(f"commit:{table_name}:before")
+            failpoint(f"commit:{write.name}:before")
             try:
-                if existing is None:
-                    existing = self._create(path, schema, [a for a, _ in adds], partition_by, props, join=not planned)
-                if existing is not None and (replace is not None or overwrite):
-                    filters = [(k, "=", v) for k, v in replace.items()] if replace is not None else None
-                    existing.create_write_transaction([a for a, _ in adds], "overwrite", schema,
-                                                      partition_by=list(partition_by) or None,
-                                                      partition_filters=filters, commit_properties=props)
-                elif existing is not None:
-                    existing.create_write_transaction([*(a for a, _ in adds), *remove_actions], "append", schema,
-                                                      partition_by=list(partition_by) or None, commit_properties=props)
+                self._commit_once(write, existing, now=now, planned=planned)
+                return
             except CommitFailedError as exc:
                 if planned or attempt == _COMMIT_TRIES:
-                    raise ConflictError(f"commit to Delta table {path} lost to a concurrent writer: {exc}") from exc
+                    raise ConflictError(f"commit to Delta table {write.path} lost to a concurrent writer: {exc}") from exc
                 time.sleep(random.uniform(0, 0.05 * 2 ** attempt))  # re-check and commit against the new snapshot
-                continue
-            except ConflictError:
-                raise
-            except Exception as exc:
-                raise LakeError(f"commit to Delta table {path} failed: {exc}") from exc
-            break
-        failpoint(f"commit:{table_name}:after")
-        dt = DeltaTable(_local(path))
-        return Commit(dt.version(), files_added=len(adds), files_removed=len(removes), rows_added=rows)
+            except (DeltaError, OSError) as exc:  # a bad table or log, the file system
+                raise LakeError(f"commit to Delta table {write.path} failed: {exc}") from exc
+
+    def _commit_once(self, write: _Write, existing: DeltaTable | None, *, now: int, planned: bool) -> None:
+        """One delta-rs transaction: create the table, replace a partition or every row, or add and remove files.
+        Replacements, and writes planned from a snapshot, carry a guard app transaction (see :func:`_guard`)."""
+        guards = [Transaction(_guard(write.replace), now)] if write.replace is not None or planned else []
+        props = CommitProperties(custom_metadata=_meta(write.metadata),
+                                 app_transactions=(write.txns + guards) or None)
+        partition_by = list(write.partition_by) or None
+        if existing is None:
+            existing = self._create(write, props, join=not planned)
+        if existing is None:
+            return
+        if write.replace is not None or write.overwrite:
+            filters = [(k, "=", v) for k, v in write.replace.items()] if write.replace is not None else None
+            existing.create_write_transaction([*write.adds], "overwrite", write.schema, partition_by=partition_by,
+                                              partition_filters=filters, commit_properties=props)
+            return
+        removes = [RemoveAction(f.path, True, now, f.size, dict(f.partition_values)) for f in write.removes]
+        existing.create_write_transaction([*write.adds, *removes], "append", write.schema, partition_by=partition_by,
+                                          commit_properties=props)
 
     def _check_target(self, existing: DeltaTable | None, path: str, schema: pa.Schema, partition_by: Sequence[str],
                       *, overwrite: bool) -> None:
@@ -532,51 +543,88 @@ class EmbeddedLake:
             raise LakeError(f"Delta table {path} is partitioned by {existing.metadata().partition_columns}, "
                             f"expected {list(partition_by)}; remove the table and recompute it")
 
-    def _create(self, path: str, schema: pa.Schema, adds: list[AddAction], partition_by: Sequence[str],
-                props: CommitProperties, *, join: bool) -> DeltaTable | None:
-        """Create the table with ``adds`` and return None; or, when another job created it meanwhile,
+    def _create(self, write: _Write, props: CommitProperties, *, join: bool) -> DeltaTable | None:
+        """Create the table with ``write``'s files and return None; or, when another job created it meanwhile,
         return that table to commit into (``join``: a parallel combine of another day) or conflict."""
         try:
-            create_table_with_add_actions(_local(path), DeltaSchema.from_arrow(schema), adds, mode="error",
-                                          partition_by=list(partition_by) or None, commit_properties=props)
+            create_table_with_add_actions(_local(write.path), DeltaSchema.from_arrow(write.schema), write.adds,
+                                          mode="error", partition_by=list(write.partition_by) or None,
+                                          commit_properties=props)
             return None
-        except Exception:
-            existing = self.table(path)
+        except (DeltaError, OSError):  # the table exists: created since this job looked (else re-raised)
+            existing = self.table(write.path)
             if existing is None:
                 raise
             if not join:
-                raise ConflictError(f"Delta table {path} was created by a concurrent writer while this job "
+                raise ConflictError(f"Delta table {write.path} was created by a concurrent writer while this job "
                                     "planned its first write") from None
             return existing
 
     def _stage(self, df: DataFrame | list[pa.Table], path: str,
                partition_by: Sequence[str]) -> list[tuple[AddAction, int]]:
+        """Write the rows as Parquet files into a staging folder of the table, and move those holding rows into
+        place: their add actions, and their rows."""
         root = _local(path).rstrip("/")
         staging = f"{root}/{_STAGING}/{uuid.uuid4().hex}"
         if isinstance(df, list):
             _write_arrow(df, staging, partition_by)
         else:
             df.write.mode("error").partitionBy(*partition_by).parquet(staging)
-        adds: list[tuple[AddAction, int]] = []
         try:
-            for dirpath, _, names in os.walk(staging):
-                for name in sorted(names):
-                    if not name.endswith(".parquet"):
-                        continue
-                    src = os.path.join(dirpath, name)
-                    rel = os.path.relpath(src, staging)
-                    num_rows, stats = _file_stats(src)
-                    if num_rows == 0:
-                        continue
-                    dest = os.path.join(root, rel)
-                    os.makedirs(os.path.dirname(dest), exist_ok=True)
-                    os.replace(src, dest)
-                    st = os.stat(dest)
-                    action = AddAction(rel, st.st_size, _partition_values(rel), int(st.st_mtime * 1000), True, stats)
-                    adds.append((action, num_rows))
+            placed = (_place(src, os.path.relpath(src, staging), root) for src in _parquet_files(staging))
+            return [added for added in placed if added is not None]
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        return adds
+
+
+@dataclass(frozen=True)
+class _Write:
+    """What one commit writes: the staged files, the files they replace, and what the commit records."""
+
+    path: str
+    name: str  # the table's folder name, in failpoint names
+    schema: pa.Schema
+    partition_by: tuple[str, ...]
+    adds: list[AddAction]
+    removes: tuple[DataFile, ...]
+    replace: Mapping[str, str] | None  # the partition replaced
+    overwrite: bool
+    metadata: Mapping[str, Any] | None
+    txns: list[Transaction]
+
+
+def _sorted(df: DataFrame | list[pa.Table], sort_by: Sequence[str]) -> DataFrame | list[pa.Table]:
+    """The rows sorted by ``sort_by`` within each file to write (each Arrow table, each Spark partition)."""
+    if not sort_by:
+        return df
+    if isinstance(df, list):
+        return [t.sort_by([(c, "ascending") for c in sort_by]) for t in df]
+    return df.sortWithinPartitions(*sort_by)
+
+
+def _parquet_files(folder: str) -> list[str]:
+    """The Parquet files under ``folder``, sorted by name within each directory."""
+    return [os.path.join(dirpath, name) for dirpath, _, names in os.walk(folder)
+            for name in sorted(names) if name.endswith(".parquet")]
+
+
+def _place(src: str, rel: str, root: str) -> tuple[AddAction, int] | None:
+    """Move the staged file ``src`` to ``rel`` under the table ``root``: its add action and rows; None for a
+    file without rows (left in staging).
+
+    The add action is built by hand: deltalake 1.6 has no public call that describes Parquet files written by
+    another engine (here Spark's executors) as add actions. ``write_deltalake`` (with any ``mode`` or
+    ``predicate``) writes its own files from Arrow data on the driver, ``convert_to_deltalake`` only makes a new
+    table of a folder (no commit to an existing one), and ``create_write_transaction`` takes each ``AddAction``
+    ready made, statistics included."""
+    num_rows, stats = _file_stats(src)
+    if num_rows == 0:
+        return None
+    dest = os.path.join(root, rel)
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    os.replace(src, dest)
+    st = os.stat(dest)
+    return AddAction(rel, st.st_size, _partition_values(rel), int(st.st_mtime * 1000), True, stats), num_rows
 
 
 def _guard(partition: Mapping[str, str] | None) -> str:
