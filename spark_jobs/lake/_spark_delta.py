@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
 
 from spark_jobs._failpoints import failpoint
 from spark_jobs.errors import ConflictError
@@ -43,7 +45,7 @@ def _conflicts(path: str) -> Iterator[None]:
     """Delta's concurrent-modification exceptions, as the :class:`ConflictError` the jobs retry."""
     try:
         yield
-    except Exception as exc:
+    except (PySparkException, Py4JJavaError) as exc:  # how Delta's JVM exceptions reach Python
         if any(name in f"{type(exc).__name__}: {exc}" for name in _CONFLICTS):
             raise ConflictError(f"commit to Delta table {path} lost to a concurrent writer: {exc}") from exc
         raise

@@ -61,6 +61,7 @@ def maintain(lake: str, pipeline: str, *, retention_hours: int = DEFAULT_RETENTI
              enforce_retention: bool = True, target_size: int | None = None) -> list[TableMaintenance]:
     """Compact, vacuum and checkpoint every existing table of ``pipeline``; ``dry_run`` changes nothing."""
     from deltalake import CommitProperties, DeltaTable
+    from deltalake.exceptions import DeltaError
 
     if retention_hours < 0:
         raise LakeError(f"--retention-hours must be >= 0, got {retention_hours}")
@@ -92,9 +93,7 @@ def maintain(lake: str, pipeline: str, *, retention_hours: int = DEFAULT_RETENTI
                 dt.create_checkpoint()
                 entry.checkpoint = True
             entry.version_after, entry.files_after = dt.version(), len(dt.file_uris())
-        except LakeError:
-            raise
-        except Exception as exc:
+        except (DeltaError, OSError) as exc:  # a concurrent commit, a retention delta-rs refuses, the file system
             raise LakeError(f"maintenance of {path} failed: {exc}; the table is unchanged past its last commit, "
                             "rerun when no job writes it") from exc
         log.info("%s", entry.summary())

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import DeltaError
 from deltalake.transaction import CommitProperties, Transaction
 
 from spark_jobs._failpoints import failpoint
@@ -198,7 +199,7 @@ def write_record(lake: str, pipeline: str, record: RecordedSpec) -> None:
     failpoint("commit:specs:before")
     try:
         write_deltalake(path, table, mode="append", commit_properties=props)
-    except Exception as exc:  # a concurrent first record (the table was created meanwhile) or a lost commit
+    except DeltaError as exc:  # a concurrent first record (the table was created meanwhile) or a lost commit
         raise ConflictError(f"recording spec version {record.version} in {path} lost to a concurrent writer: "
                             f"{exc}") from exc
     failpoint("commit:specs:after")
