@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from spark_jobs.inspection.views import TableDiff
+from spark_jobs.inspection.views import TableDiff, is_number
 
 __all__ = ["cell", "diff_to_dict", "human_bytes", "jsonable", "to_json", "to_text"]
 
@@ -51,10 +51,6 @@ def cell(value: Any, *, width: int | None = MAX_CELL) -> str:
     return text
 
 
-def _is_number(t: pa.DataType) -> bool:
-    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
-
-
 def _grid(header: list[str], rows: list[list[str]], numeric: list[bool]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
 
@@ -68,7 +64,7 @@ def _table_text(table: pa.Table) -> str:
     if table.num_rows == 0:
         return "(no rows)"
     rows = [[cell(v) for v in row.values()] for row in table.to_pylist()]
-    return _grid(table.column_names, rows, [_is_number(f.type) for f in table.schema])
+    return _grid(table.column_names, rows, [is_number(f.type) for f in table.schema])
 
 
 def _diff_text(d: TableDiff) -> str:

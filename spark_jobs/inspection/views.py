@@ -1,17 +1,14 @@
 """Read-only views of the lake's Delta tables, as Arrow tables: what the CLI prints and the web page renders.
 
-Everything here reads through :mod:`spark_jobs.lake.reader` and :mod:`spark_jobs.lake.runs_table` (delta-rs
-and pyarrow: no Spark, no JVM) and never writes. A table is named ``<pipeline>.<table>`` (resolved
-under the lake root, and confined to it) or, on the command line only, by its path. Version arguments
-are checked against the table's history; filters go through
-:func:`spark_jobs.inspection.where.parse_where`, never through SQL.
+Everything reads through :mod:`spark_jobs.lake.reader` and :mod:`spark_jobs.lake.runs_table` (no Spark) and
+never writes. A table is named ``<pipeline>.<table>`` (confined to the lake root) or, on the command line only,
+by its path. Versions are checked against the table's history; filters go through ``parse_where``, never SQL.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-import math
 import os
 import re
 from collections.abc import Sequence
@@ -23,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs.errors import InspectError, LakeError
-from spark_jobs.inspection.where import parse_where
+from spark_jobs.inspection.where import TIME_PATTERN, parse_where
 from spark_jobs.lake import GUARD_PREFIX
 from spark_jobs.lake.reader import READ_ERRORS, CommitChange, Snapshot, commit_time, is_table, open_table
 from spark_jobs.lake.runs_table import dead_letter_rows_by_run, read_runs
@@ -33,36 +30,14 @@ if TYPE_CHECKING:
     from spark_jobs.lake.spec_record import RecordedSpec
     from spark_jobs.spec import PipelineSpec
 
-__all__ = [
-    "BOOKKEEPING",
-    "LAKE_ENV",
-    "coverage",
-    "spec_versions",
-    "Series",
-    "TableDiff",
-    "TableRef",
-    "default_lake",
-    "diff",
-    "history",
-    "list_tables",
-    "open_version",
-    "parse_time",
-    "partitions",
-    "resolve_table",
-    "runs",
-    "schema",
-    "series",
-    "show",
-    "table_keys",
-    "table_summary",
-    "versions",
-]
+__all__ = ["BOOKKEEPING", "LAKE_ENV", "coverage", "spec_versions", "Series", "TableDiff", "TableRef", "default_lake",
+           "diff", "history", "list_tables", "open_version", "parse_time", "partitions", "resolve_table", "runs",
+           "schema", "series", "show", "table_keys", "table_summary", "versions", "is_number"]
 
 LAKE_ENV = "SPARK_JOBS_LAKE"
 BOOKKEEPING = ("run_id", "created_at", "updated_at")
 _PIPELINE = r"[a-z][a-z0-9_]*"
 _QUALIFIED = re.compile(rf"^({_PIPELINE})\.([a-z][a-z0-9_]*)$")
-_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}(?:[ T]\d{2}:\d{2}(?::\d{2}(?:\.\d{1,6})?)?)?(?:Z|[+-]\d{2}:?\d{2})?$")
 
 
 @dataclass(frozen=True)
@@ -73,6 +48,16 @@ class TableRef:
     path: str
     pipeline: str | None = None
     table: str | None = None  # partials, aggregates, ... when the path says so
+
+
+def _arrow(rows: list[dict[str, Any]], /, *fields: tuple[str, pa.DataType], **types: pa.DataType) -> pa.Table:
+    """``rows`` as an Arrow table of these columns, in this order."""
+    return pa.Table.from_pylist(rows, schema=pa.schema([*fields, *types.items()]))
+
+
+def _lake_dir(lake: str) -> None:
+    if not Path(lake).is_dir():
+        raise LakeError(f"lake root {lake} does not exist; run a pipeline first or pass the right --lake")
 
 
 def default_lake() -> str | None:
@@ -94,13 +79,8 @@ def _is_delta(path: str) -> bool:
 
 
 def resolve_table(name: str, lake: str | None, *, confined: bool = False) -> TableRef:
-    """``page_views.aggregates`` (under ``lake``) or, unless ``confined``, a path to a Delta table.
-
-    Args:
-        name: ``<pipeline>.<table>`` or a path.
-        lake: the lake root; needed for qualified names.
-        confined: accept qualified names only, and only tables that resolve inside ``lake``
-            (the web view: no paths, no ``..``, no symlinks out of the lake).
+    """``page_views.aggregates`` (under the lake root ``lake``) or, unless ``confined``, a path to a Delta table.
+    ``confined`` (the web view): qualified names only, resolving inside ``lake`` (no ``..``, no symlinks out).
 
     Raises:
         InspectError: a path where only names are accepted, or a table outside the lake.
@@ -144,7 +124,7 @@ def _latest(ref: TableRef) -> Snapshot:
 
 def parse_time(text: str) -> dt.datetime:
     """``YYYY-MM-DD[ HH:MM[:SS]]`` (UTC unless an offset is given) as an aware datetime."""
-    if not _TIME.match(text.strip()):
+    if not TIME_PATTERN.match(text.strip()):
         raise InspectError(f"bad time {text[:100]!r}; use 'YYYY-MM-DD' or 'YYYY-MM-DD HH:MM:SS' (UTC), "
                            "e.g. '2024-03-01 12:00:00'")
     try:
@@ -157,20 +137,14 @@ def parse_time(text: str) -> dt.datetime:
 def versions(ref: TableRef) -> pa.Table:
     """Every version of the table still in its log, newest first: version, committed_at, operation."""
     latest = _latest(ref)
-    rows = [{"version": int(h["version"]), "committed_at": commit_time(h), "operation": h.get("operation", "")}
-            for h in latest.history()]
-    rows.sort(key=lambda r: -r["version"])
-    return pa.Table.from_pylist(rows, schema=pa.schema([("version", pa.int64()),
-                                                        ("committed_at", pa.timestamp("ms", tz="UTC")),
-                                                        ("operation", pa.string())]))
+    rows = sorted(({"version": int(h["version"]), "committed_at": commit_time(h), "operation": h.get("operation", "")}
+                   for h in latest.history()), key=lambda r: -r["version"])
+    return _arrow(rows, version=pa.int64(), committed_at=pa.timestamp("ms", tz="UTC"), operation=pa.string())
 
 
 def open_version(ref: TableRef, *, version: int | None = None, as_of: str | dt.datetime | None = None) -> Snapshot:
-    """The table at ``version``, at the last commit at or before ``as_of``, or its latest version.
-
-    Raises:
-        InspectError: both given, a version out of range, or a time before the first commit.
-    """
+    """The table at ``version``, at the last commit at or before ``as_of``, or its latest version; InspectError
+    when both are given, for a version out of range, or a time before the first commit."""
     if version is not None and as_of is not None:
         raise InspectError("give either a version or an as-of time, not both")
     latest = _latest(ref)
@@ -203,14 +177,10 @@ def table_summary(path: str) -> dict[str, object]:
     table = open_table(path)
     actions = table.add_actions()
     last = table.history(1)[0]
-    return {
-        "version": table.version(),
-        "rows": int(pc.sum(actions["num_records"]).as_py() or 0) if actions.num_rows else 0,
-        "files": actions.num_rows,
-        "bytes": int(pc.sum(actions["size_bytes"]).as_py() or 0) if actions.num_rows else 0,
-        "last_commit": commit_time(last).strftime("%Y-%m-%d %H:%M:%S"),
-        "operation": last.get("operation", ""),
-    }
+    rows, size = (int(pc.sum(actions[c]).as_py() or 0) if actions.num_rows else 0
+                  for c in ("num_records", "size_bytes"))
+    return {"version": table.version(), "rows": rows, "files": actions.num_rows, "bytes": size,
+            "last_commit": commit_time(last).strftime("%Y-%m-%d %H:%M:%S"), "operation": last.get("operation", "")}
 
 
 def _pipelines(lake: str) -> list[dict[str, str]]:
@@ -232,8 +202,7 @@ def _pipelines(lake: str) -> list[dict[str, str]]:
 
 def list_tables(lake: str, *, pipeline: str | None = None) -> pa.Table:
     """Every pipeline table under ``lake`` (or one pipeline's), one row each."""
-    if not Path(lake).is_dir():
-        raise LakeError(f"lake root {lake} does not exist; run a pipeline first or pass the right --lake")
+    _lake_dir(lake)
     rows = []
     for entry in _pipelines(lake):
         if pipeline is not None and entry["table"].split(".")[0] != pipeline:
@@ -243,10 +212,8 @@ def list_tables(lake: str, *, pipeline: str | None = None) -> pa.Table:
         except READ_ERRORS as exc:
             raise LakeError(f"cannot read Delta table {entry['table']} at {entry['path']}: {exc}") from exc
         rows.append({"table": entry["table"], **summary, "path": entry["path"]})
-    schema = pa.schema([("table", pa.string()), ("version", pa.int64()), ("rows", pa.int64()), ("files", pa.int64()),
-                        ("bytes", pa.int64()), ("last_commit", pa.string()), ("operation", pa.string()),
-                        ("path", pa.string())])
-    return pa.Table.from_pylist(rows, schema=schema)
+    return _arrow(rows, table=pa.string(), version=pa.int64(), rows=pa.int64(), files=pa.int64(), bytes=pa.int64(),
+                  last_commit=pa.string(), operation=pa.string(), path=pa.string())
 
 
 # --------------------------------------------------------------------------- history
@@ -265,35 +232,26 @@ def _consumed(commit: dict[str, Any], change: CommitChange) -> str:
     return "; ".join(parts)
 
 
-_HISTORY_SCHEMA = pa.schema([
-    ("version", pa.int64()), ("committed_at", pa.timestamp("ms", tz="UTC")), ("operation", pa.string()),
-    ("run_id", pa.string()), ("job", pa.string()), ("batch", pa.string()),
-    ("files_added", pa.int64()), ("files_removed", pa.int64()), ("rows_added", pa.int64()),
-    ("rows_removed", pa.int64()), ("consumed", pa.string()),
-])
-
-
 def history(ref: TableRef, *, limit: int | None = None) -> pa.Table:
     """One row per commit, newest first: time, operation, run, files and rows added/removed, what it consumed.
 
     ``consumed`` lists the commit's Delta app transactions (``txn <app id>=<input version>``, e.g. the
     ``partials`` version a reduce merged) and its recorded inputs (a combine's landing partition).
-    Row counts come from the file statistics of the snapshots before and after the commit.
+    Counts are :meth:`Snapshot.commit_changes`'s.
     """
     latest = _latest(ref)
     entries = sorted(latest.history(limit), key=lambda h: int(h["version"]), reverse=True)
     changes = {c.version: c for c in latest.commit_changes(int(entries[-1]["version"]))} if entries else {}
     rows = []
     for entry in entries:
-        v = int(entry["version"])
-        change = changes.get(v) or CommitChange(v)
-        rows.append({
-            "version": v, "committed_at": commit_time(entry), "operation": entry.get("operation", ""),
-            "run_id": entry.get("run_id"), "job": entry.get("job"), "batch": entry.get("batch"),
-            "files_added": change.files_added, "files_removed": change.files_removed,
-            "rows_added": change.rows_added, "rows_removed": change.rows_removed, "consumed": _consumed(entry, change),
-        })
-    return pa.Table.from_pylist(rows, schema=_HISTORY_SCHEMA)
+        c = changes.get(v := int(entry["version"])) or CommitChange(v)
+        rows.append({"version": v, "committed_at": commit_time(entry), "operation": entry.get("operation", ""),
+                     "run_id": entry.get("run_id"), "job": entry.get("job"), "batch": entry.get("batch"),
+                     "files_added": c.files_added, "files_removed": c.files_removed, "rows_added": c.rows_added,
+                     "rows_removed": c.rows_removed, "consumed": _consumed(entry, c)})
+    i64, text = pa.int64(), pa.string()
+    return _arrow(rows, version=i64, committed_at=pa.timestamp("ms", tz="UTC"), operation=text, run_id=text, job=text,
+                  batch=text, files_added=i64, files_removed=i64, rows_added=i64, rows_removed=i64, consumed=text)
 
 
 # --------------------------------------------------------------------------- rows
@@ -308,19 +266,14 @@ def show(ref: TableRef, *, version: int | None = None, as_of: str | dt.datetime 
          where: str | None = None, columns: Sequence[str] | None = None, limit: int = 20,
          order_by: Sequence[tuple[str, str]] | None = None) -> pa.Table:
     """Rows of a table (at a version or time), filtered by ``where``; accumulator columns left out unless asked.
-
-    Args:
-        order_by: ``(column, "ascending" | "descending")`` pairs, applied before ``limit``.
-    """
+    ``order_by``: ``(column, "ascending" | "descending")`` pairs, applied before ``limit``."""
     if limit < 1:
         raise InspectError(f"limit must be at least 1, got {limit}")
     table = open_version(ref, version=version, as_of=as_of)
     schema = table.schema()
     if columns:
         _check_columns(ref, schema, columns)
-        columns = list(columns)
-    else:
-        columns = [f.name for f in schema if "__" not in f.name]
+    columns = list(columns) if columns else [f.name for f in schema if "__" not in f.name]
     for col, direction in order_by or []:
         _check_columns(ref, schema, [col], "order-by column")
         if direction not in ("ascending", "descending"):
@@ -328,12 +281,15 @@ def show(ref: TableRef, *, version: int | None = None, as_of: str | dt.datetime 
     expr = parse_where(where, schema) if where is not None else None
     if not order_by:
         return table.head(limit, columns=columns, filter=expr)
-    needed = list(dict.fromkeys([*columns, *(c for c, _ in order_by)]))
-    rows = table.read(needed, filter=expr)
+    rows = table.read(list(dict.fromkeys([*columns, *(c for c, _ in order_by)])), filter=expr)
     return rows.sort_by(list(order_by)).slice(0, limit).select(columns)
 
 
 # --------------------------------------------------------------------------- keys, schema, partitions
+def is_number(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
+
+
 def _plain(t: pa.DataType) -> bool:
     return not (pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_nested(t)
                 or pa.types.is_fixed_size_binary(t))
@@ -341,13 +297,9 @@ def _plain(t: pa.DataType) -> bool:
 
 def table_keys(ref: TableRef, table_schema: pa.Schema, *, spec: PipelineSpec | None = None,
                keys: Sequence[str] | None = None) -> list[str]:
-    """The columns that identify a row, for ``diff``.
-
-    ``keys`` when given; else from the spec (``aggregates``: group keys and window bounds,
-    ``partials``: batch, source, event_date and those); ``runs``: run_id; otherwise the leading
-    columns that are neither numeric, binary nor nested (the group keys and window bounds of
-    an aggregates or partials table written by this project).
-    """
+    """The columns that identify a row, for ``diff``: ``keys`` when given; else from the spec (``aggregates``:
+    group keys and window bounds, ``partials``: batch, source, event_date and those); ``runs``: run_id; else the
+    leading columns that are neither numeric, binary nor nested (the keys of a table this project writes)."""
     if keys:
         _check_columns(ref, table_schema, keys, "key columns")
         return list(keys)
@@ -362,8 +314,7 @@ def table_keys(ref: TableRef, table_schema: pa.Schema, *, spec: PipelineSpec | N
     for f in table_schema:
         if f.name in BOOKKEEPING:
             continue
-        if not _plain(f.type) or pa.types.is_integer(f.type) or pa.types.is_floating(f.type) \
-                or pa.types.is_decimal(f.type) or pa.types.is_boolean(f.type):
+        if not _plain(f.type) or is_number(f.type) or pa.types.is_boolean(f.type):
             break
         out.append(f.name)
     if not out:
@@ -387,8 +338,7 @@ def schema(ref: TableRef, *, version: int | None = None, spec: PipelineSpec | No
         if not roles:
             roles = ["accumulator" if "__" in f.name else "metadata" if f.name in BOOKKEEPING else "value"]
         rows.append({"column": f.name, "type": str(f.type), "nullable": f.nullable, "role": ", ".join(roles)})
-    return pa.Table.from_pylist(rows, schema=pa.schema([("column", pa.string()), ("type", pa.string()),
-                                                        ("nullable", pa.bool_()), ("role", pa.string())]))
+    return _arrow(rows, column=pa.string(), type=pa.string(), nullable=pa.bool_(), role=pa.string())
 
 
 def partitions(ref: TableRef, *, version: int | None = None) -> pa.Table:
@@ -398,19 +348,14 @@ def partitions(ref: TableRef, *, version: int | None = None) -> pa.Table:
     actions = table.add_actions()
     groups: dict[tuple[Any, ...], list[int]] = {}
     if actions.num_rows:
-        values = [actions[f"partition.{c}"].to_pylist() for c in cols] if cols else []
-        nums = actions["num_records"].to_pylist()
-        sizes = actions["size_bytes"].to_pylist()
-        for i in range(actions.num_rows):
-            key = tuple(None if v[i] is None else str(v[i]) for v in values)
-            acc = groups.setdefault(key, [0, 0, 0])
-            acc[0] += 1
-            acc[1] += int(nums[i] or 0)
-            acc[2] += int(sizes[i] or 0)
+        values = [actions[f"partition.{c}"].to_pylist() for c in cols]
+        for i, (n, size) in enumerate(zip(actions["num_records"].to_pylist(), actions["size_bytes"].to_pylist(),
+                                          strict=True)):
+            acc = groups.setdefault(tuple(None if v[i] is None else str(v[i]) for v in values), [0, 0, 0])
+            acc[:] = acc[0] + 1, acc[1] + int(n or 0), acc[2] + int(size or 0)
     rows = [{**dict(zip(cols, k, strict=True)), "files": a[0], "rows": a[1], "bytes": a[2]}
             for k, a in sorted(groups.items(), key=lambda kv: tuple("" if x is None else x for x in kv[0]))]
-    fields = [(c, pa.string()) for c in cols] + [("files", pa.int64()), ("rows", pa.int64()), ("bytes", pa.int64())]
-    return pa.Table.from_pylist(rows, schema=pa.schema(fields))
+    return _arrow(rows, *((c, pa.string()) for c in cols), files=pa.int64(), rows=pa.int64(), bytes=pa.int64())
 
 
 # --------------------------------------------------------------------------- diff
@@ -439,13 +384,17 @@ class TableDiff:
     columns_removed: list[str] = field(default_factory=list)
 
 
-def _unique(ref: TableRef, rows: pa.Table, keys: list[str], version: int) -> None:
+def _side(ref: TableRef, table: Snapshot, version: int, keys: list[str], compared: list[str], suffix: str) -> pa.Table:
+    """The keys (checked unique) and the compared columns as ``<column>.<suffix>``, flagged ``_in_<suffix>``."""
+    rows = table.read([*keys, *compared])
     counts = rows.group_by(keys).aggregate([([], "count_all")])
     dupes = counts.filter(pc.greater(counts["count_all"], 1))
     if dupes.num_rows:
         sample = {k: dupes[k][0].as_py() for k in keys}
         raise InspectError(f"the keys ({', '.join(keys)}) are not unique in version {version} of {ref.name}: "
                            f"{dupes.num_rows} keys have several rows, e.g. {sample}; pass --keys with more columns")
+    return rows.rename_columns([*keys, *(f"{c}.{suffix}" for c in compared)]).append_column(
+        f"_in_{suffix}", pa.array([True] * rows.num_rows, pa.bool_()))
 
 
 def _differs(a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.ChunkedArray:
@@ -465,9 +414,8 @@ def diff(ref: TableRef, *, from_version: int, to_version: int | None = None, key
          spec: PipelineSpec | None = None, limit: int = 20) -> TableDiff:
     """Keys added, removed and changed (with old and new values) from ``from_version`` to ``to_version``.
 
-    Compared: every column present in both versions except the keys, the bookkeeping columns
-    (run_id, created_at, updated_at) and binary or nested columns (sketches and struct
-    accumulators; their results are compared through the value columns). Floats count as
+    Compared: every column in both versions but the keys, the bookkeeping columns and binary or nested columns
+    (sketches and struct accumulators: their results are compared through the value columns). Floats count as
     changed beyond a relative difference of 1e-9.
     """
     if limit < 1:
@@ -483,59 +431,38 @@ def diff(ref: TableRef, *, from_version: int, to_version: int | None = None, key
                            "pass --keys with columns both versions have")
     compared = [f.name for f in new_s if f.name in old_s.names and f.name not in key_cols
                 and f.name not in BOOKKEEPING and _plain(f.type) and _plain(old_s.field(f.name).type)]
-    old = old_t.read([*key_cols, *compared])
-    new = new_t.read([*key_cols, *compared])
-    _unique(ref, old, key_cols, from_version)
-    _unique(ref, new, key_cols, to_v)
-    left = old.rename_columns([*key_cols, *(f"{c}.old" for c in compared)]).append_column(
-        "_in_old", pa.array([True] * old.num_rows, pa.bool_()))
-    right = new.rename_columns([*key_cols, *(f"{c}.new" for c in compared)]).append_column(
-        "_in_new", pa.array([True] * new.num_rows, pa.bool_()))
-    joined = left.join(right, key_cols, join_type="full outer")
+    old = _side(ref, old_t, from_version, key_cols, compared, "old")
+    joined = old.join(_side(ref, new_t, to_v, key_cols, compared, "new"), key_cols, join_type="full outer")
     in_old, in_new = pc.is_valid(joined["_in_old"]), pc.is_valid(joined["_in_new"])
-    order = [(k, "ascending") for k in key_cols]
 
-    added = joined.filter(pc.invert(in_old)).select([*key_cols, *(f"{c}.new" for c in compared)])
-    added = added.rename_columns([*key_cols, *compared]).sort_by(order)
-    removed = joined.filter(pc.invert(in_new)).select([*key_cols, *(f"{c}.old" for c in compared)])
-    removed = removed.rename_columns([*key_cols, *compared]).sort_by(order)
+    def only(present: pa.ChunkedArray, suffix: str) -> pa.Table:  # the rows of one version only, by key
+        rows = joined.filter(pc.invert(present)).select([*key_cols, *(f"{c}.{suffix}" for c in compared)])
+        return rows.rename_columns([*key_cols, *compared]).sort_by([(k, "ascending") for k in key_cols])
+
+    added, removed = only(in_old, "new"), only(in_new, "old")
     both = joined.filter(pc.and_(in_old, in_new))
     changed, n_changed = _changed(both, key_cols, compared, limit)
-    return TableDiff(
-        table=ref.name, from_version=old_t.version(), to_version=to_v, keys=key_cols, compared=compared,
-        added=added.slice(0, limit), removed=removed.slice(0, limit), changed=changed,
-        n_added=added.num_rows, n_removed=removed.num_rows, n_changed=n_changed,
-        n_unchanged=both.num_rows - n_changed,
-        columns_added=[c for c in new_s.names if c not in old_s.names],
-        columns_removed=[c for c in old_s.names if c not in new_s.names],
-    )
+    return TableDiff(table=ref.name, from_version=old_t.version(), to_version=to_v, keys=key_cols, compared=compared,
+                     added=added.slice(0, limit), removed=removed.slice(0, limit), changed=changed,
+                     n_added=added.num_rows, n_removed=removed.num_rows, n_changed=n_changed,
+                     n_unchanged=both.num_rows - n_changed,
+                     columns_added=[c for c in new_s.names if c not in old_s.names],
+                     columns_removed=[c for c in old_s.names if c not in new_s.names])
 
 
 def _changed(both: pa.Table, key_cols: list[str], compared: list[str], limit: int) -> tuple[pa.Table, int]:
     """Of the keys in both versions, the first ``limit`` whose compared columns differ (old and new values, and
-    which columns), and how many differ in all."""
-    any_change = pa.chunked_array([pa.array([False] * both.num_rows, pa.bool_())])
+    which columns, by :func:`_differs`), and how many differ in all."""
+    cols = [*key_cols, *(f"{c}.{side}" for c in compared for side in ("old", "new"))]
+    flagged, any_change = both.select(cols), pa.chunked_array([pa.array([False] * both.num_rows, pa.bool_())])
     for c in compared:
-        any_change = pc.or_(any_change, _differs(both[f"{c}.old"], both[f"{c}.new"]))
-    cols = [*key_cols]
-    for c in compared:
-        cols.extend([f"{c}.old", f"{c}.new"])
-    rows = both.filter(any_change).select(cols).sort_by([(k, "ascending") for k in key_cols]).slice(0, limit)
-    changed_cols = [[c for c in compared if _row_differs(rows, c, i)] for i in range(rows.num_rows)]
-    changed = rows.append_column("changed_columns", pa.array(changed_cols, pa.list_(pa.string())))
+        mask = _differs(both[f"{c}.old"], both[f"{c}.new"])
+        flagged, any_change = flagged.append_column(f"_differs.{c}", mask), pc.or_(any_change, mask)
+    rows = flagged.filter(any_change).sort_by([(k, "ascending") for k in key_cols]).slice(0, limit)
+    flags = [rows[f"_differs.{c}"].to_pylist() for c in compared]
+    changed_cols = [[c for c, f in zip(compared, flags, strict=True) if f[i]] for i in range(rows.num_rows)]
+    changed = rows.select(cols).append_column("changed_columns", pa.array(changed_cols, pa.list_(pa.string())))
     return changed, int(pc.sum(any_change).as_py() or 0)
-
-
-def _row_differs(rows: pa.Table, column: str, i: int) -> bool:
-    a, b = rows[f"{column}.old"][i].as_py(), rows[f"{column}.new"][i].as_py()
-    if a is None or b is None:
-        return (a is None) != (b is None)
-    if isinstance(a, float) or isinstance(b, float):
-        fa, fb = float(a), float(b)
-        if math.isnan(fa) and math.isnan(fb):
-            return False
-        return abs(fa - fb) > 1e-9 * max(abs(fa), abs(fb))
-    return bool(a != b)
 
 
 # --------------------------------------------------------------------------- runs
@@ -547,31 +474,18 @@ def _compact_versions(raw: str | None) -> str:
     return ", ".join(f"{k} v{v}" if v is not None else f"{k} -" for k, v in data.items())
 
 
-_RUNS_SCHEMA = pa.schema([
-    ("run_id", pa.string()), ("pipeline", pa.string()), ("job", pa.string()), ("batch", pa.string()),
-    ("status", pa.string()), ("started_at", pa.timestamp("us", tz="UTC")), ("duration_s", pa.float64()),
-    ("attempts", pa.int64()), ("rows_in", pa.int64()), ("rows_aggregated", pa.int64()), ("rows_rejected", pa.int64()),
-    ("reconciles", pa.bool_()), ("files_quarantined", pa.int64()), ("files_skipped", pa.int64()),
-    ("dead_letter_rows", pa.int64()), ("read", pa.string()), ("wrote", pa.string()),
-    ("message", pa.string()),
-])
-
-
 def _run_row(r: dict[str, Any], pipeline: str, dead: dict[str, int]) -> dict[str, Any]:
     """One recorded run as ``runs`` shows it (``dead``: dead-letter rows per run id)."""
     n_in, n_agg, n_rej = r.get("rows_in"), r.get("rows_aggregated"), r.get("rows_rejected")
-    return {
-        "run_id": r.get("run_id"), "pipeline": r.get("pipeline") or pipeline, "job": r.get("job"),
-        "batch": r.get("batch"), "status": r.get("status"), "started_at": r.get("started_at"),
-        "duration_s": None if r.get("duration_s") is None else round(r["duration_s"], 2),
-        "attempts": r.get("attempts") or 1,  # runs recorded before attempts were counted made one
-        "rows_in": n_in, "rows_aggregated": n_agg, "rows_rejected": n_rej,
-        "reconciles": None if n_in is None or n_agg is None or n_rej is None else n_in == n_agg + n_rej,
-        "files_quarantined": r.get("files_quarantined") or 0, "files_skipped": r.get("files_skipped") or 0,
-        "dead_letter_rows": dead.get(r.get("run_id") or "", 0),
-        "read": _compact_versions(r.get("versions_read")), "wrote": _compact_versions(r.get("versions_written")),
-        "message": r.get("message") or "",
-    }
+    return {**{k: r.get(k) for k in ("run_id", "job", "batch", "status", "started_at", "rows_in", "rows_aggregated",
+                                      "rows_rejected")},
+            **{k: r.get(k) or 0 for k in ("files_quarantined", "files_skipped")},
+            "pipeline": r.get("pipeline") or pipeline, "message": r.get("message") or "",
+            "duration_s": None if r.get("duration_s") is None else round(r["duration_s"], 2),
+            "attempts": r.get("attempts") or 1,  # runs recorded before attempts were counted made one
+            "reconciles": None if n_in is None or n_agg is None or n_rej is None else n_in == n_agg + n_rej,
+            "dead_letter_rows": dead.get(r.get("run_id") or "", 0),
+            "read": _compact_versions(r.get("versions_read")), "wrote": _compact_versions(r.get("versions_written"))}
 
 
 def runs(lake: str, *, pipeline: str | None = None, limit: int | None = None) -> pa.Table:
@@ -583,8 +497,7 @@ def runs(lake: str, *, pipeline: str | None = None, limit: int | None = None) ->
     """
     if pipeline is not None and not re.fullmatch(_PIPELINE, pipeline):
         raise InspectError(f"bad pipeline name {pipeline[:100]!r}; pipeline names match [a-z][a-z0-9_]*")
-    if not Path(lake).is_dir():
-        raise LakeError(f"lake root {lake} does not exist; run a pipeline first or pass the right --lake")
+    _lake_dir(lake)
     entries = [e for e in _pipelines(lake) if e["table"].endswith(".runs")]
     if pipeline is not None:
         entries = [e for e in entries if e["table"] == f"{pipeline}.runs"]
@@ -597,10 +510,8 @@ def runs(lake: str, *, pipeline: str | None = None, limit: int | None = None) ->
             recorded = read_runs(entry["path"])
         except READ_ERRORS as exc:
             raise LakeError(f"cannot read {entry['table']}: {exc}") from exc
-        dead: dict[str, int] = {}
         dl_path = os.path.join(os.path.dirname(entry["path"]), "dead_letter")
-        if _inside(dl_path, lake) and _is_delta(dl_path):
-            dead = dead_letter_rows_by_run(dl_path)
+        dead = dead_letter_rows_by_run(dl_path) if _inside(dl_path, lake) and _is_delta(dl_path) else {}
         rows.extend(_run_row(r, name, dead) for r in recorded)
     far_past = dt.datetime.min.replace(tzinfo=dt.UTC)
     rows.sort(key=lambda r: (r["started_at"] or far_past, r["run_id"] or ""))
@@ -608,7 +519,11 @@ def runs(lake: str, *, pipeline: str | None = None, limit: int | None = None) ->
         if limit < 1:
             raise InspectError(f"limit must be at least 1, got {limit}")
         rows = rows[-limit:]
-    return pa.Table.from_pylist(rows, schema=_RUNS_SCHEMA)
+    i64, text = pa.int64(), pa.string()
+    return _arrow(rows, run_id=text, pipeline=text, job=text, batch=text, status=text,
+                  started_at=pa.timestamp("us", tz="UTC"), duration_s=pa.float64(), attempts=i64, rows_in=i64,
+                  rows_aggregated=i64, rows_rejected=i64, reconciles=pa.bool_(), files_quarantined=i64,
+                  files_skipped=i64, dead_letter_rows=i64, read=text, wrote=text, message=text)
 
 
 # --------------------------------------------------------------------------- chart data
@@ -623,6 +538,23 @@ class Series:
     lines: list[tuple[str, list[tuple[dt.datetime, float | None]]]]
     n_keys: int  # keys matched; ``len(lines)`` of them are drawn
 
+    @classmethod
+    def of(cls, rows: pa.Table, *, table: str, version: int, metric: str, keys: Sequence[str], x: str,
+           max_lines: int) -> Series:
+        """``metric`` over ``x``, a line per ``keys`` combination: the ``max_lines`` with the largest totals."""
+        labels = ([", ".join(f"{k}={v}" for k, v in zip(keys, vals, strict=True))
+                   for vals in zip(*(rows[k].to_pylist() for k in keys), strict=True)]
+                  if keys else ["all"] * rows.num_rows)
+        by_label: dict[str, list[tuple[dt.datetime, float | None]]] = {}
+        totals: dict[str, float] = {}
+        for label, at, y in zip(labels, rows[x].to_pylist(), rows[metric].to_pylist(), strict=True):
+            value = None if y is None else float(y)
+            by_label.setdefault(label, []).append((at, value))
+            totals[label] = totals.get(label, 0.0) + (value or 0.0)
+        chosen = sorted(by_label, key=lambda lb: (-totals[lb], lb))[:max_lines]
+        lines = [(lb, sorted(by_label[lb], key=lambda p: p[0])) for lb in sorted(chosen)]
+        return cls(table, version, metric, list(keys), lines, len(by_label))
+
 
 def series(ref: TableRef, *, metric: str, version: int | None = None, where: str | None = None,
            spec: PipelineSpec | None = None, max_lines: int = 6, max_points: int = 5000) -> Series:
@@ -633,7 +565,7 @@ def series(ref: TableRef, *, metric: str, version: int | None = None, where: str
         raise InspectError(f"{ref.name} has no window_start column; charts need a windowed aggregates table")
     _check_columns(ref, s, [metric], "metric")
     t = s.field(metric).type
-    if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)):
+    if not is_number(t):
         numeric = [f.name for f in s if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)]
         raise InspectError(f"metric {metric!r} is {t}, not a number; numeric columns are {', '.join(numeric)}")
     keys = [k for k in table_keys(ref, s, spec=spec) if k not in ("window_start", "window_end")]
@@ -641,18 +573,8 @@ def series(ref: TableRef, *, metric: str, version: int | None = None, where: str
     rows = table.read([*keys, "window_start", metric], filter=expr)
     if rows.num_rows > max_points * max(1, max_lines):
         raise InspectError(f"{rows.num_rows} points match; narrow the filter (e.g. a window_start range)")
-    labels = ([", ".join(f"{k}={v}" for k, v in zip(keys, vals, strict=True))
-               for vals in zip(*(rows[k].to_pylist() for k in keys), strict=True)]
-              if keys else ["all"] * rows.num_rows)
-    by_label: dict[str, list[tuple[dt.datetime, float | None]]] = {}
-    totals: dict[str, float] = {}
-    for label, x, y in zip(labels, rows["window_start"].to_pylist(), rows[metric].to_pylist(), strict=True):
-        value = None if y is None else float(y)
-        by_label.setdefault(label, []).append((x, value))
-        totals[label] = totals.get(label, 0.0) + (value or 0.0)
-    chosen = sorted(by_label, key=lambda lb: (-totals[lb], lb))[:max_lines]
-    lines = [(lb, sorted(by_label[lb], key=lambda p: p[0])) for lb in sorted(chosen)]
-    return Series(ref.name, table.version(), metric, keys, lines, len(by_label))
+    return Series.of(rows, table=ref.name, version=table.version(), metric=metric, keys=keys, x="window_start",
+                     max_lines=max_lines)
 
 
 # --------------------------------------------------------------------------- spec record
@@ -672,9 +594,8 @@ def coverage(spec: PipelineSpec, record: RecordedSpec) -> pa.Table:
         missing = sorted({d for d, v in versions.items() if v < since} | layout)
         rows.append({"aggregate": agg.name, "since_version": since, "days_covered": len(covered),
                      "covered": _day_ranges(covered), "days_uncovered": len(missing), "uncovered": _day_ranges(missing)})
-    schema = pa.schema([("aggregate", pa.string()), ("since_version", pa.int64()), ("days_covered", pa.int64()),
-                        ("covered", pa.string()), ("days_uncovered", pa.int64()), ("uncovered", pa.string())])
-    return pa.Table.from_pylist(rows, schema=schema)
+    return _arrow(rows, aggregate=pa.string(), since_version=pa.int64(), days_covered=pa.int64(), covered=pa.string(),
+                  days_uncovered=pa.int64(), uncovered=pa.string())
 
 
 def _day_ranges(days: Sequence[str]) -> str:
@@ -695,6 +616,5 @@ def spec_versions(lake: str, pipeline: str) -> pa.Table:
     rows = [{"version": r.version, "status": r.status, "recorded_at": r.recorded_at, "run_id": r.run_id,
              "changes": "; ".join(c.get("what", "") for c in r.changes) or ("first spec" if r.version == 1 else ""),
              "spec": json.dumps(r.spec, sort_keys=True)} for r in read_records(lake, pipeline)]
-    schema = pa.schema([("version", pa.int64()), ("status", pa.string()), ("recorded_at", pa.timestamp("us", tz="UTC")),
-                        ("run_id", pa.string()), ("changes", pa.string()), ("spec", pa.string())])
-    return pa.Table.from_pylist(rows, schema=schema)
+    return _arrow(rows, version=pa.int64(), status=pa.string(), recorded_at=pa.timestamp("us", tz="UTC"),
+                  run_id=pa.string(), changes=pa.string(), spec=pa.string())

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import operator
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -32,13 +33,14 @@ import pyarrow.compute as pc
 
 from spark_jobs.errors import InspectError
 
-__all__ = ["MAX_FILTER_LENGTH", "parse_where"]
+__all__ = ["MAX_FILTER_LENGTH", "TIME_PATTERN", "parse_where"]
 
 MAX_FILTER_LENGTH = 2000
 _MAX_DEPTH = 32
 _MAX_IN_VALUES = 1000
 _KEYWORDS = ("AND", "OR", "NOT", "IN", "IS", "NULL", "TRUE", "FALSE")
-_OPS = {"=": "==", "!=": "!=", "<>": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
+_OPS = {"=": operator.eq, "!=": operator.ne, "<>": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
+        ">=": operator.ge}
 _EXAMPLE = "page = '/home' AND views >= 10"
 _TOKEN = re.compile(r"""
     (?P<ws>\s+)
@@ -48,7 +50,7 @@ _TOKEN = re.compile(r"""
   | (?P<op><=|>=|!=|<>|=|<|>)
   | (?P<punct>[(),])
 """, re.VERBOSE)
-_TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}(?:[ T]\d{2}:\d{2}(?::\d{2}(?:\.\d{1,6})?)?)?(?:Z|[+-]\d{2}:?\d{2})?$")
+TIME_PATTERN = re.compile(r"^\d{4}-\d{2}-\d{2}(?:[ T]\d{2}:\d{2}(?::\d{2}(?:\.\d{1,6})?)?)?(?:Z|[+-]\d{2}:?\d{2})?$")
 
 
 @dataclass(frozen=True)
@@ -93,13 +95,7 @@ def _tokens(text: str) -> list[_Tok]:
 def _describe(tok: _Tok) -> str:
     if tok.kind == "end":
         return "the end of the filter"
-    if tok.kind == "number":
-        return f"the number {tok.text}"
-    if tok.kind == "string":
-        return f"the string {tok.text}"
-    if tok.kind == "keyword":
-        return f"the keyword {tok.text}"
-    return repr(tok.text)
+    return f"the {tok.kind} {tok.text}" if tok.kind in ("number", "string", "keyword") else repr(tok.text)
 
 
 class _Parser:
@@ -182,7 +178,7 @@ class _Parser:
         if op.kind == "op":
             self.i += 1
             value = self.literal(field)
-            return _compare(col, _OPS[op.text], value)
+            return _OPS[op.text](col, pc.scalar(value))
         if self.keyword("IS"):
             negate = self.keyword("NOT")
             if not self.keyword("NULL"):
@@ -238,7 +234,7 @@ class _Parser:
 
     def timestamp(self, tok: _Tok, field: pa.Field, value: str) -> Any:
         t = field.type
-        if not _TIMESTAMP.match(value):
+        if not TIME_PATTERN.match(value):
             raise self.fail(tok, f"{value!r} is not a date or time", f"use 'YYYY-MM-DD' or 'YYYY-MM-DD HH:MM:SS' (UTC), "
                             f"e.g. {field.name} >= '{_sample(t)}'")
         try:
@@ -267,21 +263,6 @@ def _filterable(t: pa.DataType) -> bool:
     return (pa.types.is_boolean(t) or pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
             or pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_timestamp(t)
             or pa.types.is_date(t))
-
-
-def _compare(col: pc.Expression, op: str, value: Any) -> pc.Expression:
-    scalar = pc.scalar(value)
-    if op == "==":
-        return col == scalar
-    if op == "!=":
-        return col != scalar
-    if op == "<":
-        return col < scalar
-    if op == "<=":
-        return col <= scalar
-    if op == ">":
-        return col > scalar
-    return col >= scalar
 
 
 def parse_where(text: str, schema: pa.Schema) -> pc.Expression:

@@ -1,10 +1,6 @@
-"""Read Delta tables as Arrow, without Spark: the read surface for everything that is not a job.
-
-The inspect views, the quality gates' run queries, the Airflow sensors and conditions, the DAGs'
-``publish`` task and the benchmarks read the lake through this module (delta-rs and pyarrow, no
-JVM); the jobs read and write through a :class:`spark_jobs.lake.Lake` backend. A
-:class:`Snapshot` is one version of one table. Errors from delta-rs (no table, a version out of
-range or vacuumed: :data:`READ_ERRORS`) pass through unchanged: the caller knows what to tell its user.
+"""Read Delta tables as Arrow, without Spark (delta-rs and pyarrow, no JVM): the read surface for everything
+that is not a job (inspect, quality gates' run queries, sensors, the DAGs' ``publish``, benchmarks). Errors
+(:data:`READ_ERRORS`) pass through unchanged: the caller knows what to tell its user.
 """
 
 from __future__ import annotations
@@ -27,15 +23,12 @@ from spark_jobs.lake._types import AppTxn
 
 __all__ = ["READ_ERRORS", "CommitChange", "Snapshot", "commit_time", "is_table", "open_table", "table_version"]
 
-# What a read of a table raises when the table cannot be read: delta-rs's DeltaError family (no table, a
-# version out of range or whose log was cleaned up, a corrupt log), OSError from the file system (a path
-# that is a file, no permission, a data file gone) and pyarrow's ArrowException (a corrupt data file).
-# Readers that tell their user what went wrong catch these and nothing else.
+# What reading an unreadable table raises: delta-rs's DeltaError (no table, a version out of range or cleaned up,
+# a corrupt log), OSError (the file system) and ArrowException (a corrupt data file). Callers catch only these.
 READ_ERRORS: tuple[type[Exception], ...] = (DeltaError, OSError, pa.ArrowException)
 
 
 def is_table(path: str) -> bool:
-    """A Delta table (a ``_delta_log``) is at ``path``."""
     return bool(DeltaTable.is_deltatable(path))
 
 
@@ -56,10 +49,9 @@ def commit_time(entry: dict[str, Any]) -> dt.datetime:
 
 @dataclass(frozen=True)
 class CommitChange:
-    """What one commit did: the data files it added and removed and their rows, and the app transactions it
-    recorded. A count is None when it cannot be told: the commit's log file is gone (log cleanup), a file's
-    statistics hold no row count, or a removed file was added before the first commit asked about and the
-    snapshot before that one can no longer be read."""
+    """What one commit did: data files added and removed, their rows, the app transactions it recorded. A count
+    is None when it cannot be told: the commit's log file is cleaned up, a file's statistics hold no row count,
+    or a removed file predates the first commit asked about and the snapshot before it can no longer be read."""
 
     version: int
     files_added: int | None = None
@@ -70,51 +62,41 @@ class CommitChange:
 
 
 def _commit_log(path: str, version: int) -> list[dict[str, Any]] | None:
-    """The actions (``add``, ``remove``, ``txn``, ``commitInfo`` ...) of the commit ``version`` of the local table
-    at ``path``, as its JSON log file holds them; None when that file is gone (log cleanup) or not local.
+    """The actions of commit ``version`` as its JSON log file holds them; None when that file is gone or not local.
 
-    The one read of the raw log, because deltalake's API has no per-commit view of it: ``history()`` gives
-    each commit's commit info only; a commit's added and removed files are otherwise the difference of the
-    ``get_add_actions()`` of two snapshots, a ``load_as_version`` each (measured on a table of 400 commits:
-    8 s, against 0.1 s to read their JSON files); and no call lists app transactions
-    (``transaction_version(app_id)`` needs the app id, and gives its latest version at a snapshot, not whether
-    this commit recorded it: every commit to a spec-shaped table records ``<pipeline>.spec`` again)."""
-    log = Path(path) / "_delta_log" / f"{version:020d}.json"
+    The one read of the raw log, because deltalake has no per-commit view of it: ``history()`` gives commit infos
+    only; a commit's files are otherwise the difference of two snapshots' ``get_add_actions()`` (400 commits: 8 s,
+    against 0.1 s for their JSON files); and no call lists a commit's app transactions (``transaction_version``
+    gives an app id's latest version at a snapshot: every commit to a spec-shaped table records the spec again)."""
     try:
-        text = log.read_text()
+        text = (Path(path) / "_delta_log" / f"{version:020d}.json").read_text()
     except OSError:
         return None
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def _num_records(add: dict[str, Any]) -> int | None:
-    """The row count in an add action's statistics, if they hold one."""
     try:
         return int(json.loads(add.get("stats") or "{}")["numRecords"])
     except (KeyError, TypeError, ValueError):
         return None
 
 
-def _total(counts: list[int | None]) -> int | None:
-    return None if any(n is None for n in counts) else sum(n for n in counts if n is not None)
-
-
-def _change(version: int, actions: list[dict[str, Any]] | None, records: dict[str, int | None]) -> CommitChange:
+def _change(version: int, actions: list[dict[str, Any]], records: dict[str, int | None]) -> CommitChange:
     """One commit's change from its actions; ``records`` (each live file's rows) is brought up to date."""
-    if actions is None:
-        return CommitChange(version)
     added: list[int | None] = []
     removed: list[int | None] = []
-    txns: list[AppTxn] = []
+    txns = []
     for action in actions:
-        if "add" in action:
-            records[unquote(action["add"]["path"])] = n = _num_records(action["add"])
+        if add := action.get("add"):
+            records[unquote(add["path"])] = n = _num_records(add)
             added.append(n)
-        elif "remove" in action:
-            removed.append(records.pop(unquote(action["remove"]["path"]), None))
-        elif "txn" in action:
-            txns.append(AppTxn(str(action["txn"].get("appId")), int(action["txn"].get("version", -1))))
-    return CommitChange(version, len(added), len(removed), _total(added), _total(removed), tuple(txns))
+        elif remove := action.get("remove"):
+            removed.append(records.pop(unquote(remove["path"]), None))
+        elif txn := action.get("txn"):
+            txns.append(AppTxn(str(txn.get("appId")), int(txn.get("version", -1))))
+    rows = [None if None in ns else sum(n for n in ns if n is not None) for ns in (added, removed)]
+    return CommitChange(version, len(added), len(removed), rows[0], rows[1], tuple(txns))
 
 
 class Snapshot:
@@ -128,12 +110,9 @@ class Snapshot:
         return int(self._table.version())
 
     def at(self, version: int) -> Snapshot:
-        """Another version of the same table."""
         return open_table(self.path, version)
 
-    # ------------------------------------------------------------------ metadata
     def schema(self) -> pa.Schema:
-        """The columns as Arrow types."""
         return pa.schema(self._table.schema().to_arrow())
 
     @property
@@ -146,21 +125,17 @@ class Snapshot:
         return set(getattr(self._table.protocol(), "reader_features", None) or [])
 
     def add_actions(self) -> pa.Table:
-        """One row per data file: ``path``, ``size_bytes``, ``num_records``, ``partition.<column>``,
-        ``min.<column>``/``max.<column>`` statistics."""
+        """A row per data file: ``path``, ``size_bytes``, ``num_records``, ``partition.<c>``, ``min.<c>``/``max.<c>``"""
         return pa.table(self._table.get_add_actions(flatten=True))
 
     def num_files(self) -> int:
         return len(self._table.file_uris())
 
     def transaction_version(self, app_id: str) -> int | None:
-        """The input version the app transaction ``app_id`` recorded, if any."""
         return self._table.transaction_version(app_id)
 
-    # ----------------------------------------------------------------------- log
     def history(self, limit: int | None = None) -> list[dict[str, Any]]:
-        """Commit infos up to this version, newest first (``version``, ``timestamp``, ``operation``,
-        and the custom metadata a job committed: ``run_id``, ``job``, ``batch`` ...)."""
+        """Commit infos, newest first: ``version``, ``timestamp``, ``operation``, a job's ``run_id``, ``job`` ..."""
         return list(self._table.history(limit))
 
     def version_at(self, when: dt.datetime) -> int | None:
@@ -169,35 +144,31 @@ class Snapshot:
         return max(before) if before else None
 
     def commit_changes(self, first: int) -> list[CommitChange]:
-        """What each commit from version ``first`` to this one did, oldest first (see :func:`_commit_log`). The
-        rows of a removed file come from the statistics of the commit that added it, or of the snapshot before
-        ``first``."""
+        """What each commit from version ``first`` to this one did, oldest first (see :func:`_commit_log`); the
+        rows of a removed file come from the commit that added it, or from the snapshot before ``first``."""
         records: dict[str, int | None] = {}
         if first > 0:
             try:
                 actions = self.at(first - 1).add_actions()
+                records = dict(zip(map(unquote, actions["path"].to_pylist()), actions["num_records"].to_pylist(),
+                                   strict=True))
             except READ_ERRORS:  # its log was cleaned up: the rows of files removed later are not known
-                actions = None
-            if actions is not None:
-                records = dict(zip((unquote(p) for p in actions["path"].to_pylist()),
-                                   actions["num_records"].to_pylist(), strict=True))
-        return [_change(v, _commit_log(self.path, v), records) for v in range(first, self.version() + 1)]
+                pass
+        logs = ((v, _commit_log(self.path, v)) for v in range(first, self.version() + 1))
+        return [CommitChange(v) if log is None else _change(v, log, records) for v, log in logs]
 
-    # ---------------------------------------------------------------------- rows
     def read(self, columns: Sequence[str] | None = None, filter: pc.Expression | None = None) -> pa.Table:
-        """The rows (``columns`` only, those matching ``filter``) as one Arrow table."""
-        return self._dataset().to_table(columns=list(columns) if columns is not None else None, filter=filter)
+        return self._dataset().to_table(columns=None if columns is None else list(columns), filter=filter)
 
     def head(self, n: int, columns: Sequence[str] | None = None, filter: pc.Expression | None = None) -> pa.Table:
         """The first ``n`` rows in file order; stops reading once it has them."""
-        return self._dataset().head(n, columns=list(columns) if columns is not None else None, filter=filter)
+        return self._dataset().head(n, columns=None if columns is None else list(columns), filter=filter)
 
     def _dataset(self) -> pads.Dataset:
-        """The live files as a pyarrow dataset. delta-rs's own gives every file a guarantee built from its
-        statistics, about a millisecond a file before a row is read (0.6-0.9 s for a stream's 700 files of
-        ``aggregates``); a plain Parquet dataset of the same files prunes by their row groups' statistics as it
-        scans. The plain one only where it reads the same rows: a local table without partition columns and
-        without reader features (deletion vectors, column mapping)."""
+        """The live files as a pyarrow dataset. delta-rs's own builds a guarantee from every file's statistics,
+        about a millisecond a file before a row is read (0.6-0.9 s for a stream's 700 files of ``aggregates``);
+        a plain Parquet dataset prunes by row-group statistics as it scans. The plain one only where it reads the
+        same rows: a local table without partition columns and without reader features."""
         uris = self._table.file_uris()
         if self.partition_columns or self.reader_features or any("://" in u for u in uris):
             return self._table.to_pyarrow_dataset()
