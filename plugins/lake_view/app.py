@@ -1,16 +1,14 @@
 """The lake view: a read-only FastAPI app over the lake's Delta tables, served by Airflow's API server.
 
-HTML pages (server-side Jinja templates, inline SVG chart, no JavaScript, no CDN assets) and a
-JSON API with the same views, all from :mod:`spark_jobs.inspection`. Every route:
+HTML pages (server-side Jinja templates, inline SVG chart, no JavaScript, no CDN assets) and a JSON API with the
+same views, all from :mod:`spark_jobs.inspection`. Every route:
 
-- requires an Airflow user (:func:`lake_view.auth.airflow_user`); pages redirect to Airflow's
-  login, the JSON API answers 401;
-- reads tables only by ``<pipeline>.<table>`` name, resolved inside the configured lake root
-  (``$SPARK_JOBS_LAKE`` or ``[lake_view] lake_root`` in airflow.cfg): no paths, no ``..``,
-  no symlinks out of the lake;
-- validates every query parameter (types, ranges, patterns, no unknown or repeated
-  parameters; filters through the ``--where`` grammar, never SQL) and answers 400 with the
-  reason otherwise;
+- requires an Airflow user (:func:`lake_view.auth.airflow_user`); pages redirect to Airflow's login, the JSON API
+  answers 401;
+- reads tables only by ``<pipeline>.<table>`` name, resolved inside the configured lake root (``$SPARK_JOBS_LAKE``
+  or ``[lake_view] lake_root`` in airflow.cfg): no paths, no ``..``, no symlinks out of the lake;
+- validates every query parameter (types, ranges, patterns, no unknown or repeated parameters; filters through
+  the ``--where`` grammar, never SQL) and answers 400 with the reason otherwise;
 - is a GET: nothing here writes.
 """
 
@@ -44,7 +42,6 @@ from .chart import svg_chart
 from .rollup_view import MAX_ROLLUP_ROWS, RollupForm, chart_metrics, rollup_series
 
 if TYPE_CHECKING:
-    from spark_jobs.inspection import Series
     from spark_jobs.lake.reader import Snapshot
     from spark_jobs.spec import PipelineSpec
 
@@ -108,14 +105,9 @@ def _strict_query(request: Request) -> None:
 
 
 # ----------------------------------------------------------------------------- requests
-def _rel_path(request: Request) -> str:
-    root = request.scope.get("root_path", "")
-    path = request.url.path
-    return path[len(root):] if root and path.startswith(root) else path
-
-
 def _is_api(request: Request) -> bool:
-    return _rel_path(request).startswith("/api/")
+    root, path = request.scope.get("root_path", ""), request.url.path
+    return (path[len(root):] if root and path.startswith(root) else path).startswith("/api/")
 
 
 def _url_for(request: Request) -> Callable[..., str]:
@@ -133,9 +125,7 @@ def _url_for(request: Request) -> Callable[..., str]:
 def _grid(table: pa.Table, *, width: int = 80) -> dict[str, Any]:
     """Header, formatted cells and numeric flags of an Arrow table, for the templates."""
     rows = [[cell(v, width=width) for v in row.values()] for row in table.to_pylist()]
-    numeric = [pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_decimal(f.type)
-               for f in table.schema]
-    return {"header": table.column_names, "rows": rows, "numeric": numeric}
+    return {"header": table.column_names, "rows": rows, "numeric": [views.is_number(f.type) for f in table.schema]}
 
 
 def _versions(r: views.TableRef) -> list[dict[str, Any]]:
@@ -154,11 +144,8 @@ def _numeric_metrics(r: views.TableRef, version: int | None) -> list[str]:
 
 def _table_view(r: views.TableRef, *, version: int | None, where: str | None, columns: str | None,
                 order_by: str | None, limit: int) -> dict[str, Any]:
-    """What ``table.html`` shows of one version of a table.
-
-    A bad filter, column list or order is not raised but returned as ``rows_error``, so the rest of
-    the page still shows; a bad version is raised.
-    """
+    """What ``table.html`` shows of one version of a table. A bad filter, column list or order is returned as
+    ``rows_error``, not raised, so the rest of the page still shows; a bad version is raised."""
     vers = _versions(r)
     v = views.open_version(r, version=version).version()
     parts = views.partitions(r, version=v)
@@ -173,13 +160,12 @@ def _table_view(r: views.TableRef, *, version: int | None, where: str | None, co
     summary = {"rows": sum(parts["rows"].to_pylist()), "files": sum(parts["files"].to_pylist()),
                "size": human_bytes(sum(parts["bytes"].to_pylist())), "committed_at": committed}
     schema_t = views.schema(r, version=v)
-    history = _grid(hist)
-    history["versions"] = hist["version"].to_pylist()
+    windowed = "window_start" in schema_t["column"].to_pylist()
     return {"pipeline": r.pipeline, "version": v, "latest": vers[0]["version"], "versions": vers,
-            "summary": summary, "diff_from": max(v - 1, 0),
-            "windowed": "window_start" in schema_t["column"].to_pylist(), "rows": rows, "rows_error": rows_error,
-            "rollup": r.table == "aggregates" and "window_start" in schema_t["column"].to_pylist(),
-            "history": history, "schema": _grid(schema_t), "partitions": _grid(parts)}
+            "summary": summary, "diff_from": max(v - 1, 0), "windowed": windowed, "rows": rows,
+            "rows_error": rows_error, "rollup": r.table == "aggregates" and windowed,
+            "history": {**_grid(hist), "versions": hist["version"].to_pylist()}, "schema": _grid(schema_t),
+            "partitions": _grid(parts)}
 
 
 def _changed_grid(d: Any) -> dict[str, Any]:
@@ -197,9 +183,11 @@ def _series_json(s: Any) -> Any:
                      "n_keys": s.n_keys, "lines": [{"label": lb, "points": pts} for lb, pts in s.lines]})
 
 
-def _rollup_spec(ctx: _Context, name: str) -> tuple[views.TableRef, PipelineSpec, RecordedSpec | None]:
-    """The aggregates table and its pipeline's spec: the one its lake records, else the spec file of that name
-    in ``$SPARK_JOBS_PIPELINES`` (a lake written before spec records)."""
+def _rollup_request(ctx: _Context, name: str, version: int | None, *, start: str | None, end: str | None,
+                    by: str | None, grain: str | None, where: str | None
+                    ) -> tuple[views.TableRef, Snapshot, PipelineSpec, RecordedSpec | None, RollupForm]:
+    """The aggregates table and its snapshot, its pipeline's spec (the one its lake records, else the spec file of that
+    name in ``$SPARK_JOBS_PIPELINES``: a lake written before spec records) and that record, and the form."""
     pipeline, _, table = name.partition(".")
     if table != "aggregates":
         raise InspectError(f"a rollup merges a pipeline's aggregates table, not its {table}; "
@@ -208,8 +196,11 @@ def _rollup_spec(ctx: _Context, name: str) -> tuple[views.TableRef, PipelineSpec
     try:
         spec, record = lake_spec(ctx.lake_root(), pipeline)
     except InspectError:
-        return ref, find_spec(pipeline), None
-    return ref, spec, record
+        spec, record = find_spec(pipeline), None
+    snapshot = views.open_version(ref, version=version)
+    form = RollupForm.with_defaults(snapshot, spec, start=_blank(start), end=_blank(end), by=by, grain=_blank(grain),
+                                    where=_blank(where))
+    return ref, snapshot, spec, record, form
 
 
 def _rollup_rows(snapshot: Snapshot, spec: PipelineSpec, form: RollupForm, record: RecordedSpec | None) -> pa.Table:
@@ -298,64 +289,59 @@ def _validation_message(exc: RequestValidationError) -> str:
 
 
 def _add_error_handlers(app: FastAPI, ctx: _Context) -> None:
-    """Expected errors answer 400 (bad request) or 404 (no lake, no table): JSON for the API, else the error page."""
+    """Expected errors answer 400 (bad request: a PipelineError such as InspectError) or 404 (a LakeError: no lake,
+    no table): JSON for the API, else the error page."""
+
+    def answer(status: int | None, title: str, message: Callable[[Any], str] = str) -> Callable[..., Any]:
+        async def handler(request: Request, exc: Any) -> Response:
+            return ctx.error(request, status or exc.status_code, title, message(exc))
+        return handler
+
     app.exception_handler(NotAuthenticated)(_not_authenticated)
-
-    @app.exception_handler(InspectError)
-    async def bad_request(request: Request, exc: InspectError) -> Response:
-        return ctx.error(request, 400, "Bad request", str(exc))
-
-    @app.exception_handler(LakeError)
-    async def not_found(request: Request, exc: LakeError) -> Response:
-        return ctx.error(request, 404, "Not found", str(exc))
-
-    @app.exception_handler(PipelineError)
-    async def pipeline_error(request: Request, exc: PipelineError) -> Response:
-        return ctx.error(request, 400, "Bad request", str(exc))
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError) -> Response:
-        return ctx.error(request, 400, "Bad request", _validation_message(exc))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        return ctx.error(request, exc.status_code, "Error", str(exc.detail))
+    app.exception_handler(LakeError)(answer(404, "Not found"))
+    app.exception_handler(PipelineError)(answer(400, "Bad request"))
+    app.exception_handler(RequestValidationError)(answer(400, "Bad request", _validation_message))
+    app.exception_handler(StarletteHTTPException)(answer(None, "Error", lambda exc: str(exc.detail)))
 
 
 async def _security_headers(request: Request, call_next: Any) -> Response:
     response: Response = await call_next(request)
-    response.headers["Content-Security-Policy"] = (
-        "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; form-action 'self'; "
-        "frame-ancestors 'self'; base-uri 'none'")
-    response.headers["X-Content-Type-Options"] = "nosniff"
-    response.headers["Referrer-Policy"] = "same-origin"
-    response.headers["Cache-Control"] = "no-store"
+    response.headers.update({"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' "
+                             "data:; form-action 'self'; frame-ancestors 'self'; base-uri 'none'",
+                             "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin",
+                             "Cache-Control": "no-store"})
     return response
 
 
 # ----------------------------------------------------------------------------- HTML pages
 def _add_pages(router: APIRouter, ctx: _Context) -> None:
-    """The HTML pages, one function per page (in the order their routes were always registered)."""
-    for add in (_add_index_page, _add_table_page, _add_diff_page, _add_chart_page, _add_rollup_page, _add_runs_page):
-        add(router, ctx)
+    """The HTML pages (the longer ones in a function each)."""
 
-
-def _add_index_page(router: APIRouter, ctx: _Context) -> None:
     @router.get("/", response_class=HTMLResponse)
     def index(request: Request) -> HTMLResponse:
         return ctx.page(request, "index.html", tables=ctx.tables())
 
-
-def _add_table_page(router: APIRouter, ctx: _Context) -> None:
     @router.get("/table/{name}", response_class=HTMLResponse)
     def table_page(request: Request, name: NameParam, version: VersionQ = None, where: WhereQ = None,
-                   columns: ColumnsQ = None, order_by: OrderQ = None,
-                   limit: LimitQ = 50) -> HTMLResponse:
+                   columns: ColumnsQ = None, order_by: OrderQ = None, limit: LimitQ = 50) -> HTMLResponse:
         where, columns, order_by = _blank(where), _blank(columns), _blank(order_by)
         view = _table_view(ctx.ref(name), version=version, where=where, columns=columns, order_by=order_by,
                            limit=limit)
         return ctx.page(request, "table.html", 400 if view["rows_error"] else 200, name=name, where=where,
                         columns=columns, order_by=order_by, limit=limit, max_limit=MAX_LIMIT, **view)
+
+    for add in (_add_diff_page, _add_chart_page, _add_rollup_page):
+        add(router, ctx)
+
+    @router.get("/runs", response_class=HTMLResponse)
+    def runs_page(request: Request, pipeline: PipelineQ = None, limit: LimitQ = 200) -> HTMLResponse:
+        pipeline = _blank(pipeline)
+        pipelines = sorted({t["pipeline"] for t in ctx.tables() if t["kind"] == "runs"})
+        try:
+            runs = _grid(views.runs(ctx.lake_root(), pipeline=pipeline, limit=limit), width=120)
+        except LakeError as exc:
+            return ctx.page(request, "runs.html", 404, pipeline=pipeline, pipelines=pipelines, error=str(exc))
+        return ctx.page(request, "runs.html", pipeline=pipeline, pipelines=pipelines, runs=runs, error=None)
 
 
 def _add_diff_page(router: APIRouter, ctx: _Context) -> None:
@@ -406,34 +392,24 @@ def _rollup_json_url(request: Request, name: str, form: RollupForm, version: int
             + urlencode({k: v for k, v in params.items() if v is not None}))
 
 
-def _rollup_chart(result: pa.Table, spec: PipelineSpec, form: RollupForm, *, name: str, version: int,
-                  metric: str | None) -> tuple[list[str], str, Series]:
-    """(the metrics a chart can plot, the chosen one, its series); a metric that is not one of them is a 400."""
-    metrics = chart_metrics(result, spec)
-    chosen = metric or metrics[0]
-    if chosen not in metrics:
-        raise InspectError(f"metric {chosen!r} is not a numeric aggregate of {spec.name}; "
-                           f"choose one of {', '.join(metrics)}")
-    s = rollup_series(result, table=name, version=version, keys=form.request(spec).by, metric=chosen)
-    return metrics, chosen, s
-
-
 def _add_rollup_page(router: APIRouter, ctx: _Context) -> None:
     @router.get("/table/{name}/rollup", response_class=HTMLResponse)
     def rollup_page(request: Request, name: NameParam, start: StartQ = None, to: EndQ = None, by: ByQ = None,
                     grain: GrainQ = None, where: WhereQ = None, metric: MetricQ = None,
                     version: VersionQ = None) -> HTMLResponse:
-        r, spec, record = _rollup_spec(ctx, name)
-        vers = _versions(r)
-        snapshot = views.open_version(r, version=version)
-        form = RollupForm.with_defaults(snapshot, spec, start=_blank(start), end=_blank(to), by=by,
-                                        grain=_blank(grain), where=_blank(where))
-        common: dict[str, Any] = {"name": name, "spec": spec, "versions": vers, "version": snapshot.version(),
+        r, snapshot, spec, record, form = _rollup_request(ctx, name, version, start=start, end=to, by=by,
+                                                          grain=grain, where=where)
+        common: dict[str, Any] = {"name": name, "spec": spec, "versions": _versions(r), "version": snapshot.version(),
                                   "form": form, "metric": _blank(metric)}
         try:
             result = _rollup_rows(snapshot, spec, form, record)
-            metrics, chosen, s = _rollup_chart(result, spec, form, name=name, version=snapshot.version(),
-                                               metric=_blank(metric))
+            metrics = chart_metrics(result, spec)
+            chosen = _blank(metric) or metrics[0]
+            if chosen not in metrics:  # a chart draws a numeric aggregate
+                raise InspectError(f"metric {chosen!r} is not a numeric aggregate of {spec.name}; "
+                                   f"choose one of {', '.join(metrics)}")
+            s = rollup_series(result, table=name, version=snapshot.version(), keys=form.request(spec).by,
+                              metric=chosen)
         except InspectError as exc:
             return ctx.page(request, "rollup.html", 400, error=str(exc), metrics=chart_metrics(None, spec), **common)
         shown = result.slice(0, MAX_LIMIT)
@@ -441,18 +417,6 @@ def _add_rollup_page(router: APIRouter, ctx: _Context) -> None:
                         rows=_grid(shown), n_rows=result.num_rows, n_shown=shown.num_rows, s=s,
                         json_url=_rollup_json_url(request, name, form, snapshot.version()),
                         svg=Markup(svg_chart(s, x_label="bucket start")))
-
-
-def _add_runs_page(router: APIRouter, ctx: _Context) -> None:
-    @router.get("/runs", response_class=HTMLResponse)
-    def runs_page(request: Request, pipeline: PipelineQ = None, limit: LimitQ = 200) -> HTMLResponse:
-        pipeline = _blank(pipeline)
-        pipelines = sorted({t["pipeline"] for t in ctx.tables() if t["kind"] == "runs"})
-        try:
-            runs = _grid(views.runs(ctx.lake_root(), pipeline=pipeline, limit=limit), width=120)
-        except LakeError as exc:
-            return ctx.page(request, "runs.html", 404, pipeline=pipeline, pipelines=pipelines, error=str(exc))
-        return ctx.page(request, "runs.html", pipeline=pipeline, pipelines=pipelines, runs=runs, error=None)
 
 
 # ----------------------------------------------------------------------------- JSON API
@@ -500,10 +464,8 @@ def _add_api(router: APIRouter, ctx: _Context) -> None:
     @router.get("/api/table/{name}/rollup")
     def api_rollup(name: NameParam, start: StartQ = None, to: EndQ = None, by: ByQ = None, grain: GrainQ = None,
                    where: WhereQ = None, version: VersionQ = None) -> JSONResponse:
-        r, spec, record = _rollup_spec(ctx, name)
-        snapshot = views.open_version(r, version=version)
-        form = RollupForm.with_defaults(snapshot, spec, start=_blank(start), end=_blank(to), by=by,
-                                        grain=_blank(grain), where=_blank(where))
+        _, snapshot, spec, record, form = _rollup_request(ctx, name, version, start=start, end=to, by=by,
+                                                          grain=grain, where=where)
         return JSONResponse(jsonable(_rollup_rows(snapshot, spec, form, record).to_pylist()))
 
     @router.get("/api/runs")

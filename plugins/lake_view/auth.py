@@ -1,16 +1,13 @@
 """Airflow authentication for the lake view: the same checks as Airflow's own REST API.
 
-Airflow does not authenticate plugin FastAPI apps, so every route of the lake view depends on
-:func:`airflow_user`. A request authenticates with the ``_token`` cookie the Airflow UI sets at
-login, or with ``Authorization: Bearer <token>`` from ``POST /auth/token``. Who the caller is comes
-from Airflow's ``get_user``, the dependency Airflow's plugin documentation gives plugin apps for
-this (the header wins over the cookie; a cookie the refresh middleware already validated and
-renewed is taken as it left it; the running auth manager checks signature, expiry, revocation).
-What they may do is the auth manager's ``is_authorized_custom_view`` on the ``Lake`` resource.
-
-Airflow is imported only when a request arrives, so importing the plugin stays cheap in the
-scheduler and the DAG processor: Airflow 3.3's ``core_api.security`` module alone costs seconds and
-about 100 MB, which is why ``get_user`` is called here instead of being declared with ``Depends``.
+Airflow does not authenticate plugin FastAPI apps, so every route depends on :func:`airflow_user`: the ``_token``
+cookie the Airflow UI sets at login, or ``Authorization: Bearer <token>`` from ``POST /auth/token``, goes through
+Airflow's ``get_user``, the dependency its plugin documentation gives plugin apps (the header wins; a cookie the
+refresh middleware renewed is taken as it left it; the auth manager checks signature, expiry and revocation), then
+the auth manager's ``is_authorized_custom_view`` on the ``Lake`` resource. Airflow is imported only when a request
+arrives, so importing the plugin stays cheap in the scheduler and the DAG processor (Airflow 3.3's
+``core_api.security`` alone costs seconds and about 100 MB): hence ``get_user`` is called, not declared with
+``Depends``.
 """
 
 from __future__ import annotations
@@ -38,23 +35,12 @@ class NotAuthenticated(Exception):
 
 
 def _auth_manager() -> BaseAuthManager:
-    """The API server's auth manager (``RuntimeError`` outside an API server).
-
-    Airflow 3.3 has no public accessor for plugin apps: its own routes read ``app.state.auth_manager``
-    of the root app, which a mounted app cannot reach, and the auth-manager providers (FAB, Keycloak)
-    call this same ``airflow.api_fastapi.app.get_auth_manager``.
-    """
+    """The API server's auth manager (``RuntimeError`` outside an API server). Airflow 3.3 has no public accessor
+    for plugin apps: its routes read the root app's ``app.state.auth_manager``, which a mounted app cannot reach,
+    and the auth-manager providers (FAB, Keycloak) call this same ``get_auth_manager``."""
     from airflow.api_fastapi.app import get_auth_manager
 
     return get_auth_manager()
-
-
-def _bearer(request: Request) -> HTTPAuthorizationCredentials | None:
-    """The ``Authorization: Bearer`` credentials, as FastAPI's ``HTTPBearer`` reads them for ``get_user``."""
-    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not credentials.strip():
-        return None
-    return HTTPAuthorizationCredentials(scheme=scheme, credentials=credentials.strip())
 
 
 async def airflow_user(request: Request) -> BaseUser:
@@ -62,7 +48,10 @@ async def airflow_user(request: Request) -> BaseUser:
     # the cookie's name is public: Airflow 3.3's auth-manager documentation has auth managers set it
     from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN
 
-    bearer = _bearer(request)
+    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+    # the Bearer credentials as FastAPI's HTTPBearer reads them for get_user
+    bearer = (HTTPAuthorizationCredentials(scheme=scheme, credentials=credentials.strip())
+              if scheme.lower() == "bearer" and credentials.strip() else None)
     if bearer is None and not request.cookies.get(COOKIE_NAME_JWT_TOKEN):
         raise NotAuthenticated("not authenticated: log in to Airflow, or send Authorization: Bearer <token> "
                                "(POST /auth/token)")

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from spark_jobs.inspection import Series
 from spark_jobs.inspection.rollup import Rollup, parse_by, parse_grain
-from spark_jobs.inspection.views import parse_time
+from spark_jobs.inspection.views import is_number, parse_time
 from spark_jobs.phases.arrow_merge import EPOCH
 
 from .chart import COLORS
@@ -80,29 +80,15 @@ class RollupForm:
                       self.where)
 
 
-def _numeric(t: pa.DataType) -> bool:
-    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t) or pa.types.is_null(t)
-
-
 def chart_metrics(result: pa.Table | None, spec: PipelineSpec) -> list[str]:
     """The columns a chart can draw: the numeric aggregates (all of them when the result has no rows), ``n_rows``."""
     names = [a.name for a in spec.aggregates]
     if result is not None:
-        names = [n for n in names if n in result.column_names and _numeric(result.schema.field(n).type)]
+        types = dict(zip(result.column_names, result.schema.types, strict=True))
+        names = [n for n in names if n in types and (is_number(types[n]) or pa.types.is_null(types[n]))]
     return [*names, "n_rows"]
 
 
 def rollup_series(result: pa.Table, *, table: str, version: int, keys: tuple[str, ...], metric: str) -> Series:
     """One line per ``keys`` combination of ``metric`` over the bucket ``start`` (the largest totals first)."""
-    columns = [result.column(k).to_pylist() for k in keys]
-    labels = ([", ".join(f"{k}={v}" for k, v in zip(keys, vals, strict=True)) for vals in zip(*columns, strict=True)]
-              if keys else ["all"] * result.num_rows)
-    by_label: dict[str, list[tuple[dt.datetime, float | None]]] = {}
-    totals: dict[str, float] = {}
-    for label, x, y in zip(labels, result.column("start").to_pylist(), result.column(metric).to_pylist(), strict=True):
-        value = None if y is None else float(y)
-        by_label.setdefault(label, []).append((x, value))
-        totals[label] = totals.get(label, 0.0) + (value or 0.0)
-    chosen = sorted(by_label, key=lambda lb: (-totals[lb], lb))[:MAX_SERIES]
-    lines = [(lb, sorted(by_label[lb], key=lambda p: p[0])) for lb in sorted(chosen)]
-    return Series(table, version, metric, list(keys), lines, len(by_label))
+    return Series.of(result, table=table, version=version, metric=metric, keys=keys, x="start", max_lines=MAX_SERIES)
