@@ -1,15 +1,13 @@
 """``SparkJobOperator``: run one ``spark_jobs`` command on a shared Spark Connect server or through ``spark-submit``.
 
-Where it runs (:func:`resolve_target`): with a Spark Connect server configured (the Airflow
-connection ``spark_connect_default``, else ``$SPARK_REMOTE``) the job is a thin client of that
-long-lived server, run in the warm job runner at ``$SPARK_JOBS_RUNNER`` when one answers (no
-Python start, no imports) or else as ``python -m spark_jobs``. Without one, each task is its own
-Spark application through ``spark-submit`` on the ``spark_default`` connection's master,
-``$SPARK_MASTER`` or ``local[*]``: what a cluster that wants per-task applications uses.
+Where it runs (:func:`resolve_target`): with a Spark Connect server configured (the Airflow connection
+``spark_connect_default``, else ``$SPARK_REMOTE``) the job is a thin client of that long-lived server, run in the
+warm job runner at ``$SPARK_JOBS_RUNNER`` when one answers (no Python start, no imports) or else as
+``python -m spark_jobs``. Without one, each task is its own Spark application through ``spark-submit`` on the
+``spark_default`` connection's master, ``$SPARK_MASTER`` or ``local[*]``.
 
-The job's output is streamed line by line into the task log. A non-zero exit fails the task
-with the job's own error message and exit code; exit codes that a retry cannot fix (2: bad
-spec or arguments, 5: a failed quality gate) fail it without retries.
+The job's output is streamed into the task log. A non-zero exit fails the task with the job's own error message
+and exit code; exit codes a retry cannot fix (2: bad spec or arguments, 5: a failed quality gate) without retries.
 """
 
 from __future__ import annotations
@@ -61,12 +59,9 @@ class SparkJobFailure(SparkJobError, AirflowFailException):
 
 
 def _connection(conn_id: str) -> Connection | None:
-    """The Airflow connection ``conn_id``, or None when it is not defined.
-
-    Only "not defined" means "no connection": a secrets backend that denies access or fails, or a
-    connection whose extra is not JSON, raises, so a broken connection fails the task instead of
-    silently sending the job to ``$SPARK_REMOTE`` or ``local[*]``.
-    """
+    """The Airflow connection ``conn_id``, or None when it is not defined. Only that means "no connection": a
+    secrets backend that fails, or an extra that is not JSON, raises, so a broken connection fails the task
+    instead of silently sending the job to ``$SPARK_REMOTE`` or ``local[*]``."""
     from airflow.sdk import BaseHook
     from airflow.sdk.exceptions import AirflowNotFoundException
 
@@ -86,10 +81,9 @@ def _connection(conn_id: str) -> Connection | None:
 def _remote_from_connection(conn_id: str) -> str | None:
     """``sc://host:port[/;user_id=..;token=..;use_ssl=true]`` as the Spark provider's ``spark_connect`` type.
 
-    Parameter values are percent-quoted (a token may hold ``;``, ``/`` or ``=``): pyspark's
-    ``DefaultChannelBuilder`` splits the parameters on ``;`` and ``=`` and unquotes each value
-    (``urllib.parse.unquote``, pyspark 4.2), so the server receives the token as the connection holds it.
-    The quoted token is masked in the task log too (Airflow masks only the raw password).
+    Values are percent-quoted (a token may hold ``;``, ``/`` or ``=``): pyspark's ``DefaultChannelBuilder`` splits
+    the parameters on ``;`` and ``=`` and unquotes each value (pyspark 4.2), so the server gets the token as the
+    connection holds it. The quoted token is masked in the task log too (Airflow masks only the raw password).
     """
     conn = _connection(conn_id)
     if conn is None:
@@ -126,11 +120,7 @@ def resolve_master(master: str | None = None, conn_id: str | None = "spark_defau
     """Explicit ``master``, else the Airflow connection ``conn_id``, else ``$SPARK_MASTER``, else ``local[*]``."""
     if master:
         return master
-    if conn_id:
-        found = _master_from_connection(conn_id)
-        if found:
-            return found
-    return os.environ.get("SPARK_MASTER") or "local[*]"
+    return (_master_from_connection(conn_id) if conn_id else None) or os.environ.get("SPARK_MASTER") or "local[*]"
 
 
 @dataclass(frozen=True)
@@ -170,8 +160,7 @@ class SparkJobOperator(BaseOperator):
         args: the spark_jobs command line (templated), e.g. ``["combine", "--pipeline", p, "--date", DATE]``.
         master: Spark master URL of an own application per task (``spark-submit``); wins over a Connect
             server. Default from the Airflow connection ``conn_id``, ``$SPARK_MASTER`` or ``local[*]``.
-        remote: Spark Connect server ``sc://host:port``; default from the Airflow connection
-            ``connect_conn_id``, else ``$SPARK_REMOTE``.
+        remote: Connect server ``sc://host:port``; default from the connection ``connect_conn_id``, ``$SPARK_REMOTE``.
         conn_id: Airflow connection holding the master (host ``spark://h``, port 7077), if defined.
         connect_conn_id: Airflow connection of the Connect server (type ``spark_connect``: host, port,
             login as user_id, password as token, extra ``{"use_ssl": true}``), if defined.
@@ -215,26 +204,19 @@ class SparkJobOperator(BaseOperator):
         from spark_jobs.spark_session import ensure_java_home
 
         ensure_java_home()
-        env = dict(os.environ)
-        venv_bin = str(Path(sys.executable).parent)
-        if target.kind == "connect":
-            env["SPARK_REMOTE"] = target.url
-        else:
-            env.pop("SPARK_REMOTE", None)
-            env["SPARK_MASTER"] = target.url
+        env = {k: v for k, v in os.environ.items() if k != "SPARK_REMOTE"}
+        env["SPARK_REMOTE" if target.kind == "connect" else "SPARK_MASTER"] = target.url
         env.update({"SPARK_DRIVER_MEMORY": self.driver_memory,
                     "PYSPARK_PYTHON": env.get("PYSPARK_PYTHON", sys.executable),
                     "PYSPARK_DRIVER_PYTHON": env.get("PYSPARK_DRIVER_PYTHON", sys.executable),
-                    "PATH": f"{venv_bin}{os.pathsep}{env.get('PATH', '')}", "PYTHONUNBUFFERED": "1",
+                    "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}", "PYTHONUNBUFFERED": "1",
                     "GX_ANALYTICS_ENABLED": "False"})
         env.update({k: str(v) for k, v in self.env.items()})
         return env
 
     def execute(self, context: Any) -> str | None:
-        if self.skip_if is not None:
-            reason = self.skip_if(context)
-            if reason:
-                raise AirflowSkipException(reason)
+        if self.skip_if is not None and (reason := self.skip_if(context)):
+            raise AirflowSkipException(reason)
         target = resolve_target(master=self.master, remote=self.remote, conn_id=self.conn_id,
                                 connect_conn_id=self.connect_conn_id)
         tail: collections.deque[str] = collections.deque(maxlen=200)
@@ -243,49 +225,40 @@ class SparkJobOperator(BaseOperator):
             tail.append(text)
             self.log.info("%s", text)
 
-        env = self.environment(target)
-        runner = os.environ.get("SPARK_JOBS_RUNNER")
-        if target.kind == "connect" and runner and self._runner_up(runner):
-            self.log.info("running on %s, in the warm runner %s: spark_jobs %s", target.url, runner,
-                          " ".join(map(str, self.args)))
-            code = self._run_in_runner(runner, env, line)
-        else:
-            cmd = (self.command(target.url) if target.kind == "submit"
-                   else [sys.executable, "-m", "spark_jobs", *map(str, self.args)])
-            self.log.info("running%s: %s", f" on {target.url}" if target.kind == "connect" else "", " ".join(cmd))
-            code = self._run_process(cmd, env, line)
+        code = self._run(target, self.environment(target), line)
         if code != 0:
-            lines = list(tail)
-            message = f"spark_jobs {self.args[0] if self.args else ''} failed with exit code {code}: {_error_text(lines)}"
+            message = f"spark_jobs {self.args[0] if self.args else ''} failed with exit code {code}: {_error_text(list(tail))}"
             if code in NO_RETRY_EXIT_CODES:
                 raise SparkJobFailure(f"{message}\n(no retry: {NO_RETRY_EXIT_CODES[code]})", code)
             raise SparkJobError(message, code)
         summary = [line for line in tail if line.strip() and not line.startswith(("WARN", "Using Spark", "Setting"))]
         return summary[-1] if summary else None
 
-    def _run_process(self, cmd: list[str], env: dict[str, str], line: Callable[[str], None]) -> int:
+    def _run(self, target: SparkTarget, env: dict[str, str], line: Callable[[str], None]) -> int:
+        """The job's exit code: run in the warm runner at ``$SPARK_JOBS_RUNNER`` when the target is a Connect
+        server and the runner answers, else in a process of its own; each line of its output goes to ``line``."""
+        runner = os.environ.get("SPARK_JOBS_RUNNER")
+        if target.kind == "connect" and runner:
+            from spark_jobs.server.runner import probe, run_job
+
+            if probe(runner):
+                self.log.info("running on %s, in the warm runner %s: spark_jobs %s", target.url, runner,
+                              " ".join(map(str, self.args)))
+
+                def started(conn: socket.socket) -> None:
+                    self._runner_conn = conn
+
+                return run_job(runner, list(map(str, self.args)), env=env, on_line=line, on_start=started)
+            self.log.warning("no warm runner answers at %s (SPARK_JOBS_RUNNER); starting a Python for the job", runner)
+        cmd = (self.command(target.url) if target.kind == "submit"
+               else [sys.executable, "-m", "spark_jobs", *map(str, self.args)])
+        self.log.info("running%s: %s", f" on {target.url}" if target.kind == "connect" else "", " ".join(cmd))
         self._proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                       bufsize=1, start_new_session=True)
         assert self._proc.stdout is not None
         for raw in self._proc.stdout:
             line(raw.rstrip("\n"))
         return self._proc.wait()
-
-    def _runner_up(self, path: str) -> bool:
-        from spark_jobs.server.runner import probe
-
-        if probe(path):
-            return True
-        self.log.warning("no warm runner answers at %s (SPARK_JOBS_RUNNER); starting a Python for the job", path)
-        return False
-
-    def _run_in_runner(self, path: str, env: dict[str, str], line: Callable[[str], None]) -> int:
-        from spark_jobs.server.runner import run_job
-
-        def started(conn: socket.socket) -> None:
-            self._runner_conn = conn
-
-        return run_job(path, list(map(str, self.args)), env=env, on_line=line, on_start=started)
 
     def on_kill(self) -> None:
         if self._runner_conn is not None:  # the runner stops the job when its client goes away
