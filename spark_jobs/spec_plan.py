@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -31,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from spark_jobs.lake import PipelineTables
+from spark_jobs.lake import PipelineTables, storage
 from spark_jobs.lake.coverage import day_versions, uncovered_days
 from spark_jobs.lake.layout import table_schema
 from spark_jobs.lake.reader import is_table, open_table
@@ -329,19 +328,20 @@ def _ranges(days: Sequence[str]) -> list[tuple[str, str]]:
 def landing_rows(spec: PipelineSpec, date: str) -> tuple[int | None, int]:
     """Rows and files in a landing partition, from Parquet footers or line counts (no Spark)."""
     folder = spec.source.partition_path(date)
-    if not os.path.isdir(folder):
+    if not storage.is_dir(folder):
         return None, 0
-    files = [os.path.join(folder, n) for n in sorted(os.listdir(folder)) if not n.startswith((".", "_"))]
+    files = storage.list_dir(folder)
     rows = 0
     for f in files:
         try:
             if spec.source.format == "parquet":
-                rows += pq.read_metadata(f).num_rows
+                with storage.open_input(f) as handle:
+                    rows += pq.read_metadata(handle).num_rows
             else:
-                with open(f, "rb") as handle:
-                    lines = sum(1 for line in handle if line.strip())
+                lines = sum(1 for line in storage.read_bytes(f).splitlines() if line.strip())
                 rows += max(lines - 1, 0) if spec.source.format == "csv" else lines
-        except Exception:  # an unreadable file counts nothing here; combine reports it
+        except (OSError, ValueError):  # an unreadable file (ArrowInvalid is a ValueError) counts nothing; combine
+            # reports it
             continue
     return rows, len(files)
 
@@ -406,11 +406,9 @@ def pending_days(spec: PipelineSpec, record: RecordedSpec) -> list[str]:
 
 def landing_days(spec: PipelineSpec) -> list[str]:
     """The event days with a landing partition."""
-    root = spec.source.path
-    if not os.path.isdir(root):
-        return []
     prefix = "event_date="
-    return sorted(n[len(prefix):] for n in os.listdir(root) if n.startswith(prefix) and _is_date(n[len(prefix):]))
+    names = [p.rsplit("/", 1)[-1] for p in storage.list_dir(spec.source.path, dirs=True)]
+    return sorted(n[len(prefix):] for n in names if n.startswith(prefix) and _is_date(n[len(prefix):]))
 
 
 def _is_date(text: str) -> bool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +30,7 @@ def skip_unchanged_day(pipeline: str) -> Callable[[Any], str | None]:
     def check(context: Any) -> str | None:
         if (context.get("params") or {}).get("force_recombine"):
             return None
-        from spark_jobs.lake import PipelineTables
+        from spark_jobs.lake import PipelineTables, storage
         from spark_jobs.lake.coverage import day_versions
         from spark_jobs.lake.runs_table import latest_combines
         from spark_jobs.lake.spec_record import current
@@ -40,9 +39,7 @@ def skip_unchanged_day(pipeline: str) -> Callable[[Any], str | None]:
         date = batch_date(context)
         spec = load_spec(pipeline)
         folder = spec.source.partition_path(date)
-        if not os.path.isdir(folder):
-            return None
-        newest = max((os.path.getmtime(os.path.join(folder, n)) for n in os.listdir(folder)), default=None)
+        newest = max((storage.modified(f) for f in storage.list_dir(folder)), default=None)
         combined = latest_combines(PipelineTables(spec.lake, spec.name).runs, [date], by="started_at").get(date)
         if combined is None or newest is None:
             return None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,8 +34,10 @@ class LandingPartitionSensor(BaseSensorOperator):
         return spec.source.partition_path(self.date)
 
     def poke(self, context: Any) -> bool:
+        from spark_jobs.lake import storage
+
         path = self.partition()
-        files = [n for n in os.listdir(path) if not n.startswith((".", "_"))] if os.path.isdir(path) else []
+        files = storage.list_dir(path)
         self.log.info("%s: %d data file(s), waiting for %d", path, len(files), self.min_files)
         return len(files) >= self.min_files
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ from spark_jobs.jobs import rollups
 from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.jobs.forked import cores, forked_map
 from spark_jobs.jobs.run_record import new_run_id, recorded_run
-from spark_jobs.lake import AppTxn, DataFile, Lake, PipelineTables, open_lake
+from spark_jobs.lake import AppTxn, DataFile, Lake, PipelineTables, open_lake, storage
 from spark_jobs.lake.arrow import read_data_files
 from spark_jobs.lake.coverage import day_versions
 from spark_jobs.lake.layout import SPEC_VERSION, TS, table_schema
@@ -261,7 +260,7 @@ class _Migration:
             self.written[name] = retry_conflicts(lambda attempt, s=step, p=path: s(p, self.lake.version(p)),  # type: ignore[misc]
                                                  what=f"apply to {name}")
         for name in self.diff.rollups_removed:
-            shutil.rmtree(t.rollup(name), ignore_errors=True)
+            storage.delete_tree(t.rollup(name))
         for rollup in self.spec.rollups:
             path = t.rollup(rollup.name)
             if is_table(path) and (table_spec_version(path, self.spec.name) or 0) < self.version:

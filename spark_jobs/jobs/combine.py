@@ -25,6 +25,7 @@ from spark_jobs.lake.spec_record import ensure_applied
 from spark_jobs.lake.table_rules import BATCH, DEAD_LETTER_PARTITIONS, PARTIALS_PARTITIONS
 from spark_jobs.phases.arrow_merge import TS
 from spark_jobs.phases.compiled import CompiledAggregates, partial_aggregate
+from spark_jobs.spark_failures import spark_errors
 from spark_jobs.spec import PipelineSpec
 
 if TYPE_CHECKING:
@@ -172,7 +173,7 @@ def _combine(spark: SparkSession, spec: PipelineSpec, compiled: CompiledAggregat
 
         try:
             counts = rows.agg(F.count(F.lit(1)).alias("n"), F.count("_reason").alias("rejected")).first()
-        except Exception as exc:
+        except spark_errors() as exc:
             error = InputError(f"combine of {date} failed reading {source}: {spark_read_error(exc)}")
             raise _Unreadable(error) from exc
         assert counts is not None
@@ -182,7 +183,7 @@ def _combine(spark: SparkSession, spec: PipelineSpec, compiled: CompiledAggregat
             retry_conflicts(commit, what=f"combine of {date}", recheck=lambda: ensure_applied(lake, spec))
         except PipelineError:
             raise
-        except Exception as exc:
+        except spark_errors() as exc:
             raise InputError(f"combine of {date} failed reading {source}: {spark_read_error(exc)}") from exc
     finally:
         rows.unpersist()

@@ -28,7 +28,7 @@ from spark_jobs.jobs.forked import cores, forked_map
 from spark_jobs.lake import AppTxn, Cluster, Lake, PipelineTables
 from spark_jobs.lake.arrow import split_by
 from spark_jobs.lake.layout import SPEC_VERSION, table_schema
-from spark_jobs.lake.reader import Snapshot, open_table
+from spark_jobs.lake.reader import READ_ERRORS, Snapshot, open_table
 from spark_jobs.lake.table_rules import rollup_app_id
 from spark_jobs.phases.arrow_merge import (
     EPOCH,
@@ -99,7 +99,7 @@ def changed_buckets(aggregates: Snapshot, since: int, grain_s: int) -> list[tupl
     lacks statistics): then every bucket is recomputed."""
     try:
         before = aggregates.at(since).add_actions()
-    except Exception as exc:  # delta-rs raises its own errors for a cleaned-up log
+    except READ_ERRORS as exc:  # a cleaned-up log
         log.warning("cannot load aggregates version %s (%s): recomputing every bucket", since, exc)
         return None
     now = aggregates.add_actions()

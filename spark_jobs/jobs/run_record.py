@@ -102,5 +102,5 @@ def recorded_run(lake: Lake, tables: PipelineTables, *, job: str, batch: str | N
         log.info("%s (%.1fs)", run.summary(), time.monotonic() - started)
         try:
             lake.append_rows(run.to_arrow(), tables.runs, metadata={"run_id": run.run_id, "job": job})
-        except Exception:
+        except Exception:  # the run's own outcome (its error, or none) must not be hidden by the record's: logged
             log.exception("could not record run %s in %s", run.run_id, tables.runs)

@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from spark_jobs.spark_failures import spark_errors
+
 __all__ = ["PhaseTimer"]
 
 
@@ -49,10 +51,11 @@ class PhaseTimer:
 
 def _job_counter(spark: Any) -> Callable[[], int] | None:
     """The number of Spark jobs submitted so far, or None where it cannot be read (Spark Connect)."""
+    no_jvm: tuple[type[BaseException], ...] = (AttributeError, *spark_errors())
     try:
         scheduler = spark.sparkContext._jsc.sc().dagScheduler()
         counter: Callable[[], int] = lambda: int(scheduler.nextJobId())  # noqa: E731
         counter()
         return counter
-    except Exception:
+    except no_jvm:  # no JVM behind the session (Spark Connect)
         return None

@@ -16,7 +16,7 @@ from urllib.parse import unquote, urlparse
 
 import pyarrow.fs as pafs
 
-__all__ = ["delete_file", "delete_tree", "exists", "first_line", "is_dir", "is_remote", "list_dir", "local_path", "open_input",
+__all__ = ["delete_file", "delete_tree", "exists", "first_line", "is_dir", "is_remote", "list_dir", "local_path", "modified", "open_input",
            "read_bytes", "size", "write_whole"]
 
 
@@ -55,6 +55,12 @@ def size(path: str) -> int:
     except OSError:
         return -1
     return info.size if info.type == pafs.FileType.File and info.size is not None else -1
+
+
+def modified(path: str) -> float:
+    """A file's modification time, in seconds since the epoch."""
+    info = _info(path)
+    return (info.mtime_ns or 0) / 1e9
 
 
 def list_dir(directory: str, *, dirs: bool = False) -> list[str]:

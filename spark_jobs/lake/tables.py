@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 __all__ = ["SPEC_SHAPED", "TABLES", "TableName", "PipelineTables", "is_spec_shaped", "is_table_name"]
 
@@ -27,49 +27,38 @@ def is_spec_shaped(path: str) -> bool:
 
 @dataclass(frozen=True)
 class PipelineTables:
-    """The Delta tables of one pipeline, under ``<lake>/<pipeline>/``."""
+    """The Delta tables of one pipeline, under ``<lake>/<pipeline>/``: ``partials``, ``aggregates``, ``changelog``,
+    ``dead_letter``, ``runs`` and ``specs`` (the spec record, see ``lake.spec_record``), each a path."""
 
     lake: str
     pipeline: str
 
-    def path(self, table: TableName) -> str:
+    def path(self, table: str) -> str:
         return f"{self.lake.rstrip('/')}/{self.pipeline}/{table}"
 
-    @property
-    def partials(self) -> str:
-        return self.path("partials")
+    def __getattr__(self, table: str) -> str:
+        if table in TABLES:
+            return self.path(table)
+        raise AttributeError(f"{type(self).__name__} has no table {table!r}")
 
-    @property
-    def aggregates(self) -> str:
-        return self.path("aggregates")
-
-    @property
-    def changelog(self) -> str:
-        return self.path("changelog")
-
-    @property
-    def dead_letter(self) -> str:
-        return self.path("dead_letter")
-
-    @property
-    def runs(self) -> str:
-        return self.path("runs")
-
-    @property
-    def specs(self) -> str:
-        """The spec record: one row per step of each spec version (see ``lake.spec_record``)."""
-        return self.path("specs")
+    if TYPE_CHECKING:  # the tables' paths, as __getattr__ gives them
+        partials: ClassVar[str]
+        aggregates: ClassVar[str]
+        changelog: ClassVar[str]
+        dead_letter: ClassVar[str]
+        runs: ClassVar[str]
+        specs: ClassVar[str]
 
     def rollup(self, name: str) -> str:
         """A declared rollup's table, ``rollup_<name>``."""
-        return f"{self.lake.rstrip('/')}/{self.pipeline}/rollup_{name}"
+        return self.path(f"rollup_{name}")
 
     @property
     def stream_state(self) -> str:
         """The stream's keyed state (a Delta table of open windows' accumulators), internal."""
-        return f"{self.lake.rstrip('/')}/{self.pipeline}/_stream/state"
+        return self.path("_stream/state")
 
     @property
     def stream_checkpoint(self) -> str:
         """Spark's checkpoint of the stream: which landing files each mini-batch id holds."""
-        return f"{self.lake.rstrip('/')}/{self.pipeline}/_stream/checkpoint"
+        return self.path("_stream/checkpoint")

@@ -61,9 +61,8 @@ def merge_on_driver(groups: pa.Table, state: pa.Table, local: LocalAggregates, *
     sessions); else the state's rows of days without a batch combine and the ``batch_rows`` (batch partials) of
     days with one."""
     merge = _DriverMerge(local, schemas, run_id=run_id, now=now)
-    if reached is None:
-        reached = merge.reach_in_state(groups.filter(pc.invert(_in_days(groups, batch_days))), state, batch_days,
-                                       batch_rows)
+    if reached is None:  # the batch days' keys too: they are served with the batch partials that count for them
+        reached = merge.reach_in_state(groups, state, batch_days, batch_rows)
     live = np.asarray(pc.invert(_in_days(groups, batch_days)).to_numpy(zero_copy_only=False), dtype=bool)
     quick = merge.alone(groups, live, state, reached.stored)
     rest, alone = groups.filter(pa.array(~quick)), groups.filter(pa.array(quick))
@@ -100,16 +99,17 @@ class _DriverMerge:
                                        *(schemas["aggregates"].field(n) for n in local.names),
                                        pa.field("n_rows", pa.int64())])
 
-    def reach_in_state(self, live: pa.Table, state: pa.Table, batch_days: Set[dt.date],
+    def reach_in_state(self, changed: pa.Table, state: pa.Table, batch_days: Set[dt.date],
                        batch_rows: pa.Table | None) -> Reached:
-        """The window kind's reach of the ``live`` rows in the state: its rows of days without a batch combine and
-        the batch partials of days with one (the hybrid rule)."""
+        """The window kind's reach of the ``changed`` rows in the state: its rows of days without a batch combine
+        and the batch partials of days with one (the hybrid rule)."""
         columns = [*self.keys, "n_rows", *self.local.compiled.acc_columns, SPEC_VERSION]
         schema = pa.schema([self.schemas["partials"].field(c) for c in columns])
         counted = state.filter(pc.invert(_in_days(state, batch_days))).select(columns).cast(schema)
         if batch_rows is not None:
             counted = pa.concat_tables([counted, batch_rows.select(columns).cast(schema)])
-        return Reached(self.kind.within_arrow(counted, live, self.group), self.kind.touched_arrow(live, self.group))
+        return Reached(self.kind.within_arrow(counted, changed, self.group),
+                       self.kind.touched_arrow(changed, self.group))
 
     def alone(self, groups: pa.Table, live: np.ndarray, state: pa.Table, stored: pa.Table) -> np.ndarray:
         """The rows of keys alone among the batch's ``live`` rows (of days without a batch combine), in no state
@@ -248,16 +248,15 @@ class ArrowEngine:
             ("state", t.stream_state))}
 
     def _reach_in_partials(self, batch: MiniBatch, groups: pa.Table, schemas: Mapping[str, pa.Schema]) -> Reached:
-        """The window kind's reach of the batch's live rows over ``partials`` (in Spark), brought to the driver."""
-        live = groups.filter(pc.invert(_in_days(groups, batch.batch_days)))
+        """The window kind's reach of the batch's rows over ``partials`` (in Spark), brought to the driver."""
         stored_schema = pa.schema([schemas["partials"].field(c) for c in self.partial_columns])
         keys = list(self.local.compiled.spec.key_columns)
-        if not live.num_rows:
-            return Reached(stored_schema.empty_table(), live.select(keys))
-        reach = self.kind.reach_of(self.spark.createDataFrame(live.select(self.partial_columns).cast(stored_schema)),
+        if not groups.num_rows:
+            return Reached(stored_schema.empty_table(), groups.select(keys))
+        reach = self.kind.reach_of(self.spark.createDataFrame(groups.select(self.partial_columns).cast(stored_schema)),
                                    partials_in_reach(self.lake, self.tables, batch), self.group)
         self._cached += reach.cached
-        touched = reach.touched.toArrow() if reach.touched is not None else live.select(keys).slice(0, 0)
+        touched = reach.touched.toArrow() if reach.touched is not None else groups.select(keys).slice(0, 0)
         return Reached(reach.stored.select(*self.partial_columns).toArrow().cast(stored_schema), touched,
                        reach.read_version)
 

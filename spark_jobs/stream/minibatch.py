@@ -285,21 +285,21 @@ class MiniBatchAggregator:
                         engine = self.engine_for(read.keys)
                         outcome.on_driver = engine is self.arrow
                         out = engine.merge(batch)
-                committed = commit_outputs(lake, spec, txn, run_id=record.run_id, rejects=read.rejects(),
+                commits = commit_outputs(lake, spec, txn, run_id=record.run_id, rejects=read.rejects(),
                                            rejected=outcome.rows_rejected, batch=batch, out=out, files=begun.found.bad,
                                            phase=phase)
                 if engine is not None and out is not None:
-                    engine.after_commit(committed.written["stream_state"], out)
-                return committed
+                    engine.after_commit(commits.written["stream_state"], out)
+                return commits
 
-            committed = retry_conflicts(step, what=f"mini-batch {batch_id}", recheck=lambda: ensure_applied(lake, spec))
+            commits = retry_conflicts(step, what=f"mini-batch {batch_id}", recheck=lambda: ensure_applied(lake, spec))
             if spec.rollups:
                 with phase("rollups"):  # the wait for the previous batch's refresh, if it is still running
                     self.refresh_rollups(run_id=record.run_id)
             read.combined.unpersist()
-            outcome.state_writes, outcome.changes = committed.state_writes, committed.changes
-            outcome.visible_at = committed.visible_at
-            record.versions_written = committed.written
+            outcome.state_writes, outcome.changes = commits.state_writes, commits.changes
+            outcome.visible_at = commits.visible_at
+            record.versions_written = commits.written
             watermark = outcome.watermark
             record.message = (f"mini-batch {batch_id}: {outcome.state_writes} state writes, {outcome.changes} "
                               f"changelog rows, {outcome.rows_late} late"

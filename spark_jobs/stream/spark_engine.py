@@ -51,7 +51,8 @@ class SparkEngine:
         live = groups.where(~F.col(DAY).isin(sorted(batch.batch_days))) if batch.batch_days else groups
         stored = (state_in_reach(self.lake, self.tables, batch, state) if self.kind.state_covers_reach
                   else partials_in_reach(self.lake, self.tables, batch))
-        reach = self.kind.reach_of(live.select(*self.partial_columns), stored, self.group)
+        reach = self.kind.reach_of(groups.select(*self.partial_columns), stored, self.group)  # batch days' keys too:
+        # they are served with the batch partials that count for them
         self._cached += reach.cached
         values = self._values(reach, live)
         after = values.where(F.col("_after")).drop("_after")

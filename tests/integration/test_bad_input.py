@@ -199,6 +199,30 @@ def test_csv_columns_are_read_by_header_name_in_any_order(spark, tmp_path):
     assert (record.rows_in, record.rows_rejected) == (3, 0)
 
 
+def test_a_csv_day_with_headers_in_other_orders_serves_the_same_from_the_batch_and_the_stream(spark, tmp_path):
+    """One landing reader: each CSV file is read by its own header's names, in the batch and in the stream alike."""
+    from spark_jobs.stream import run as stream
+    from tests.integration.test_stream import with_stream
+
+    columns = [c for c, _ in make_spec(tmp_path / "x", fmt="csv").source.schema]
+    rows = good_rows(30)
+    files = {"part-0.csv": (columns[::-1], rows[:15]), "part-1.csv": (columns[2:] + columns[:2], rows[15:])}
+    specs = []
+    for name in ("batch", "stream"):
+        spec = make_spec(tmp_path / name, aggregates=FAST_AGGREGATES, fmt="csv", window={"size": "1 hour"})
+        for file, (header, part) in files.items():
+            write_text(tmp_path / name / "landing", D1, file, csv_text(header, [as_record(r) for r in part]))
+        specs.append(with_stream(spec, max_files_per_batch=1) if name == "stream" else spec)
+    combine.run(spark, specs[0], D1)
+    reduce.run(spark, specs[0])
+    summary = stream(spark, specs[1], available_now=True)
+    assert sum(b.rows_rejected for b in summary.batches) == 0
+    by_batch, by_stream = (actual(PipelineTables(s.lake, s.name).aggregates, s) for s in specs)
+    values = [*specs[0].key_columns, *(a.name for a in specs[0].aggregates), "n_rows"]
+    pd.testing.assert_frame_equal(by_batch[values], by_stream[values])
+    assert_matches(by_batch, expected(oracle_of(rows, D1), specs[0]), specs[0])
+
+
 def test_an_unreadable_file_is_named_with_its_reason_and_no_py4j_noise(spark, tmp_path):
     spec = with_policy(make_spec(tmp_path, aggregates=FAST_AGGREGATES), "fail")
     write_day(tmp_path / "landing", D1, day_events(D1, 20))

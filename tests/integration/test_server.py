@@ -20,7 +20,7 @@ from deltalake import DeltaTable
 from spark_jobs.lake import PipelineTables
 from spark_jobs.server.runner import run_job
 from tests.builders import day_events, make_spec, write_day
-from tests.conftest import free_port
+from tests.helpers import free_port
 from tests.oracle import actual, assert_matches, expected, read_landing
 
 pytestmark = pytest.mark.slow
