@@ -1,17 +1,12 @@
 """The accumulator contract every aggregate implements, after Flink's ``AggregateFunction``.
 
-An aggregate never sees the whole group: rows are folded into an *accumulator* with
-``accumulate`` (the combine side), and accumulators of different batches are folded
-together with ``merge`` (the reduce side). ``get_value`` turns an accumulator into the
-result. Because of that split the pipeline can pre-aggregate each batch once and keep the
-partial accumulators, and re-merge only what a backfill touched.
+Rows fold into an *accumulator* with ``accumulate`` (combine), accumulators of different batches fold with
+``merge`` (reduce), and ``get_value`` makes the result: so the pipeline pre-aggregates each batch once, keeps
+the partial accumulators and re-merges only what a backfill touched. Every method returns the new
+accumulator (it may mutate and return its argument), so immutable ones such as plain numbers work too.
 
-Every method returns the new accumulator (it may mutate and return the argument), so
-immutable accumulators such as plain numbers work as well as mutable ones.
-
-An aggregate also owns how its accumulator is stored in the tables (``acc_fields``,
-``encode``/``decode``, to and from the Python values of Arrow columns): the driver's merge and
-Spark's phases read and write the same columns, so either can continue from the other.
+An aggregate also owns how its accumulator is stored (``acc_fields``, ``encode``/``decode``, to and from Arrow
+values): the driver's merge and Spark's phases read and write the same columns, so either continues the other.
 """
 
 from __future__ import annotations
@@ -37,16 +32,11 @@ OUT = TypeVar("OUT")
 class AggregateFunction(ABC, Generic[ACC, OUT]):
     """Base class for built-in and user-defined aggregates.
 
-    A user-defined aggregate (spec ``fn: "package.module:Class"``) subclasses this and sets:
-
-    - ``accumulator_type``: the Arrow type its accumulator is stored as in the ``partials``
-      and ``aggregates`` tables (use a struct of numbers to stay portable). The accumulator
-      object handed around is the Python value of that type (a ``dict`` for a struct).
-    - ``result_type``: the Arrow type of ``get_value``.
-    - ``num_inputs``: how many columns ``accumulate`` takes (the spec's ``columns``).
-
-    It should override ``accumulate_batch`` with a vectorised version: the engine calls it
-    once per group and Arrow batch, never once per row.
+    A user-defined aggregate (spec ``fn: "package.module:Class"``) subclasses this and sets ``accumulator_type``
+    (the Arrow type its accumulator is stored as; a struct of numbers stays portable, and the accumulator handed
+    around is its Python value, a ``dict`` for a struct), ``result_type`` (of ``get_value``) and ``num_inputs``
+    (the spec's ``columns``). It should override ``accumulate_batch`` with a vectorised version: the engine
+    calls it once per group and Arrow batch, never once per row.
     """
 
     accumulator_type: ClassVar[pa.DataType | None] = None
@@ -67,16 +57,14 @@ class AggregateFunction(ABC, Generic[ACC, OUT]):
 
     def retract(self, acc: ACC, *values: Any) -> ACC:
         """Undo ``accumulate`` of the same values; needed for -U/-D input rows."""
-        raise RetractNotSupportedError(
-            f"{type(self).__name__} cannot retract; it cannot consume -U/-D (retraction) input"
-        )
+        raise RetractNotSupportedError(f"{type(self).__name__} cannot retract; "
+                                       "it cannot consume -U/-D (retraction) input")
 
     def merge(self, acc: ACC, other: ACC) -> ACC:
         """Fold another accumulator into ``acc``: associative, commutative, and with
         ``merge(create_accumulator(), x) == x`` (the engine skips merges of a single partial)."""
-        raise MergeNotSupportedError(
-            f"{type(self).__name__} has no merge; it cannot run as a two-phase (combine/reduce) aggregate"
-        )
+        raise MergeNotSupportedError(f"{type(self).__name__} has no merge; "
+                                     "it cannot run as a two-phase (combine/reduce) aggregate")
 
     @abstractmethod
     def get_value(self, acc: ACC) -> OUT:
@@ -103,17 +91,12 @@ class AggregateFunction(ABC, Generic[ACC, OUT]):
     def merge_all(self, accs: list[ACC]) -> ACC:
         """Merge one group's accumulators (at least one), as both engines do: a single one is kept
         as it is (the identity law), several are folded by ``merge_batch``."""
-        if len(accs) == 1:
-            return accs[0]
-        return self.merge_batch(accs[0], accs[1:])
+        return accs[0] if len(accs) == 1 else self.merge_batch(accs[0], accs[1:])
 
     def merge_groups(self, columns: Sequence[pa.Array], offsets: np.ndarray) -> list[ACC] | None:
-        """Optional: merge many groups' stored accumulators at once, column-wise where it can.
-
-        ``columns`` are the stored ``acc_fields`` columns with each group's rows together: group ``g``
-        is rows ``offsets[g]:offsets[g + 1]`` (at least one), in stored order. Returns each group's
-        accumulator, equal to ``merge_all`` of its rows' ``decode``. None (the default, or for inputs
-        an override does not handle) leaves it to the caller: ``decode`` and ``merge_all`` row by row."""
+        """Optional: each group's accumulator (``merge_all`` of its rows' ``decode``), column-wise. ``columns``: the
+        stored ``acc_fields`` columns, group ``g`` in rows ``offsets[g]:offsets[g + 1]`` (at least one). None (the
+        default, or inputs an override does not handle): the caller merges row by row."""
         return None
 
     def merge_groups_stored(self, columns: Sequence[pa.Array], offsets: np.ndarray) -> list[pa.Array] | None:
@@ -125,7 +108,6 @@ class AggregateFunction(ABC, Generic[ACC, OUT]):
         """Optional: ``get_value`` of each stored accumulator, column-wise (None: decoded row by row)."""
         return None
 
-    # storage encoding ---------------------------------------------------------
     def encode(self, acc: ACC) -> list[Any]:
         """The accumulator as the values of its ``acc_fields`` columns (Python values of Arrow types)."""
         return [acc]
@@ -134,11 +116,9 @@ class AggregateFunction(ABC, Generic[ACC, OUT]):
         """A fresh accumulator from stored column values (merges may mutate it); NULL is empty."""
         return cells[0] if cells[0] is not None else self.create_accumulator()
 
-    # stored types ----------------------------------------------------------------
     def acc_types(self) -> list[pa.DataType]:
-        """The Arrow types of its ``acc_fields`` columns, as the tables store them: what a schema change
-        adds for a new aggregate without running Spark. Spark's phases must produce these types (a test
-        holds the built-ins to it)."""
+        """The Arrow types of its ``acc_fields`` columns as stored: what a schema change adds for a new aggregate
+        without Spark. Spark's phases must produce them (a test holds the built-ins to it)."""
         assert self.accumulator_type is not None, f"{type(self).__name__} sets no accumulator_type"
         return [self.accumulator_type]
 

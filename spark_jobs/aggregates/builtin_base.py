@@ -1,11 +1,9 @@
-"""The base class of the built-in aggregates, and their registry.
-
-Each built-in lives in a module of its own that subclasses ``Builtin`` and registers with ``@builtin``;
-:mod:`spark_jobs.aggregates.builtins` imports them all, so importing it registers every one.
-"""
+"""The base class of the built-in aggregates, and their registry: each built-in's own module subclasses ``Builtin``
+and registers with ``@builtin``; :mod:`spark_jobs.aggregates.builtins` imports them all, registering every one."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -15,8 +13,17 @@ from spark_jobs.aggregates.base import AggregateFunction
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
+    from pyspark.sql import functions as F
+else:  # a DAG file's parse imports the aggregates, never pyspark: Spark's functions load on first use
+    Column = DataFrame = Any  # annotations only
 
-__all__ = ["ARROW_TYPES", "BUILTINS", "NUMERIC", "RETRACTING", "Builtin", "builtin"]
+    class _Functions:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(importlib.import_module("pyspark.sql.functions"), name)
+
+    F = _Functions()
+
+__all__ = ["ARROW_TYPES", "BUILTINS", "NUMERIC", "RETRACTING", "Builtin", "Column", "DataFrame", "F", "builtin"]
 
 NUMERIC = ("int", "bigint", "float", "double")
 # Spark SQL type of a source column (spec.TYPES' values) -> the Arrow type its values are stored as
@@ -24,6 +31,7 @@ ARROW_TYPES: dict[str, pa.DataType] = {
     "string": pa.string(), "int": pa.int32(), "bigint": pa.int64(), "float": pa.float32(), "double": pa.float64(),
     "boolean": pa.bool_(), "date": pa.date32(), "timestamp": pa.timestamp("us", tz="UTC"),
 }
+
 
 class Builtin(AggregateFunction[Any, Any]):
     """A built-in aggregate bound to its output name, input columns, args and input column type."""
@@ -52,21 +60,17 @@ class Builtin(AggregateFunction[Any, Any]):
         return ARROW_TYPES.get(self.input_type or "double", pa.float64())
 
     def acc_types(self) -> list[pa.DataType]:
-        return [self.input_arrow]
+        return [self.value_type() if self.accumulator_type is None else self.accumulator_type]
 
     def value_type(self) -> pa.DataType:
-        return self.input_arrow
+        return self.input_arrow if self.result_type is None else self.result_type
 
     @classmethod
     def check_args(cls, args: dict[str, Any]) -> list[tuple[str, str]]:
         """Problems with ``args`` as (field, message); subclasses add range checks."""
-        return [
-            ("args", f"unknown argument {k!r} for {cls.fn}; allowed: {', '.join(cls.args_allowed) or 'none'}")
-            for k in args
-            if k not in cls.args_allowed
-        ]
+        return [("args", f"unknown argument {k!r} for {cls.fn}; allowed: {', '.join(cls.args_allowed) or 'none'}")
+                for k in args if k not in cls.args_allowed]
 
-    # Spark phases ------------------------------------------------------------
     def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
         """Accumulator expressions over raw rows; ``sign`` (-1 for -U/-D rows) only for retracting ones."""
         raise NotImplementedError

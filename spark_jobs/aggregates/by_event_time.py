@@ -1,30 +1,23 @@
-"""``first`` and ``last``: the non-NULL value at the earliest (latest) event time."""
+"""``first`` and ``last``: the non-NULL value at the earliest (latest) event time, ties to the smaller (larger)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_jobs.aggregates.builtin_base import Builtin, builtin
-
-if TYPE_CHECKING:
-    from pyspark.sql import Column
+from spark_jobs.aggregates.builtin_base import Builtin, Column, F, builtin
 
 __all__ = ["First", "Last"]
 
 
 class _ByEventTime(Builtin):
-    """``first``/``last`` non-NULL value by event time; ties broken by the smaller/larger value.
+    """The accumulator is the struct (event time, value): ordering structs makes both phases plain ``min``/``max``,
+    associative and independent of how rows were split."""
 
-    The accumulator is the struct (event time, value): ordering structs makes both phases
-    plain ``min``/``max``, associative and independent of how rows were split.
-    """
-
-    acc_fields = ("acc",)
     uses_event_time = True
     _pick: ClassVar[Any]
 
@@ -59,14 +52,10 @@ class _ByEventTime(Builtin):
         return None if stored is None else [self.decode([cell]) for cell in stored[0].to_pylist()]
 
     def merge_groups_stored(self, columns: Sequence[pa.Array], offsets: np.ndarray) -> list[pa.Array] | None:
-        """Column-wise, as stored: per group the earliest (latest) time, then the smallest (largest) value at it.
-
-        The same order as the tuples' ``min``/``max``, for times as timestamps and values Arrow and
-        Python order alike (integers, strings, binary, booleans, dates, times, timestamps); else None.
-        """
-        acc = columns[0]
-        if isinstance(acc, pa.ChunkedArray):
-            acc = acc.combine_chunks()
+        """Column-wise, as stored: per group the earliest (latest) time, then the smallest (largest) value at it:
+        the tuples' ``min``/``max`` order, for times as timestamps and values Arrow and Python order alike (integers,
+        strings, binary, booleans, dates, times, timestamps); else None."""
+        acc = columns[0].combine_chunks() if isinstance(columns[0], pa.ChunkedArray) else columns[0]
         if (not pa.types.is_struct(acc.type) or [f.name for f in acc.type] != ["at", "value"]
                 or not (pa.types.is_timestamp(acc.type.field("at").type) and _orders_as_python(acc.type.field("at").type))
                 or not _orders_as_python(acc.type.field("value").type)):
@@ -80,14 +69,13 @@ class _ByEventTime(Builtin):
         if (valid & ~(at_valid & np.asarray(value.is_valid().to_numpy(zero_copy_only=False), dtype=bool))).any():
             return None  # a stored (time, NULL) or (NULL, value): leave it to the tuples
         earliest = type(self)._pick is min
-        sentinel = np.iinfo(np.int64).max if earliest else np.iinfo(np.int64).min
+        how, sentinel = ("min", np.iinfo(np.int64).max) if earliest else ("max", np.iinfo(np.int64).min)
         ticks = np.where(valid, at.cast(pa.int64()).fill_null(0).to_numpy(), sentinel)
         starts = offsets[:-1]
         best = (np.minimum if earliest else np.maximum).reduceat(ticks, starts)
         present = np.add.reduceat(valid.astype(np.int64), starts) > 0
         group = np.repeat(np.arange(groups, dtype=np.int64), np.diff(offsets))
         tied = valid & (ticks == best[group])
-        how = "min" if earliest else "max"
         try:
             picked = (pa.table({"g": group[tied], "v": value.filter(pa.array(tied))})
                       .group_by("g", use_threads=False).aggregate([("v", how)]))
@@ -95,22 +83,23 @@ class _ByEventTime(Builtin):
             return None
         where = np.zeros(groups, dtype=np.int64)  # each present group's row of ``picked``
         where[picked.column("g").to_numpy()] = np.arange(picked.num_rows)
-        missing = pa.array(~present)
         values = picked.column(f"v_{how}").combine_chunks().take(pa.array(where, mask=~present))
         times = pa.array(best, pa.int64(), mask=~present).cast(acc.type.field("at").type)
         return [pa.StructArray.from_arrays([times, values.cast(acc.type.field("value").type)], fields=list(acc.type),
-                                           mask=missing)]
+                                           mask=pa.array(~present))]
 
     def stored_values(self, columns: Sequence[pa.Array]) -> pa.Array:
         """``get_value`` of each stored accumulator, column-wise: its value (NULL where it is NULL)."""
         acc = columns[0].combine_chunks() if isinstance(columns[0], pa.ChunkedArray) else columns[0]
         return pc.if_else(acc.is_valid(), acc.field("value"), pa.scalar(None, acc.type.field("value").type))
 
-    def _struct(self, value: Column, event_time: Column) -> Column:
-        from pyspark.sql import functions as F
+    def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
+        assert value is not None
+        return self.spark_merge([F.when(value.isNotNull() & event_time.isNotNull(),
+                                        F.struct(event_time.alias("at"), value.alias("value")))])
 
-        return F.when(value.isNotNull() & event_time.isNotNull(),
-                      F.struct(event_time.alias("at"), value.alias("value")))
+    def spark_merge(self, accs: list[Column]) -> list[Column]:
+        return [F.min(accs[0]) if self._pick is min else F.max(accs[0])]
 
     def spark_value(self, accs: list[Column]) -> Column:
         return accs[0].getField("value")
@@ -121,33 +110,11 @@ class First(_ByEventTime):
     fn = "first"
     _pick = min
 
-    def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
-        from pyspark.sql import functions as F
-
-        assert value is not None
-        return [F.min(self._struct(value, event_time))]
-
-    def spark_merge(self, accs: list[Column]) -> list[Column]:
-        from pyspark.sql import functions as F
-
-        return [F.min(accs[0])]
-
 
 @builtin()
 class Last(_ByEventTime):
     fn = "last"
     _pick = max
-
-    def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
-        from pyspark.sql import functions as F
-
-        assert value is not None
-        return [F.max(self._struct(value, event_time))]
-
-    def spark_merge(self, accs: list[Column]) -> list[Column]:
-        from pyspark.sql import functions as F
-
-        return [F.max(accs[0])]
 
 
 def _orders_as_python(type_: pa.DataType) -> bool:

@@ -2,32 +2,29 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
-from spark_jobs.aggregates.builtin_base import Builtin, builtin
+from spark_jobs.aggregates.builtin_base import Builtin, Column, F, builtin
 
-if TYPE_CHECKING:
-    from pyspark.sql import Column
+__all__ = ["Count", "spark_count"]
 
-__all__ = ["Count"]
+
+def spark_count(value: Column | None, sign: Column | None) -> Column:
+    """The rows (``value``'s non-NULL ones), each counted as its ``sign`` (-1 for -U/-D) when there is one."""
+    if sign is not None:
+        return F.sum(sign if value is None else F.when(value.isNotNull(), sign).otherwise(0)).cast("bigint")
+    return F.count(F.lit(1)) if value is None else F.count(value)
 
 
 @builtin()
 class Count(Builtin):
-    """``count`` of rows, or of non-NULL values when a column is given."""
-
     fn = "count"
     acc_fields = ("count",)
-
-    def acc_types(self) -> list[pa.DataType]:
-        return [pa.int64()]
-
-    def value_type(self) -> pa.DataType:
-        return pa.int64()
     arrow_merge = ("sum",)
     column_required = False
+    result_type = pa.int64()
 
     def create_accumulator(self) -> int:
         return 0
@@ -50,13 +47,7 @@ class Count(Builtin):
         return acc + (len(arrays[0]) if not self.columns else len(arrays[0]) - arrays[0].null_count)
 
     def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
-        from pyspark.sql import functions as F
-
-        if sign is not None:
-            return [F.sum(sign if value is None else F.when(value.isNotNull(), sign).otherwise(0)).cast("bigint")]
-        return [F.count(F.lit(1)) if value is None else F.count(value)]
+        return [spark_count(value, sign)]
 
     def spark_merge(self, accs: list[Column]) -> list[Column]:
-        from pyspark.sql import functions as F
-
         return [F.sum(accs[0])]

@@ -2,31 +2,24 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_jobs.aggregates.builtin_base import Builtin, builtin
-
-if TYPE_CHECKING:
-    from pyspark.sql import Column
+from spark_jobs.aggregates.builtin_base import Builtin, Column, F, builtin
 
 __all__ = ["CountDistinct"]
 
 
 @builtin()
 class CountDistinct(Builtin):
-    """Exact ``count_distinct``: the accumulator is the set of values (an array column)."""
-
     fn = "count_distinct"
     acc_fields = ("set",)
+    result_type = pa.int64()
 
     def acc_types(self) -> list[pa.DataType]:
         return [pa.list_(pa.field("element", self.input_arrow))]
-
-    def value_type(self) -> pa.DataType:
-        return pa.int64()
 
     def encode(self, acc: set[Any]) -> list[Any]:
         return [sorted(acc, key=lambda v: (type(v).__name__, v))]
@@ -49,21 +42,15 @@ class CountDistinct(Builtin):
         return len(acc)
 
     def accumulate_batch(self, acc: set[Any], *arrays: pa.Array) -> set[Any]:
-        acc.update(v for v in pc.unique(arrays[0].drop_null()).to_pylist())
+        acc.update(pc.unique(arrays[0].drop_null()).to_pylist())
         return acc
 
     def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
-        from pyspark.sql import functions as F
-
         assert value is not None
         return [F.collect_set(value)]
 
     def spark_merge(self, accs: list[Column]) -> list[Column]:
-        from pyspark.sql import functions as F
-
         return [F.array_distinct(F.flatten(F.collect_list(accs[0])))]
 
     def spark_value(self, accs: list[Column]) -> Column:
-        from pyspark.sql import functions as F
-
         return F.size(accs[0]).cast("bigint")

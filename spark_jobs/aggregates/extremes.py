@@ -3,15 +3,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_jobs.aggregates.builtin_base import Builtin, builtin
-
-if TYPE_CHECKING:
-    from pyspark.sql import Column
+from spark_jobs.aggregates.builtin_base import Builtin, Column, F, builtin
 
 __all__ = ["Max", "Min"]
 
@@ -36,6 +33,13 @@ class _Extreme(Builtin):
     def accumulate_batch(self, acc: Any, *arrays: pa.Array) -> Any:
         return self.accumulate(acc, pc.min_max(arrays[0])[self.fn].as_py())
 
+    def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
+        assert value is not None
+        return self.spark_merge([value])
+
+    def spark_merge(self, accs: list[Column]) -> list[Column]:
+        return [F.min(accs[0]) if self._pick is min else F.max(accs[0])]
+
 
 @builtin()
 class Min(_Extreme):
@@ -43,31 +47,9 @@ class Min(_Extreme):
     _pick = min
     arrow_merge = ("min",)
 
-    def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
-        from pyspark.sql import functions as F
-
-        assert value is not None
-        return [F.min(value)]
-
-    def spark_merge(self, accs: list[Column]) -> list[Column]:
-        from pyspark.sql import functions as F
-
-        return [F.min(accs[0])]
-
 
 @builtin()
 class Max(_Extreme):
     fn = "max"
     _pick = max
     arrow_merge = ("max",)
-
-    def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
-        from pyspark.sql import functions as F
-
-        assert value is not None
-        return [F.max(value)]
-
-    def spark_merge(self, accs: list[Column]) -> list[Column]:
-        from pyspark.sql import functions as F
-
-        return [F.max(accs[0])]

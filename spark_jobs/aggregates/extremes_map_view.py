@@ -3,22 +3,17 @@ to the next one."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from spark_jobs.aggregates.builtin_base import Builtin, builtin
-
-if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame
+from spark_jobs.aggregates.builtin_base import Builtin, Column, DataFrame, F, builtin
 
 __all__ = ["MaxMapView", "MinMapView"]
 
 
 class _ExtremeMapView(Builtin):
-    """``min``/``max`` over a CDC source, as Flink keeps them with a map view: the accumulator
-    counts each value (a ``map<value, bigint>`` column), so retracting the current extreme
-    falls back to the next one. Used instead of Min/Max when the spec sets ``source.op_column``."""
+    """As Flink keeps them with a map view: a ``map<value, bigint>`` column; Min/Max's changelog form."""
 
     acc_fields = ("counts",)
     map_view = True
@@ -39,12 +34,9 @@ class _ExtremeMapView(Builtin):
     def _add(self, acc: dict[Any, int], value: Any, n: int) -> dict[Any, int]:
         if value is None:
             return acc
-        acc = dict(acc)
-        count = acc.get(value, 0) + n
-        if count:
-            acc[value] = count
-        else:
-            acc.pop(value, None)
+        acc = {**acc, value: acc.get(value, 0) + n}
+        if not acc[value]:
+            del acc[value]
         return acc
 
     def accumulate(self, acc: dict[Any, int], *values: Any) -> dict[Any, int]:
@@ -63,23 +55,17 @@ class _ExtremeMapView(Builtin):
         return type(self)._pick(present) if present else None
 
     def spark_value(self, accs: list[Column]) -> Column:
-        from pyspark.sql import functions as F
-
         present = F.map_keys(F.map_filter(accs[0], lambda _, n: n > 0))
         return F.array_min(present) if self._pick is min else F.array_max(present)
 
     def spark_partial_frame(self, rows: DataFrame, keys: list[str], sign: str, acc: str) -> DataFrame:
         """Per key, a map of value -> signed count (``sign`` is -1 on -U/-D rows)."""
-        from pyspark.sql import functions as F
-
         column = self.columns[0]
         counts = (rows.where(F.col(column).isNotNull()).groupBy(*keys, F.col(column).alias("_v"))
                   .agg(F.sum(sign).cast("bigint").alias("_n")).where(F.col("_n") != 0))
         return counts.groupBy(*keys).agg(F.map_from_entries(F.collect_list(F.struct("_v", "_n"))).alias(acc))
 
     def spark_merge_frame(self, partials: DataFrame, keys: list[str], acc: str) -> DataFrame:
-        from pyspark.sql import functions as F
-
         entries = partials.select(*keys, F.explode(acc).alias("_v", "_n"))
         counts = entries.groupBy(*keys, "_v").agg(F.sum("_n").alias("_n")).where(F.col("_n") != 0)
         return counts.groupBy(*keys).agg(F.map_from_entries(F.collect_list(F.struct("_v", "_n"))).alias(acc))

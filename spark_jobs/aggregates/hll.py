@@ -2,39 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import datasketches as ds
 import numpy as np
 import pyarrow as pa
 
-from spark_jobs.aggregates.builtin_base import Builtin, builtin
+from spark_jobs.aggregates.builtin_base import Builtin, Column, F, builtin
 from spark_jobs.aggregates.sketch_bytes import Blobs, hll_lg_k
-
-if TYPE_CHECKING:
-    from pyspark.sql import Column
 
 __all__ = ["ApproxCountDistinct"]
 
 
 @builtin()
 class ApproxCountDistinct(Builtin):
-    """HyperLogLog (DataSketches HLL_8, ``args: {lg_k: 4..21}``, default 12: ~1.6% RSE).
-
-    Stored as the sketch's updatable serialisation: the bytes Spark's ``hll_sketch_agg`` and
-    ``hll_union_agg`` write, so both engines of the stream store the same bytes.
-    """
+    """HyperLogLog, ``args: {lg_k: 4..21}`` (default 12: ~1.6% RSE). The updatable serialisation is what
+    Spark's ``hll_sketch_agg`` and ``hll_union_agg`` write, so both engines of the stream store the same bytes."""
 
     fn = "approx_count_distinct"
     acc_fields = ("hll",)
     args_allowed = ("lg_k",)
-
-    def acc_types(self) -> list[pa.DataType]:
-        return [pa.binary()]
-
-    def value_type(self) -> pa.DataType:
-        return pa.int64()
+    accumulator_type, result_type = pa.binary(), pa.int64()
 
     def encode(self, acc: ds.hll_sketch) -> list[Any]:
         return [acc.serialize_updatable()]
@@ -63,9 +52,12 @@ class ApproxCountDistinct(Builtin):
         return acc
 
     def merge(self, acc: ds.hll_sketch, other: ds.hll_sketch) -> ds.hll_sketch:
+        return self._union((acc, other))
+
+    def _union(self, sketches: Iterable[ds.hll_sketch]) -> ds.hll_sketch:
         union = ds.hll_union(self.lg_k)
-        union.update(acc)
-        union.update(other)
+        for sketch in sketches:
+            union.update(sketch)
         return union.get_result(ds.tgt_hll_type.HLL_8)
 
     def get_value(self, acc: ds.hll_sketch) -> int:
@@ -79,21 +71,12 @@ class ApproxCountDistinct(Builtin):
         other_k = blobs.valid & (hll_lg_k(blobs) != self.lg_k)  # NULL is the empty sketch: any lg_k
         fold = np.add.reduceat(other_k, offsets[:-1]) > 0 if len(other_k) else np.zeros(len(offsets) - 1, dtype=bool)
         cells = blobs.array.to_numpy(zero_copy_only=False)  # bytes (or None) per row, no Python list of scalars
-        deserialize, out = ds.hll_sketch.deserialize, []
-        for lo, hi, by_merge in zip(offsets[:-1].tolist(), offsets[1:].tolist(), fold.tolist(), strict=True):
-            if hi - lo == 1 or by_merge:
-                out.append(self.merge_all([self.decode([cell]) for cell in cells[lo:hi]]))
-                continue
-            union = ds.hll_union(self.lg_k)
-            for cell in cells[lo:hi]:
-                if cell is not None:  # NULL is the empty sketch: a no-op in a union
-                    union.update(deserialize(cell))
-            out.append(union.get_result(ds.tgt_hll_type.HLL_8))
-        return out
+        deserialize = ds.hll_sketch.deserialize
+        return [self.merge_all([self.decode([cell]) for cell in cells[lo:hi]]) if hi - lo == 1 or by_merge
+                else self._union(deserialize(cell) for cell in cells[lo:hi] if cell is not None)  # NULL: a no-op
+                for lo, hi, by_merge in zip(offsets[:-1].tolist(), offsets[1:].tolist(), fold.tolist(), strict=True)]
 
     def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
-        from pyspark.sql import functions as F
-
         assert value is not None
         if self.input_type not in ("int", "bigint"):
             # as UTF-8 bytes: the sketch hashes a string's UTF-8 bytes either way (the same sketch), but Spark
@@ -102,11 +85,7 @@ class ApproxCountDistinct(Builtin):
         return [F.hll_sketch_agg(value, self.lg_k)]
 
     def spark_merge(self, accs: list[Column]) -> list[Column]:
-        from pyspark.sql import functions as F
-
         return [F.hll_union_agg(accs[0])]
 
     def spark_value(self, accs: list[Column]) -> Column:
-        from pyspark.sql import functions as F
-
         return F.hll_sketch_estimate(accs[0])

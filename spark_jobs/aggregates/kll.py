@@ -3,36 +3,28 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import datasketches as ds
 import numpy as np
 import pyarrow as pa
 
-from spark_jobs.aggregates.builtin_base import Builtin, builtin
+from spark_jobs.aggregates.builtin_base import Builtin, Column, F, builtin
 from spark_jobs.aggregates.sketch_bytes import Blobs, kll_items, kll_level0_header
-
-if TYPE_CHECKING:
-    from pyspark.sql import Column
 
 __all__ = ["ApproxPercentile"]
 
 
 @builtin()
 class ApproxPercentile(Builtin):
-    """KLL quantile sketch (DataSketches KLL doubles); ``args: {q: 0..1, k: 8..65535}``.
-
-    The result is a value from the input (cast back to the column's type); its rank is
-    within the KLL normalised rank error of ``q`` (about 1.3% at the default ``k`` 200).
-    """
+    """KLL doubles, ``args: {q: 0..1, k: 8..65535}``. The result is a value from the input (cast back to the
+    column's type) whose rank is within the normalised rank error of ``q`` (about 1.3% at the default ``k`` 200)."""
 
     fn = "approx_percentile"
     acc_fields = ("kll",)
     numeric_only = True
     args_allowed = ("q", "k")
-
-    def acc_types(self) -> list[pa.DataType]:
-        return [pa.binary()]
+    accumulator_type = pa.binary()
 
     def encode(self, acc: ds.kll_doubles_sketch) -> list[Any]:
         return [acc.serialize()]
@@ -80,19 +72,16 @@ class ApproxPercentile(Builtin):
     def merge_groups(self, columns: Sequence[pa.Array], offsets: np.ndarray) -> list[ds.kll_doubles_sketch]:
         """``merge_all`` per group, without deserialising the sketches that hold their items in level 0 only.
 
-        DataSketches' merge of such a sketch is an ``update`` with each of its items in stored order
-        (the same count, minimum, maximum and compactions), so their items are cut straight from the
-        serialised bytes and fed to the group's accumulator by vectorised ``update``; the first row of a
-        group, and any other sketch (compacted, or not in that layout), go through ``decode`` and ``merge``.
-        """
+        DataSketches' merge of such a sketch is an ``update`` with each of its items in stored order (the same count,
+        minimum, maximum and compactions), so their items are cut from the bytes and fed to the group's accumulator by
+        vectorised ``update``; a group's first row and any other sketch go through ``decode`` and ``merge``."""
         blobs = Blobs(columns[0])
         header = kll_level0_header(blobs)
         feed = header >= 0
         feed[offsets[:-1]] = False
         others = np.flatnonzero(~feed).tolist()  # the groups' first rows and the sketches merged as objects
         items, at = kll_items(blobs, header, feed)  # fed rows i..j-1 hold items[at[i]:at[j]], in row order
-        out = []
-        k = 0
+        out, k = [], 0
         for lo, hi in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True):
             acc = self.decode([blobs.cell(lo)])
             i = lo + 1
@@ -116,19 +105,13 @@ class ApproxPercentile(Builtin):
         return int(value) if self.input_type in ("int", "bigint") else value
 
     def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
-        from pyspark.sql import functions as F
-
         assert value is not None
         return [F.kll_sketch_agg_double(value.cast("double"), self.k)]
 
     def spark_merge(self, accs: list[Column]) -> list[Column]:
-        from pyspark.sql import functions as F
-
         return [F.kll_merge_agg_double(accs[0], self.k)]
 
     def spark_value(self, accs: list[Column]) -> Column:
-        from pyspark.sql import functions as F
-
         empty = F.kll_sketch_get_n_double(accs[0]) == 0
         value = F.kll_sketch_get_quantile_double(accs[0], F.lit(self.q))
         return F.when(~empty, value.cast(self.input_type or "double"))

@@ -1,8 +1,5 @@
-"""Find the aggregate a spec entry names and check it fits the source columns.
-
-It takes an entry's plain fields (``fn``, ``columns``, ``args``), not the spec, so the spec can
-validate its aggregates here without the algebra knowing the spec.
-"""
+"""Find the aggregate a spec entry names and check it fits the source columns: from the entry's plain fields
+(``fn``, ``columns``, ``args``), so the spec validates its aggregates here without the algebra knowing the spec."""
 
 from __future__ import annotations
 
@@ -54,10 +51,8 @@ _NO_RETRACT = ("cannot retract, so it cannot consume a changelog source's -U/-D 
 
 def validate_aggregate(fn: str, columns: Sequence[str], args: Mapping[str, Any], schema: Mapping[str, str], *,
                        retracting: bool = False) -> list[tuple[str, str]]:
-    """Problems with one spec entry as (field, message) pairs; empty when it is fine.
-
-    ``retracting``: the source is a changelog (+I/-U/+U/-D), so the aggregate must retract.
-    """
+    """Problems with one spec entry as (field, message) pairs; ``retracting``: the source is a changelog
+    (+I/-U/+U/-D), so the aggregate must retract."""
     if is_user_defined(fn):
         return _validate_user_defined(fn, columns, args, retracting=retracting)
     builtin = BUILTINS.get(fn)
@@ -72,8 +67,7 @@ def validate_aggregate(fn: str, columns: Sequence[str], args: Mapping[str, Any],
     elif not builtin.column_required and len(columns) > 1:
         problems.append(("columns", f"{fn} takes at most one column, got {list(columns)}"))
     if builtin.numeric_only and columns and schema.get(columns[0], "double") not in NUMERIC:
-        col = columns[0]
-        problems.append(("column", f"{fn} needs a numeric column; {col!r} is {schema[col]}"))
+        problems.append(("column", f"{fn} needs a numeric column; {columns[0]!r} is {schema[columns[0]]}"))
     return problems
 
 

@@ -1,12 +1,10 @@
 """DataSketches' serialised bytes, read by hand: the one module that does.
 
-The column-wise merges of stored sketches (``ApproxCountDistinct.merge_groups``,
-``ApproxPercentile.merge_groups``) read a few header bytes, and a KLL sketch's items, straight from a
-binary column's buffer instead of deserialising every row. The layouts read are DataSketches' own,
-shared by its C++ (the ``datasketches`` package) and Java (Spark's ``hll_*``/``kll_*`` functions)
-libraries: the diagrams in Java's ``org.apache.datasketches.hll.PreambleUtil`` and
-``org.apache.datasketches.kll.KllPreambleUtil``, the constants in C++'s ``hll/include/HllSketchImpl.hpp``
-and ``kll/include/kll_sketch.hpp``. All numbers are little-endian.
+The column-wise merges of stored HLL and KLL sketches (``merge_groups``) read a few header bytes, and a KLL sketch's
+items, straight from a binary column's buffer instead of deserialising every row. The layouts are DataSketches' own,
+shared by its C++ (``datasketches``) and Java (Spark's ``hll_*``/``kll_*``) libraries: the diagrams in Java's
+``hll.PreambleUtil`` and ``kll.KllPreambleUtil``, the constants in C++'s ``HllSketchImpl.hpp`` and ``kll_sketch.hpp``.
+All numbers are little-endian.
 
 HLL sketch, updatable or compact serialisation, any mode (list, set or HLL array): an 8-byte preamble,
 byte 0 preamble ints, 1 serial version, 2 family (7), 3 lg_k, 4 lg of the coupon array, 5 flags,
@@ -33,10 +31,8 @@ __all__ = ["Blobs", "hll_lg_k", "kll_items", "kll_level0_header"]
 # the preamble's first 8 bytes, HLL and KLL alike: where each field is
 PREAMBLE_BYTES = 8
 PREAMBLE_INTS, SERIAL_VERSION, FAMILY = 0, 1, 2
-HLL_LG_K = 3
-KLL_FLAGS, KLL_M = 3, 6
+HLL_LG_K, KLL_FLAGS, KLL_M = 3, 3, 6
 HLL_FAMILY, KLL_FAMILY = 7, 15
-
 KLL_DEFAULT_M = 8
 KLL_PREAMBLE_INTS_SHORT, KLL_PREAMBLE_INTS_FULL = 2, 5  # empty or one item; full
 KLL_SERIAL_VERSION, KLL_SERIAL_VERSION_SINGLE = 1, 2  # empty or full; one item
@@ -49,8 +45,7 @@ ITEM_BYTES = 8  # a float64 item
 
 
 class Blobs:
-    """A binary column's bytes: the values buffer, each row's offsets and validity, without a Python
-    object per row."""
+    """A binary column's bytes: the values buffer, each row's offsets and validity, without a Python object per row."""
 
     def __init__(self, array: pa.Array) -> None:
         if isinstance(array, pa.ChunkedArray):

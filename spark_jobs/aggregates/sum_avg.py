@@ -3,27 +3,24 @@
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_jobs.aggregates.builtin_base import Builtin, builtin
-
-if TYPE_CHECKING:
-    from pyspark.sql import Column
+from spark_jobs.aggregates.builtin_base import Builtin, Column, F, builtin
+from spark_jobs.aggregates.count import spark_count
 
 __all__ = ["Avg", "Sum"]
 
 
 @builtin()
 class Sum(Builtin):
-    """``sum``: accumulator (sum, non-NULL count); the count makes retraction exact."""
-
     fn = "sum"
     acc_fields = ("sum", "count")
     arrow_merge = ("sum", "sum")
     numeric_only = True
+    sums_as: ClassVar[str | None] = None  # the Spark type values are summed as (None: Spark's sum type)
 
     def encode(self, acc: list[Any]) -> list[Any]:
         return list(acc)
@@ -41,14 +38,10 @@ class Sum(Builtin):
         return [0, 0]
 
     def accumulate(self, acc: list[Any], *values: Any) -> list[Any]:
-        if values[0] is not None:
-            acc = [acc[0] + values[0], acc[1] + 1]
-        return acc
+        return acc if values[0] is None else [acc[0] + values[0], acc[1] + 1]
 
     def retract(self, acc: list[Any], *values: Any) -> list[Any]:
-        if values[0] is not None:
-            acc = [acc[0] - values[0], acc[1] - 1]
-        return acc
+        return acc if values[0] is None else [acc[0] - values[0], acc[1] - 1]
 
     def merge(self, acc: list[Any], other: list[Any]) -> list[Any]:
         total = acc[0] if other[0] is None else other[0] if acc[0] is None else acc[0] + other[0]  # SQL sum: NULLs skip
@@ -66,21 +59,14 @@ class Sum(Builtin):
         return [acc[0] + (int(total) if isinstance(total, Decimal) else total), acc[1] + n] if n else acc
 
     def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
-        from pyspark.sql import functions as F
-
         assert value is not None
-        if sign is not None:
-            return [F.sum(value * sign), F.sum(F.when(value.isNotNull(), sign).otherwise(0)).cast("bigint")]
-        return [F.sum(value), F.count(value)]
+        summed = value if self.sums_as is None else value.cast(self.sums_as)
+        return [F.sum(summed if sign is None else summed * sign), spark_count(value, sign)]
 
     def spark_merge(self, accs: list[Column]) -> list[Column]:
-        from pyspark.sql import functions as F
-
         return [F.sum(accs[0]), F.sum(accs[1])]
 
     def spark_value(self, accs: list[Column]) -> Column:
-        from pyspark.sql import functions as F
-
         return F.when(accs[1] > 0, accs[0])
 
 
@@ -89,9 +75,7 @@ class Avg(Sum):
     """``avg``: the same (sum, count) accumulator as ``sum``, summed as double."""
 
     fn = "avg"
-
-    def acc_types(self) -> list[pa.DataType]:
-        return [pa.float64(), pa.int64()]
+    sums_as = "double"
 
     def value_type(self) -> pa.DataType:
         return pa.float64()
@@ -99,15 +83,5 @@ class Avg(Sum):
     def get_value(self, acc: list[Any]) -> float | None:
         return acc[0] / acc[1] if acc[1] > 0 else None
 
-    def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
-        from pyspark.sql import functions as F
-
-        assert value is not None
-        if sign is not None:
-            return [F.sum(value.cast("double") * sign), F.sum(F.when(value.isNotNull(), sign).otherwise(0)).cast("bigint")]
-        return [F.sum(value.cast("double")), F.count(value)]
-
     def spark_value(self, accs: list[Column]) -> Column:
-        from pyspark.sql import functions as F
-
         return F.when(accs[1] > 0, accs[0] / accs[1])

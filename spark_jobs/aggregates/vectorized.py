@@ -1,10 +1,9 @@
 """Two-phase execution of user-defined aggregates over Arrow batches (Flink's local-global).
 
-Local phase (``mapInArrow``): each Spark task buffers up to ``flush_rows`` rows, sorts them
-by key once, and hands each group's zero-copy slice to ``accumulate_batch``: one Python
-call per group and buffer, never per row. It emits one partial accumulator per key per
-task. Global phase: partials are hash-partitioned by key and merged with ``merge_batch``.
-No group is ever shipped whole to one worker: only its partial accumulators are.
+Local phase (``mapInArrow``): each Spark task buffers up to ``flush_rows`` rows, sorts them by key once, and hands each
+group's zero-copy slice to ``accumulate_batch``: one Python call per group and buffer, never per row. It emits one
+partial accumulator per key per task. Global phase: partials are hash-partitioned by key and merged with
+``merge_batch``. No group is ever shipped whole to one worker: only its partial accumulators are.
 """
 
 from __future__ import annotations
@@ -27,11 +26,8 @@ FLUSH_ROWS = 262_144
 
 
 def _grouped(table: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, list[tuple[Any, ...]], np.ndarray]:
-    """Sort ``table`` by key; return it, each group's key and the group offsets.
-
-    Grouping is Arrow's hash grouping on the Arrow values: NULL is its own group, NaN its own,
-    and 64-bit integers stay exact.
-    """
+    """``table`` sorted by key, each group's key and the group offsets. Arrow's hash grouping on the Arrow
+    values: NULL is its own group, NaN its own, and 64-bit integers stay exact."""
     if not keys:
         return table, [()], np.array([0, table.num_rows])
     index = pa.array(np.arange(table.num_rows, dtype=np.int64))
@@ -51,10 +47,8 @@ def _plain(column: pa.ChunkedArray) -> list[Any]:
 
 
 def _key_array(values: list[Any], type_: pa.DataType) -> pa.Array:
-    if pa.types.is_timestamp(type_):
-        return pa.array(values, pa.int64()).cast(type_)
-    if pa.types.is_date(type_):
-        return pa.array(values, pa.int32()).cast(type_)
+    if pa.types.is_timestamp(type_) or pa.types.is_date(type_):  # from the integer form ``_plain`` gives them
+        return pa.array(values, pa.int64() if pa.types.is_timestamp(type_) else pa.int32()).cast(type_)
     return pa.array(values, type=type_)
 
 
@@ -86,8 +80,10 @@ def _emit(state: dict[tuple[Any, ...], list[Any]], key_fields: list[pa.Field], a
     return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
-def _schema(df: DataFrame, keys: Sequence[str], aggs: Sequence[BoundAggregate], with_value: bool) -> Any:
-    from pyspark.sql.pandas.types import from_arrow_type
+def _schemas(df: DataFrame, keys: Sequence[str], aggs: Sequence[BoundAggregate], with_value: bool
+             ) -> tuple[Any, list[pa.Field]]:
+    """The Spark schema of the batches ``_emit`` makes, and the Arrow fields of their keys."""
+    from pyspark.sql.pandas.types import from_arrow_type, to_arrow_type
     from pyspark.sql.types import StructField, StructType
 
     fields = [df.schema[k] for k in keys]
@@ -95,23 +91,15 @@ def _schema(df: DataFrame, keys: Sequence[str], aggs: Sequence[BoundAggregate], 
         fields.append(StructField(agg.acc_columns[0], from_arrow_type(agg.function.accumulator_type)))
         if with_value:
             fields.append(StructField(agg.name, from_arrow_type(agg.function.result_type)))
-    return StructType(fields)
-
-
-def _key_fields(df: DataFrame, keys: Sequence[str]) -> list[pa.Field]:
-    from pyspark.sql.pandas.types import to_arrow_type
-
-    return [pa.field(k, to_arrow_type(df.schema[k].dataType, timezone="UTC")) for k in keys]
+    return StructType(fields), [pa.field(k, to_arrow_type(df.schema[k].dataType, timezone="UTC")) for k in keys]
 
 
 def udaf_partials(df: DataFrame, keys: Sequence[str], aggs: Sequence[BoundAggregate],
                   flush_rows: int = FLUSH_ROWS, sign: str | None = None) -> DataFrame:
-    """Combine phase: one accumulator per key (and aggregate) for the rows of ``df``.
-
-    ``sign`` names a column that is -1 on rows to retract (a changelog source's -U/-D).
-    """
+    """Combine phase: one accumulator per key (and aggregate) for the rows of ``df``; ``sign`` names a column
+    that is -1 on rows to retract (a changelog source's -U/-D)."""
     keys, aggs = list(keys), list(aggs)
-    key_fields = _key_fields(df, keys)
+    schema, key_fields = _schemas(df, keys, aggs, with_value=False)
     inputs = sorted({c for a in aggs for c in a.columns} | ({sign} if sign else set()))
 
     def local(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -121,8 +109,7 @@ def udaf_partials(df: DataFrame, keys: Sequence[str], aggs: Sequence[BoundAggreg
             columns = {c: table.column(c).combine_chunks() for c in inputs}
             for g, key in enumerate(group_keys):
                 start, length = int(offsets[g]), int(offsets[g + 1] - offsets[g])
-                accs = state.get(key)
-                if accs is None:
+                if (accs := state.get(key)) is None:
                     accs = state[key] = [a.function.create_accumulator() for a in aggs]
                 retract = pc.equal(columns[sign].slice(start, length), -1) if sign else None
                 if retract is not None and not pc.any(retract).as_py():
@@ -138,7 +125,7 @@ def udaf_partials(df: DataFrame, keys: Sequence[str], aggs: Sequence[BoundAggreg
         if state:
             yield _emit(state, key_fields, aggs, with_value=False)
 
-    local_partials = df.select(*keys, *inputs).mapInArrow(local, _schema(df, keys, aggs, with_value=False))
+    local_partials = df.select(*keys, *inputs).mapInArrow(local, schema)
     return udaf_merge(local_partials, keys, aggs, with_value=False, flush_rows=flush_rows)
 
 
@@ -146,7 +133,7 @@ def udaf_merge(partials: DataFrame, keys: Sequence[str], aggs: Sequence[BoundAgg
                with_value: bool = True, flush_rows: int = FLUSH_ROWS) -> DataFrame:
     """Reduce phase: merge partial accumulators per key; add the result when ``with_value``."""
     keys, aggs = list(keys), list(aggs)
-    key_fields = _key_fields(partials, keys)
+    schema, key_fields = _schemas(partials, keys, aggs, with_value=with_value)
 
     def merge(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         state: dict[tuple[Any, ...], list[Any]] = {}
@@ -165,4 +152,4 @@ def udaf_merge(partials: DataFrame, keys: Sequence[str], aggs: Sequence[BoundAgg
 
     shuffled = partials.select(*keys, *(a.acc_columns[0] for a in aggs))
     shuffled = shuffled.repartition(*keys) if keys else shuffled.repartition(1)
-    return shuffled.mapInArrow(merge, _schema(partials, keys, aggs, with_value=with_value))
+    return shuffled.mapInArrow(merge, schema)
