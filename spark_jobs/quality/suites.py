@@ -1,13 +1,10 @@
-"""The Great Expectations suites of a pipeline, built from its spec and quality rules.
+"""A pipeline's Great Expectations suites, from its spec and quality rules: lists of GX expectations, not yet bound
+to a context, that :mod:`gate` runs against a Spark DataFrame. The columns they read:
 
-Each function returns a list of GX expectations (not yet bound to a context); :mod:`gate`
-runs them against a Spark DataFrame. Names of derived columns the suites read:
-
-- input (the classified landing partition, see :func:`spark_jobs.jobs.landing.classify`):
-  the spec's typed columns, ``_reason`` (why combine would reject the row, NULL when valid) and
-  ``_event_day`` (the event time's UTC date, as text);
-- outputs (final values, from the serving table or a day's partials finalised as reduce would):
-  the group keys, ``n_rows`` and one column per aggregate.
+- input (the classified landing partition, see :func:`spark_jobs.jobs.landing.classify`): the spec's typed columns,
+  ``_reason`` (why combine would reject the row, NULL when valid) and ``_event_day`` (the event time's UTC date);
+- outputs (the serving table, or a day's partials finalised as reduce would): the group keys, ``n_rows`` and one
+  column per aggregate.
 """
 
 from __future__ import annotations
@@ -25,7 +22,8 @@ if TYPE_CHECKING:
 
     from spark_jobs.phases.compiled import CompiledAggregates
 
-__all__ = ["coverage_columns", "input_expectations", "output_expectations", "schema_expectations"]
+__all__ = ["coverage_columns", "input_expectations", "output_expectations"]
+
 UNCOVERED = "_uncovered_"  # + aggregate: its value where the row predates it (must be NULL)
 
 
@@ -34,33 +32,21 @@ def coverage_columns(compiled: CompiledAggregates, columns: Sequence[str]) -> li
     value leaked (the outputs suite expects NULL)."""
     from pyspark.sql import functions as F
 
-    if SPEC_VERSION not in columns:
-        return []
     return [F.when(F.col(SPEC_VERSION) < since, F.col(name)).alias(f"{UNCOVERED}{name}")
-            for name, since in compiled.coverage.items() if since > ADOPTED and name in columns]
+            for name, since in compiled.coverage.items() if since > ADOPTED and name in columns
+            ] if SPEC_VERSION in columns else []
+
 
 COUNT_FNS = ("count", "count_distinct", "approx_count_distinct")
 
 
-def _between(column: str, rng: Range, description: str) -> Expectation:
+def _between(column: str, rng: Range) -> Expectation:
     import great_expectations.expectations as gxe
 
-    kwargs: dict[str, Any] = {"column": column, "description": description}
-    if rng.min is not None:
-        kwargs["min_value"] = rng.min
-    if rng.max is not None:
-        kwargs["max_value"] = rng.max
-    if rng.mostly < 1:
-        kwargs["mostly"] = rng.mostly
-    return gxe.ExpectColumnValuesToBeBetween(**kwargs)
-
-
-def schema_expectations(spec: PipelineSpec) -> list[Expectation]:
-    """Every column the spec's ``source.schema`` declares exists in the landing files."""
-    import great_expectations.expectations as gxe
-
-    return [gxe.ExpectColumnToExist(column=col, description=f"schema: source.schema declares {col} ({typ})")
-            for col, typ in spec.source.schema]
+    bounds: dict[str, Any] = {"min_value": rng.min, "max_value": rng.max,
+                              "mostly": rng.mostly if rng.mostly < 1 else None}
+    return gxe.ExpectColumnValuesToBeBetween(column=column, description=f"range: {column} within {rng.describe()}",
+                                             **{k: v for k, v in bounds.items() if v is not None})
 
 
 def input_expectations(spec: PipelineSpec, rules: QualityRules, date: str) -> list[Expectation]:
@@ -68,8 +54,9 @@ def input_expectations(spec: PipelineSpec, rules: QualityRules, date: str) -> li
     import great_expectations.expectations as gxe
 
     pct = f"{rules.max_rejected_fraction:.2%}"
-    out: list[Expectation] = [
-        *schema_expectations(spec),
+    return [
+        *(gxe.ExpectColumnToExist(column=col, description=f"schema: source.schema declares {col} ({typ})")
+          for col, typ in spec.source.schema),
         gxe.ExpectTableRowCountToBeBetween(min_value=rules.min_rows,
                                            description=f"volume: at least {rules.min_rows} rows landed"),
         gxe.ExpectColumnValuesToBeNull(column="_reason", mostly=rules.mostly,
@@ -78,29 +65,21 @@ def input_expectations(spec: PipelineSpec, rules: QualityRules, date: str) -> li
         gxe.ExpectColumnValuesToNotBeNull(column=spec.source.event_time, mostly=rules.mostly,
                                           description=f"event time {spec.source.event_time} present "
                                                       f"(at most {pct} missing)"),
+        *(gxe.ExpectColumnValuesToNotBeNull(column=k, mostly=rules.mostly,
+                                            description=f"group key {k} present (at most {pct} missing)")
+          for k in spec.group_by),
+        gxe.ExpectColumnValuesToBeInSet(column="_event_day", value_set=[date], mostly=rules.mostly,
+                                        description=f"freshness: event times fall on the partition's day {date}"),
+        *(_between(col, rng) for col, rng in rules.input_ranges.items() if col in spec.source.columns),
     ]
-    out += [gxe.ExpectColumnValuesToNotBeNull(column=k, mostly=rules.mostly,
-                                              description=f"group key {k} present (at most {pct} missing)")
-            for k in spec.group_by]
-    out.append(gxe.ExpectColumnValuesToBeInSet(column="_event_day", value_set=[date], mostly=rules.mostly,
-                                               description=f"freshness: event times fall on the partition's "
-                                                           f"day {date}"))
-    declared = dict(spec.source.schema)
-    for col, rng in rules.input_ranges.items():
-        if col in declared:
-            out.append(_between(col, rng, f"range: {col} within {rng.describe()}"))
-    return out
 
 
 def output_expectations(spec: PipelineSpec, rules: QualityRules | None, *, reconcile: dict[str, int],
                         keys: Sequence[str] | None = None, coverage: Mapping[str, int] | None = None
                         ) -> list[Expectation]:
-    """No empty or negative counts, values within bounds, ``sum(n_rows)`` equal to each ``reconcile`` total,
-    and, per aggregate a spec change added (``coverage``), NULL where the row predates it (see
-    :func:`coverage_columns`).
-
-    A rollup table passes its own ``keys`` and no ``rules``: the bounds are set for one window's values.
-    """
+    """No empty or negative counts, values within bounds, ``sum(n_rows)`` equal to each ``reconcile`` total, and, per
+    aggregate a spec change added (``coverage``), NULL where the row predates it (see :func:`coverage_columns`). A
+    rollup table passes its own ``keys`` and no ``rules``: the bounds are set for one window's values."""
     import great_expectations.expectations as gxe
 
     out: list[Expectation] = [
@@ -112,10 +91,8 @@ def output_expectations(spec: PipelineSpec, rules: QualityRules | None, *, recon
     out += [gxe.ExpectColumnValuesToBeBetween(column=a.name, min_value=0,
                                               description=f"counts: {a.name} ({a.fn}) is not negative")
             for a in spec.aggregates if a.fn in COUNT_FNS]
-    names = {a.name for a in spec.aggregates}
-    for col, rng in (rules.output_ranges if rules else {}).items():
-        if col in names or col == "n_rows":
-            out.append(_between(col, rng, f"range: {col} within {rng.describe()}"))
+    bounded = {"n_rows", *(a.name for a in spec.aggregates)}
+    out += [_between(col, rng) for col, rng in (rules.output_ranges if rules else {}).items() if col in bounded]
     for what, total in reconcile.items():
         out.append(gxe.ExpectColumnSumToBeBetween(column="n_rows", min_value=total, max_value=total,
                                                   description=f"reconcile: sum(n_rows) equals {what} ({total:,})"))

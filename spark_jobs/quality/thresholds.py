@@ -1,8 +1,8 @@
 """Thresholds of a pipeline's quality gates: defaults, overridden by ``expectations/<name>.yaml``.
 
-The file sits next to the pipeline spec (``pipelines/expectations/page_views.yaml`` for
-``pipelines/page_views.yaml``), outside the ``pipelines/*.yaml`` glob so it is never read as a
-spec. Imports no pyspark and no Great Expectations: the DAG factory may read it at parse time.
+The file sits next to the pipeline spec (``pipelines/expectations/page_views.yaml`` for ``pipelines/page_views.yaml``),
+outside the ``pipelines/*.yaml`` glob so it is never read as a spec. Imports no pyspark and no Great Expectations: the
+DAG factory may read it at parse time.
 """
 
 from __future__ import annotations
@@ -28,9 +28,7 @@ class Range:
     mostly: float = 1.0
 
     def describe(self) -> str:
-        lo = "-inf" if self.min is None else f"{self.min:g}"
-        hi = "+inf" if self.max is None else f"{self.max:g}"
-        return f"[{lo}, {hi}]"
+        return f"[{'-inf' if self.min is None else f'{self.min:g}'}, {'+inf' if self.max is None else f'{self.max:g}'}]"
 
 
 @dataclass(frozen=True)
@@ -75,26 +73,21 @@ def _ranges(raw: Any, where: str, problems: list[str]) -> dict[str, Range]:
 
 def load_rules(spec_path: str | Path | None, name: str) -> QualityRules:
     """The rules for pipeline ``name``: the file next to its spec when there is one, else defaults."""
-    if spec_path is None:
-        return QualityRules()
-    path = rules_path(spec_path, name)
-    if not path.is_file():
+    path = None if spec_path is None else rules_path(spec_path, name)
+    if path is None or not path.is_file():
         return QualityRules()
     raw = yaml.safe_load(path.read_text()) or {}
     problems: list[str] = []
-    unknown = set(raw) - {"input", "outputs"}
-    if unknown:
+    if unknown := set(raw) - {"input", "outputs"}:
         problems.append(f"{sorted(unknown)}: unknown sections; allowed are input, outputs")
     inp, outp = raw.get("input") or {}, raw.get("outputs") or {}
-    unknown_in = set(inp) - {"max_rejected_fraction", "min_rows", "ranges"}
-    if unknown_in:
+    if unknown_in := set(inp) - {"max_rejected_fraction", "min_rows", "ranges"}:
         problems.append(f"input.{sorted(unknown_in)}: unknown fields; allowed are max_rejected_fraction, min_rows, "
                         "ranges")
     fraction = float(inp.get("max_rejected_fraction", 0.01))
     if not (0 <= fraction < 1) or math.isnan(fraction):
         problems.append(f"input.max_rejected_fraction: {fraction} is not in [0, 1)")
-    min_rows = int(inp.get("min_rows", 1))
-    rules = QualityRules(max_rejected_fraction=fraction, min_rows=min_rows,
+    rules = QualityRules(max_rejected_fraction=fraction, min_rows=int(inp.get("min_rows", 1)),
                          input_ranges=_ranges(inp.get("ranges"), "input.ranges", problems),
                          output_ranges=_ranges(outp.get("ranges"), "outputs.ranges", problems), origin=str(path))
     if problems:
