@@ -1,11 +1,7 @@
 """The job commands: parse arguments, call one function, map errors to exit codes.
 
-``python -m spark_jobs`` (:mod:`spark_jobs.__main__`) is these plus ``server``; the warm job
-runner of :mod:`spark_jobs.server` runs these.
-
-Exit codes: 0 ok, 1 unexpected failure, 2 bad arguments or spec, 3 bad or missing input,
-4 lake (Delta) problem, 5 a data-quality suite failed (``validate``; the report says which checks),
-6 Spark cannot be reached (no Java, a Spark Connect server that is down).
+``python -m spark_jobs`` (:mod:`spark_jobs.__main__`) is these plus ``server``; the warm job runner of
+:mod:`spark_jobs.server` runs these. The exit codes are :data:`EXIT_CODES` (``--help`` ends with them).
 """
 
 from __future__ import annotations
@@ -103,20 +99,22 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_combine(args: argparse.Namespace) -> int:
+def _combine(args: argparse.Namespace, app: str) -> tuple[SparkSession, PipelineSpec]:
+    """Combine each day of ``--date``..``--to``; the session and spec, for what follows."""
     from spark_jobs.jobs import combine
 
     dates = _dates(args.date, args.to)
     spec = _spec(args, applied=True)
-    spark = _session(args, "combine")
-    for date in dates:
-        print(combine.run(spark, spec, date, run_id=_day_run_id(args.run_id, date, len(dates))).summary())
+    spark = _session(args, app)
+    for date in dates:  # one run id per day: a given --run-id gets the date as suffix over a range
+        run_id = f"{args.run_id}-{date}" if args.run_id and len(dates) > 1 else args.run_id
+        print(combine.run(spark, spec, date, run_id=run_id).summary())
+    return spark, spec
+
+
+def cmd_combine(args: argparse.Namespace) -> int:
+    _combine(args, "combine")
     return 0
-
-
-def _day_run_id(run_id: str | None, date: str, days: int) -> str | None:
-    """One run id per day: a given --run-id gets the date as suffix over a range."""
-    return f"{run_id}-{date}" if run_id and days > 1 else run_id
 
 
 def cmd_reduce(args: argparse.Namespace) -> int:
@@ -130,13 +128,9 @@ def cmd_reduce(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Combine each day of a range, then reduce once: a backfill without Airflow."""
-    from spark_jobs.jobs import combine, reduce
+    from spark_jobs.jobs import reduce
 
-    dates = _dates(args.date, args.to)
-    spec = _spec(args, applied=True)
-    spark = _session(args, "run")
-    for date in dates:  # --run-id R: combines R-<date> (R for one day), the reduce R-reduce
-        print(combine.run(spark, spec, date, run_id=_day_run_id(args.run_id, date, len(dates))).summary())
+    spark, spec = _combine(args, "run")  # --run-id R: combines R-<date> (R for one day), the reduce R-reduce
     print(reduce.run(spark, spec, run_id=args.run_id and f"{args.run_id}-reduce").summary())
     return 0
 
@@ -156,7 +150,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:
-    """Compact, vacuum and checkpoint a pipeline's tables (delta-rs; no Spark)."""
     from spark_jobs.lake.maintenance import maintain
 
     spec = _spec(args)
@@ -177,7 +170,6 @@ def cmd_stream(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    """Each phase's aggregates (stored columns, local and global expressions), then Spark's physical plan."""
     from spark_jobs.phases import CompiledAggregates
     from spark_jobs.phases.explain import PHASES, explain, phase_frame
 
@@ -192,7 +184,6 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    """Compare the spec with the lake's recorded one: each change, its cost, the days to recombine. No Spark."""
     import json
 
     from spark_jobs.lake.spec_record import read_records
@@ -205,7 +196,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    """Make the lake match the spec: schema changes, re-derivations from the stored accumulators, the record."""
     from spark_jobs.jobs.apply import apply
 
     spec = _spec(args)
@@ -213,12 +203,6 @@ def cmd_apply(args: argparse.Namespace) -> int:
     print(result.plan.text())
     print(result.summary())
     return 0
-
-
-def cmd_inspect(args: argparse.Namespace) -> int:
-    from spark_jobs.inspection.inspect_cli import run_inspect
-
-    return run_inspect(args)
 
 
 Command = Callable[[Any], None]  # adds a subcommand to the parser's subparsers
@@ -238,8 +222,12 @@ def build_parser(commands: Sequence[Command] = ()) -> argparse.ArgumentParser:
     return parser
 
 
-def _spark_options(p: argparse.ArgumentParser) -> None:
-    """Where the job runs and the settings of its own Spark application."""
+def _spec_options(p: argparse.ArgumentParser) -> None:
+    """The options of every command that runs a spec on Spark: the spec, where it runs, its application's settings."""
+    p.add_argument("--pipeline", required=True, help="pipeline spec YAML, e.g. pipelines/page_views.yaml")
+    p.add_argument("--lake", help="override the spec's lake root")
+    p.add_argument("--source-path", help="override the spec's source.path")
+    p.add_argument("--run-id", help="run id to record (default: generated)")
     p.add_argument("--master", help="Spark master URL of an own application (default $SPARK_MASTER or local[*])")
     p.add_argument("--remote", help="Spark Connect server to run on, sc://host:port (default $SPARK_REMOTE; "
                                     "the stream always runs its own application)")
@@ -252,15 +240,6 @@ def _spark_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="a Spark setting of the job's own application (repeatable), e.g. "
                         "spark.archives=env.tar.gz#env; a Connect server takes its settings at `server start`")
-
-
-def _spec_options(p: argparse.ArgumentParser) -> None:
-    """The options of every command that runs a pipeline's spec on Spark."""
-    p.add_argument("--pipeline", required=True, help="pipeline spec YAML, e.g. pipelines/page_views.yaml")
-    p.add_argument("--lake", help="override the spec's lake root")
-    p.add_argument("--source-path", help="override the spec's source.path")
-    p.add_argument("--run-id", help="run id to record (default: generated)")
-    _spark_options(p)
 
 
 def _add_generate(sub: Any) -> None:
@@ -276,22 +255,17 @@ def _add_generate(sub: Any) -> None:
     g.set_defaults(func=cmd_generate)
 
 
-def _add_combine(sub: Any) -> None:
+def _add_batch(sub: Any) -> None:
+    """combine, reduce and run: the batch path's jobs."""
     c = sub.add_parser("combine", help="pre-aggregate landing day(s) into partials (replaces those days)")
     _spec_options(c)
     c.add_argument("--date", required=True, help="event_date to combine, YYYY-MM-DD")
     c.add_argument("--to", help="last date of a range to combine (inclusive)")
     c.set_defaults(func=cmd_combine)
-
-
-def _add_reduce(sub: Any) -> None:
     r = sub.add_parser("reduce", help="merge new partials into the aggregates table, exactly once")
     _spec_options(r)
     r.add_argument("--full", action="store_true", help="re-merge every key, not only the changed ones")
     r.set_defaults(func=cmd_reduce)
-
-
-def _add_run(sub: Any) -> None:
     run = sub.add_parser("run", help="combine a date range, then reduce (one Spark session)")
     _spec_options(run)
     run.add_argument("--date", "--from", dest="date", required=True, help="first date, YYYY-MM-DD")
@@ -329,7 +303,8 @@ def _add_stream(sub: Any) -> None:
     st.set_defaults(func=cmd_stream)
 
 
-def _add_explain(sub: Any) -> None:
+def _add_spec_tools(sub: Any) -> None:
+    """explain, plan and apply: what a spec compiles to, and how the lake follows a changed one."""
     ex = sub.add_parser("explain", help="the plan of each phase: per aggregate its stored columns and local and "
                                         "global expressions, then Spark's physical plan (reads no data)")
     _spec_options(ex)
@@ -337,9 +312,6 @@ def _add_explain(sub: Any) -> None:
     ex.add_argument("--mode", default="simple", choices=["simple", "extended", "formatted", "cost", "codegen"],
                     help="Spark's explain mode (default simple)")
     ex.set_defaults(func=cmd_explain)
-
-
-def _add_plan(sub: Any) -> None:
     pl = sub.add_parser("plan", help="compare a spec with the lake's: each change, its cost, the days to recombine "
                                      "(no Spark, changes nothing)")
     pl.add_argument("--pipeline", required=True, help="the new pipeline spec YAML")
@@ -347,9 +319,6 @@ def _add_plan(sub: Any) -> None:
     pl.add_argument("--source-path", help="override the spec's source.path")
     pl.add_argument("--json", action="store_true", help="JSON output for scripts")
     pl.set_defaults(func=cmd_plan)
-
-
-def _add_apply(sub: Any) -> None:
     ap = sub.add_parser("apply", help="make the lake match a changed spec: schemas, re-derivations from the stored "
                                       "accumulators, the spec record (exactly once; rerun after a crash)")
     _spec_options(ap)
@@ -359,14 +328,14 @@ def _add_apply(sub: Any) -> None:
 
 
 def _add_inspect(sub: Any) -> None:
-    from spark_jobs.inspection.inspect_cli import add_inspect_parser
+    from spark_jobs.inspection.inspect_cli import add_inspect_parser, run_inspect
 
-    add_inspect_parser(sub).set_defaults(func=cmd_inspect)
+    add_inspect_parser(sub).set_defaults(func=run_inspect)
 
 
 # in the order ``--help`` lists them
-JOB_COMMANDS: tuple[Command, ...] = (_add_generate, _add_combine, _add_reduce, _add_run, _add_validate, _add_maintain,
-                                     _add_stream, _add_explain, _add_plan, _add_apply, _add_inspect)
+JOB_COMMANDS: tuple[Command, ...] = (_add_generate, _add_batch, _add_validate, _add_maintain, _add_stream,
+                                     _add_spec_tools, _add_inspect)
 
 
 EXIT_CODES = """exit codes:

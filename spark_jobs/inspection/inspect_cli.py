@@ -7,6 +7,7 @@ mapping (``error: ...`` and a non-zero exit code), and nothing is ever written.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
@@ -40,24 +41,29 @@ def add_inspect_parser(sub: Any) -> argparse.ArgumentParser:
     common.add_argument("--pipeline", help=PIPELINE_HELP)
     common.add_argument("--json", action="store_true", help="JSON output for scripts")
     views = p.add_subparsers(dest="view", required=True, metavar="VIEW")
-    for add in _VIEW_PARSERS:
-        add(views, common)
+
+    def view(name: str, summary: str, **kwargs: Any) -> argparse.ArgumentParser:  # in the order --help lists them
+        return views.add_parser(name, parents=[common], help=summary, **kwargs)
+
+    t = view("tables", "each pipeline's tables: version, rows, files, size")
+    t.add_argument("pipeline_name", nargs="?", metavar="PIPELINE", help="only this pipeline's tables: " + PIPELINE_HELP)
+    _add_table_views(view)
+    r = view("runs", "job runs: rows in/aggregated/rejected, timings, reconciles")
+    r.add_argument("pipeline_name", nargs="?", metavar="PIPELINE", help="only this pipeline's runs: " + PIPELINE_HELP)
+    r.add_argument("--limit", type=int, default=50, help="the last N runs (default 50)")
+    for name, summary in (("coverage", "per aggregate, the days whose partials hold it (an aggregate a spec change "
+                                       "added is NULL elsewhere)"),
+                          ("spec", "the spec the lake records, and its versions")):
+        view(name, summary).add_argument("pipeline_name", metavar="PIPELINE", help=PIPELINE_HELP)
     return p
 
 
-def _add_tables(views: Any, common: argparse.ArgumentParser) -> None:
-    t = views.add_parser("tables", parents=[common], help="each pipeline's tables: version, rows, files, size")
-    t.add_argument("pipeline_name", nargs="?", metavar="PIPELINE", help="only this pipeline's tables: " + PIPELINE_HELP)
-
-
-def _add_history(views: Any, common: argparse.ArgumentParser) -> None:
-    h = views.add_parser("history", parents=[common], help="commits: time, operation, run, rows, what was consumed")
+def _add_table_views(view: Callable[..., argparse.ArgumentParser]) -> None:
+    """The views of one table: history, show, diff, schema, partitions, rollup."""
+    h = view("history", "commits: time, operation, run, rows, what was consumed")
     h.add_argument("table", help=TABLE_HELP)
     h.add_argument("--limit", type=int, default=20, help="newest N commits (default 20)")
-
-
-def _add_show(views: Any, common: argparse.ArgumentParser) -> None:
-    s = views.add_parser("show", parents=[common], help="rows, at a version or time, filtered")
+    s = view("show", "rows, at a version or time, filtered")
     s.add_argument("table", help=TABLE_HELP)
     when = s.add_mutually_exclusive_group()
     when.add_argument("--version", type=int, help="time travel: read this table version")
@@ -66,63 +72,27 @@ def _add_show(views: Any, common: argparse.ArgumentParser) -> None:
     s.add_argument("--columns", help="comma-separated columns to show (default: all but accumulators)")
     s.add_argument("--order-by", help="column[:asc|desc][,column...] to sort by before --limit")
     s.add_argument("--limit", type=int, default=20)
-
-
-def _add_diff(views: Any, common: argparse.ArgumentParser) -> None:
-    d = views.add_parser("diff", parents=[common], help="keys added, removed and changed between two versions")
+    d = view("diff", "keys added, removed and changed between two versions")
     d.add_argument("table", help=TABLE_HELP)
     d.add_argument("--from", dest="from_version", type=int, required=True, help="older version")
     d.add_argument("--to", dest="to_version", type=int, help="newer version (default: the latest)")
     d.add_argument("--keys", help="comma-separated key columns (default: from the spec or the table's layout)")
     d.add_argument("--limit", type=int, default=20, help="rows shown per section (counts are always complete)")
-
-
-def _add_versioned(name: str, summary: str) -> Callable[[Any, argparse.ArgumentParser], None]:
-    """A view of one table at an optional ``--version`` (schema, partitions)."""
-    def add(views: Any, common: argparse.ArgumentParser) -> None:
-        v = views.add_parser(name, parents=[common], help=summary)
+    for name, summary in (("schema", "columns, types and roles"),
+                          ("partitions", "files, rows and bytes per partition")):
+        v = view(name, summary)
         v.add_argument("table", help=TABLE_HELP)
         v.add_argument("--version", type=int)
-    return add
-
-
-def _add_rollup(views: Any, common: argparse.ArgumentParser) -> None:
-    ru = views.add_parser("rollup", parents=[common], help="merge stored accumulators over a time range and keys",
-                          description="Every aggregate's value over the windows in [--from, --to), per --by keys "
-                                      "and --grain bucket, merged from the accumulators in aggregates (no Spark, no "
-                                      "raw data). The spec is the one the lake records (or --pipeline's).")
+    ru = view("rollup", "merge stored accumulators over a time range and keys",
+              description="Every aggregate's value over the windows in [--from, --to), per --by keys and --grain "
+                          "bucket, merged from the accumulators in aggregates (no Spark, no raw data). The spec is "
+                          "the one the lake records (or --pipeline's).")
     ru.add_argument("table", help="PIPELINE.aggregates")
     ru.add_argument("--from", dest="start", required=True, help="first window start, 'YYYY-MM-DD[ HH:MM:SS]' (UTC)")
     ru.add_argument("--to", dest="end", required=True, help="end of the range (exclusive), a window boundary")
     ru.add_argument("--by", help="comma-separated group keys to keep (default: all; '' merges across every key)")
     ru.add_argument("--grain", default="all", help="bucket: all (default), or e.g. '1 hour', '1 day', '1 week'")
     ru.add_argument("--where", help="filter on group keys, e.g. \"page = '/home'\"")
-
-
-def _add_runs(views: Any, common: argparse.ArgumentParser) -> None:
-    r = views.add_parser("runs", parents=[common], help="job runs: rows in/aggregated/rejected, timings, reconciles")
-    r.add_argument("pipeline_name", nargs="?", metavar="PIPELINE", help="only this pipeline's runs: " + PIPELINE_HELP)
-    r.add_argument("--limit", type=int, default=50, help="the last N runs (default 50)")
-
-
-def _add_pipeline_view(name: str, summary: str) -> Callable[[Any, argparse.ArgumentParser], None]:
-    """A view of one pipeline's recorded spec (coverage, spec)."""
-    def add(views: Any, common: argparse.ArgumentParser) -> None:
-        v = views.add_parser(name, parents=[common], help=summary)
-        v.add_argument("pipeline_name", metavar="PIPELINE", help=PIPELINE_HELP)
-    return add
-
-
-# in the order ``inspect --help`` lists them
-_VIEW_PARSERS: tuple[Callable[[Any, argparse.ArgumentParser], None], ...] = (
-    _add_tables, _add_history, _add_show, _add_diff,
-    _add_versioned("schema", "columns, types and roles"),
-    _add_versioned("partitions", "files, rows and bytes per partition"),
-    _add_rollup, _add_runs,
-    _add_pipeline_view("coverage", "per aggregate, the days whose partials hold it (an aggregate a spec change "
-                                   "added is NULL elsewhere)"),
-    _add_pipeline_view("spec", "the spec the lake records, and its versions"),
-)
 
 
 @dataclass(frozen=True)
@@ -133,9 +103,6 @@ class _Pipeline:
     record: RecordedSpec | None
     source: str
 
-    def say(self) -> None:
-        print(f"inspect: pipeline {self.spec.name} {self.source}", file=sys.stderr)
-
 
 def _is_path(value: str) -> bool:
     return os.path.exists(value) or value.endswith((".yaml", ".yml")) or os.sep in value
@@ -144,7 +111,6 @@ def _is_path(value: str) -> bool:
 def _pipeline(value: str, lake: str | None) -> _Pipeline:
     """``value`` is a spec file (a path: it exists, ends in .yaml/.yml or has a '/') or a pipeline name (the
     spec its lake records)."""
-    from spark_jobs.inspection.specs import lake_spec
     from spark_jobs.inspection.views import default_lake
     from spark_jobs.lake.spec_record import current
     from spark_jobs.spec import load_spec
@@ -163,18 +129,21 @@ def _pipeline(value: str, lake: str | None) -> _Pipeline:
     if root is None:
         raise LakeError(f"pipeline name {value!r} needs the lake that records it: pass --lake DIR or set "
                         "$SPARK_JOBS_LAKE, or give the spec file instead")
-    spec, record = lake_spec(root, value)
-    return _Pipeline(spec, record, f"as the lake {root} records it (spec version {record.version})")
+    return _recorded(root, value)
+
+
+def _recorded(lake: str, name: str) -> _Pipeline:
+    """The spec the lake records for pipeline ``name`` (InspectError when it records none)."""
+    from spark_jobs.inspection.specs import lake_spec
+
+    spec, record = lake_spec(lake, name)
+    return _Pipeline(spec, record, f"as the lake {lake} records it (spec version {record.version})")
 
 
 def _lake(args: argparse.Namespace, named: _Pipeline | None) -> str | None:
     from spark_jobs.inspection.views import default_lake
 
-    if args.lake:
-        return str(args.lake)
-    if named is not None:
-        return named.spec.lake
-    return default_lake()
+    return str(args.lake) if args.lake else named.spec.lake if named is not None else default_lake()
 
 
 def _need_lake(lake: str | None, view: str) -> str:
@@ -210,19 +179,6 @@ def _limit(n: int) -> int:
     return n
 
 
-def _table_pipeline(named: _Pipeline | None, ref: Any, lake: str | None) -> _Pipeline | None:
-    """The pipeline of a table: --pipeline's, else the spec the lake records for the table's pipeline."""
-    if named is not None or ref.pipeline is None or lake is None:
-        return named
-    from spark_jobs.inspection.specs import lake_spec
-
-    try:
-        spec, record = lake_spec(lake, ref.pipeline)
-    except (InspectError, LakeError):
-        return None
-    return _Pipeline(spec, record, f"as the lake {lake} records it (spec version {record.version})")
-
-
 def _rollup(args: argparse.Namespace, named: _Pipeline | None, ref: Any) -> Any:
     from spark_jobs.inspection import views
     from spark_jobs.inspection.rollup import Rollup, parse_by, parse_grain, rollup
@@ -244,15 +200,14 @@ def _rollup(args: argparse.Namespace, named: _Pipeline | None, ref: Any) -> Any:
 def _named(args: argparse.Namespace) -> _Pipeline | None:
     """The pipeline given as --pipeline, or as the view's PIPELINE argument (a name or a spec file)."""
     value = args.pipeline or getattr(args, "pipeline_name", None)
-    if value and args.view == "runs" and value.endswith(".runs"):
-        value = value[: -len(".runs")]
+    value = value.removesuffix(".runs") if value and args.view == "runs" else value
     if not value:
         return None
     if args.view in ("tables", "runs") and not args.pipeline and not _is_path(value):
         return None  # a name only filters the listing: no spec needed
     named = _pipeline(value, args.lake)
     if not args.json:
-        named.say()
+        print(f"inspect: pipeline {named.spec.name} {named.source}", file=sys.stderr)
     return named
 
 
@@ -265,8 +220,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     result: Any
     if args.view in ("tables", "runs"):
         name = named.spec.name if named is not None else args.pipeline_name
-        if name and args.view == "runs" and name.endswith(".runs"):
-            name = name[: -len(".runs")]
+        name = name.removesuffix(".runs") if name and args.view == "runs" else name
         if args.view == "tables":
             result = views.list_tables(_need_lake(lake, "tables"), pipeline=name)
         else:
@@ -289,7 +243,9 @@ def _table_view(args: argparse.Namespace, named: _Pipeline | None, lake: str | N
     from spark_jobs.inspection import views
 
     ref = views.resolve_table(args.table, lake)
-    named = named if named is not None else _table_pipeline(None, ref, lake)
+    if named is None and ref.pipeline is not None and lake is not None:  # the spec the lake records for the table
+        with contextlib.suppress(InspectError, LakeError):
+            named = _recorded(lake, ref.pipeline)
     spec = named.spec if named is not None else None
     if args.view == "history":
         return views.history(ref, limit=_limit(args.limit))
