@@ -1,10 +1,9 @@
 """The Spark Connect server: one long-lived Spark application that short jobs reach as clients.
 
-A DAG run's tasks and a backfill's runs each used to start their own Spark application
-(a cold JVM, cold JIT, cold Python workers). The server is started once, from the Spark that
-pyspark ships (``SparkConnectServer`` is in its jars), with the same fixed settings every
-session of the lake gets (:func:`spark_jobs.spark_session.server_conf`); jobs then connect with
-``sc://host:port`` in about a second.
+A DAG run's tasks and a backfill's runs each used to start their own Spark application (a cold JVM, cold JIT, cold
+Python workers). The server is started once, from the Spark that pyspark ships (``SparkConnectServer`` is in its jars),
+with the same fixed settings every session of the lake gets (:func:`spark_jobs.spark_session.server_conf`); jobs then
+connect with ``sc://host:port`` in about a second.
 """
 
 from __future__ import annotations
@@ -41,11 +40,8 @@ def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
 
 @dataclass(frozen=True)
 class ConnectServer:
-    """A Spark Connect server on ``host:port`` whose driver runs on ``master``.
-
-    ``host`` is the address it listens on (127.0.0.1 keeps it private to this machine;
-    0.0.0.0 in a container that other containers reach).
-    """
+    """A Spark Connect server on ``host:port`` whose driver runs on ``master``; ``host`` is the address it listens on
+    (127.0.0.1 keeps it private to this machine; 0.0.0.0 in a container that other containers reach)."""
 
     state_dir: Path
     host: str = "127.0.0.1"

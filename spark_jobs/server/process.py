@@ -97,12 +97,9 @@ class Background:
 
 def _alive(pid: int) -> bool:
     """True while ``pid`` runs (a zombie child of this process counts as gone)."""
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done:
+    with contextlib.suppress(ChildProcessError):  # not this process's child
+        if os.waitpid(pid, os.WNOHANG)[0]:
             return False
-    except ChildProcessError:
-        pass
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

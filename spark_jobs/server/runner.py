@@ -1,20 +1,20 @@
 """The warm job runner: ``python -m spark_jobs`` commands in a pre-imported Python, one fork per job.
 
-With the Spark Connect server the JVM stays warm, but each task still started a Python that
-imported pyspark's client, pandas, pyarrow, delta-rs and, for every gate, Great Expectations
-(4-5 s of CPU on these machines, three times a day). The runner imports them once and forks a
-child per job: the child is a fresh process (its own session, environment, working directory,
-process group, exit code), so a job cannot disturb the runner or another job.
+With the Spark Connect server the JVM stays warm, but each task still started a Python that imported pyspark's client,
+pandas, pyarrow, delta-rs and, for every gate, Great Expectations (4-5 s of CPU on these machines, three times a day).
+The runner imports them once and forks a child per job: the child is a fresh process (its own session, environment,
+working directory, process group, exit code), so a job cannot disturb the runner or another job.
 
-Protocol, over a Unix socket (private to the user that started it): the client sends one JSON
-line ``{"argv": [...], "env": {...}, "cwd": "..."}``; it receives the job's stdout and stderr as
-they are written, then :data:`EXIT_MARK` and the exit code on a line. A client that disconnects
-(a killed Airflow task) gets its job's process group sent SIGTERM.
+Protocol, over a Unix socket (private to the user that started it): the client sends one JSON line
+``{"argv": [...], "env": {...}, "cwd": "..."}``; it receives the job's stdout and stderr as they are written, then
+:data:`EXIT_MARK` and the exit code on a line. A client that disconnects (a killed Airflow task) gets its job's process
+group sent SIGTERM.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import json
 import os
@@ -22,11 +22,11 @@ import selectors
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from spark_jobs.errors import ComputeError
 
@@ -51,25 +51,18 @@ def serve(path: str | Path, *, preload: Sequence[str] = PRELOAD) -> None:
         raise ComputeError(f"runner socket path is {len(path)} characters, over {MAX_SOCKET_PATH}: {path}; "
                            "use a shorter --state-dir")
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
-    import importlib
-
     for module in preload:
         importlib.import_module(module)
-    stopping = False
-
-    def stop(signum: int, frame: Any) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    stopping = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stopping.set())
     listener = _listen(path)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, None)
     jobs: dict[int, socket.socket] = {}
     print(f"runner listening on {path} (pid {os.getpid()})", flush=True)
     try:
-        while not stopping:
+        while not stopping.is_set():
             for key, _ in selector.select(timeout=0.2):
                 if key.data is None:
                     _accept(listener, selector, jobs)
@@ -216,14 +209,10 @@ def run_job(path: str | Path, argv: Sequence[str], *, env: Mapping[str, str], cw
 
 def probe(path: str | Path) -> bool:
     """True when a runner accepts connections at ``path``."""
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn, contextlib.suppress(OSError):
         conn.connect(str(path))
         return True
-    except OSError:
-        return False
-    finally:
-        conn.close()
+    return False
 
 
 if __name__ == "__main__":  # python -m spark_jobs.server.runner SOCKET: what `server start` runs

@@ -44,8 +44,7 @@ def add_server_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="a Spark setting of the server's application (repeatable), e.g. spark.driver.host=h")
     p.add_argument("--no-runner", action="store_true", help="start the Connect server only")
     p.add_argument("--json", action="store_true", help="status: one JSON object for scripts")
-    p.add_argument("--timeout", type=float, default=180, help="seconds to wait for each part to be ready "
-                                                               "(default 180)")
+    p.add_argument("--timeout", type=float, default=180, help="seconds to wait for each part to be ready (default 180)")
     return p
 
 
@@ -62,8 +61,18 @@ def run_server(args: argparse.Namespace) -> int:
         stopped = [name for name, proc in (("runner", runner), ("Connect server", server.process)) if proc.stop()]
         print(f"stopped {' and '.join(stopped)}" if stopped else f"nothing was running (state dir {state})")
         return 0
-    if args.action == "status":
-        return _status(server, runner, state, as_json=args.json)
+    if args.action == "status":  # exit code 1 while the server is down
+        up, socket_path = server.running(), state / RUNNER_SOCKET
+        runner_up = runner.pid() is not None and probe(socket_path)
+        if args.json:
+            print(json.dumps({"connect": {"up": up, "url": server.url, "pid": server.process.pid() if up else None},
+                              "runner": {"up": runner_up, "socket": str(socket_path),
+                                         "pid": runner.pid() if runner_up else None},
+                              "state_dir": str(state)}))
+        else:
+            print(f"Connect server: {'up at ' + server.url if up else 'down'} (state dir {state})")
+            print(f"runner: {'up at ' + str(socket_path) if runner_up else 'down'}")
+        return 0 if up else 1
     started = time.monotonic()
     pid = server.start(timeout=args.timeout)
     print(f"Spark Connect server: {server.url} (pid {pid}, master {args.master}, log {server.process.log_file}), "
@@ -75,22 +84,6 @@ def run_server(args: argparse.Namespace) -> int:
     return 0
 
 
-def _status(server: ConnectServer, runner: Background, state: Path, *, as_json: bool) -> int:
-    """Print whether the server and the runner answer; exit code 1 while the server is down."""
-    socket_path = state / RUNNER_SOCKET
-    up = server.running()
-    runner_up = runner.pid() is not None and probe(socket_path)
-    if as_json:
-        print(json.dumps({"connect": {"up": up, "url": server.url, "pid": server.process.pid() if up else None},
-                          "runner": {"up": runner_up, "socket": str(socket_path),
-                                     "pid": runner.pid() if runner_up else None},
-                          "state_dir": str(state)}))
-    else:
-        print(f"Connect server: {'up at ' + server.url if up else 'down'} (state dir {state})")
-        print(f"runner: {'up at ' + str(socket_path) if runner_up else 'down'}")
-    return 0 if up else 1
-
-
 def _start_runner(runner: Background, server: ConnectServer, state: Path, *, timeout: float) -> Path:
     """Start the warm job runner on the server (unless one answers already); its socket path."""
     socket_path = state / RUNNER_SOCKET
@@ -100,8 +93,7 @@ def _start_runner(runner: Background, server: ConnectServer, state: Path, *, tim
     started = time.monotonic()
     if runner.pid() is None or not probe(socket_path):
         runner.stop()
-        env = {**os.environ, "SPARK_REMOTE": server.url, "GX_ANALYTICS_ENABLED": "False",
-               "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "SPARK_REMOTE": server.url, "GX_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
         runner.start([sys.executable, "-m", "spark_jobs.server.runner", str(socket_path)], env=env,
                      timeout=timeout, ready=lambda: probe(socket_path))
     print(f"warm job runner: {socket_path} (pid {runner.pid()}, log {runner.log_file}), "

@@ -68,8 +68,7 @@ class Standalone:
             return None
 
     def alive_workers(self) -> list[dict[str, Any]]:
-        status = self.status() or {}
-        return [w for w in status.get("workers", []) if w.get("state") == "ALIVE"]
+        return [w for w in (self.status() or {}).get("workers", []) if w.get("state") == "ALIVE"]
 
     def _registered(self, n: int) -> Callable[[], bool]:
         return lambda: len(self.alive_workers()) >= n
