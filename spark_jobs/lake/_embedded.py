@@ -1,19 +1,16 @@
 """Embedded Delta backend: Spark executors write Parquet, the driver commits through delta-rs.
 
-No JVM Delta jars are needed. A write goes in three steps: Spark writes the data files in
-parallel into a staging folder inside the table, the driver moves them into place and reads
-only their Parquet footers (for Delta statistics), then one delta-rs transaction adds them,
-removes what they replace and records the app transaction that makes a replay a no-op.
-A crash before the commit leaves unreferenced files that ``vacuum`` removes; the table
-itself only ever changes in that one commit.
+No JVM Delta jars are needed. A write goes in three steps: Spark writes the data files in parallel into a
+staging folder inside the table, the driver moves them into place and reads only their Parquet footers (for
+Delta statistics), then one delta-rs transaction adds them, removes what they replace and records the app
+transaction that makes a replay a no-op. A crash before the commit leaves unreferenced files that ``vacuum``
+removes; the table itself only ever changes in that one commit.
 
-Concurrent writers: a rewrite commits against the snapshot it was planned from, and every
-replacement (of a partition, or of keys) also carries a guard app transaction, so delta-rs
-refuses the later of two racing replacements even when neither removed a file the other read.
-The loser gets a :class:`ConflictError` and nothing is written.
-
-Small writes the driver already holds as Arrow tables (a small mini-batch's outputs) skip
-Spark: pyarrow writes the files into the same staging folder, and the same commit follows.
+Concurrent writers: a rewrite commits against the snapshot it was planned from, and every replacement (of a
+partition, or of keys) also carries a guard app transaction, so delta-rs refuses the later of two racing
+replacements even when neither removed a file the other read. The loser gets a :class:`ConflictError` and
+nothing is written. Small writes the driver holds as Arrow tables (a small mini-batch's outputs) skip Spark:
+pyarrow writes the files into the same staging folder, and the same commit follows.
 """
 
 from __future__ import annotations
@@ -109,9 +106,7 @@ def _stat_value(value: Any, *, upper: bool) -> Any:
         return value.isoformat()
     if isinstance(value, float) and not math.isfinite(value):
         return None
-    if isinstance(value, (int, float, str)):
-        return value
-    return None
+    return value if isinstance(value, (int, float, str)) else None
 
 
 def _file_stats(path: str) -> tuple[int, str]:
@@ -127,22 +122,19 @@ def _file_stats(path: str) -> tuple[int, str]:
             continue
         lo = hi = None
         null_count = 0
-        complete = True
         for rg in range(meta.num_row_groups):
             st = meta.row_group(rg).column(ci).statistics
-            if st is None:
-                complete = False
+            if st is None:  # a row group without statistics: none for the column
                 break
             null_count += st.null_count or 0
             if st.has_min_max:
                 lo = st.min if lo is None or st.min < lo else lo
                 hi = st.max if hi is None or st.max > hi else hi
-        if not complete:
-            continue
-        nulls[col_path] = null_count
-        lo_v, hi_v = _stat_value(lo, upper=False), _stat_value(hi, upper=True)
-        if lo_v is not None and hi_v is not None:
-            mins[col_path], maxs[col_path] = lo_v, hi_v
+        else:
+            nulls[col_path] = null_count
+            lo_v, hi_v = _stat_value(lo, upper=False), _stat_value(hi, upper=True)
+            if lo_v is not None and hi_v is not None:
+                mins[col_path], maxs[col_path] = lo_v, hi_v
     stats = {"numRecords": meta.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
     return meta.num_rows, json.dumps(stats, separators=(",", ":"))
 
@@ -239,7 +231,10 @@ class EmbeddedLake:
         dt = self.table(path, version)
         if dt is None:
             raise LakeError(f"no Delta table at {path}; run the job that creates it first (combine, then reduce)")
-        self._check_readable(dt, path)
+        unsupported = set(getattr(dt.protocol(), "reader_features", None) or []) & {"deletionVectors", "columnMapping"}
+        if unsupported:
+            raise LakeError(f"Delta table {path} uses reader features {sorted(unsupported)} that the embedded backend "
+                            "cannot read; use the delta-spark backend (SPARK_JOBS_DELTA_BACKEND=delta-spark)")
         uris = dt.file_uris(partition_filters=list(partitions) if partitions else None)
         return self._read_uris(path, dt, uris)
 
@@ -250,15 +245,6 @@ class EmbeddedLake:
             raise LakeError(f"no Delta table at {path}")
         root = _local(path).rstrip("/")
         return self._read_uris(path, dt, [f"{root}/{f}" for f in files])
-
-    def _check_readable(self, dt: DeltaTable, path: str) -> None:
-        features = set(getattr(dt.protocol(), "reader_features", None) or [])
-        unsupported = features & {"deletionVectors", "columnMapping"}
-        if unsupported:
-            raise LakeError(
-                f"Delta table {path} uses reader features {sorted(unsupported)} that the embedded backend "
-                "cannot read; use the delta-spark backend (SPARK_JOBS_DELTA_BACKEND=delta-spark)"
-            )
 
     def _read_uris(self, path: str, dt: DeltaTable, uris: Sequence[str]) -> DataFrame:
         from pyspark.sql.pandas.types import from_arrow_schema
@@ -277,14 +263,12 @@ class EmbeddedLake:
                conform: bool = False) -> Commit:
         """Add rows. ``conform``: the rows take the table's columns, those they lack as NULL (a log such as
         ``changelog`` keeps the columns of a dropped aggregate for its history)."""
-        if conform:
-            df = self._conform(df, path)
-        data = [df] if isinstance(df, pa.Table) else df
-        return self._commit_df(data, path, partition_by=partition_by, app_txn=app_txn, metadata=metadata)
+        return self._commit_df(self._conform(df, path, conform), path, partition_by=partition_by, app_txn=app_txn,
+                               metadata=metadata)
 
-    def _conform(self, df: DataFrame | pa.Table, path: str) -> DataFrame | pa.Table:
+    def _conform(self, df: DataFrame | pa.Table, path: str, conform: bool = True) -> DataFrame | pa.Table:
         """``df`` with the table's columns: NULL for those it lacks, without those the table lacks."""
-        schema = self.schema(path)
+        schema = self.schema(path) if conform else None
         if schema is None:
             return df
         if isinstance(df, pa.Table):
@@ -304,13 +288,8 @@ class EmbeddedLake:
         snapshot = self.table(path, read_version)
         if snapshot is None:
             raise LakeError(f"no Delta table at {path} to rewrite")
-        data: DataFrame | list[pa.Table]
-        if isinstance(rows, pa.Table):
-            data = split_by(rows, cluster.column, cluster.files) if cluster and rows.num_rows else [rows]
-        else:
-            data = _clustered(rows, cluster)
-        return self._commit_df(data, path, partition_by=partition_by, snapshot=snapshot, app_txns=app_txns,
-                               metadata=metadata, sort_by=sort_by, overwrite=True)
+        return self._commit_df(_layout(rows, cluster), path, partition_by=partition_by, snapshot=snapshot,
+                               app_txns=app_txns, metadata=metadata, sort_by=sort_by, overwrite=True)
 
     def add_columns(self, path: str, fields: Sequence[pa.Field], *, app_txns: Sequence[AppTxn] = ()) -> Commit:
         """Add nullable columns, without rewriting a file: the rows already written read them as NULL."""
@@ -342,10 +321,8 @@ class EmbeddedLake:
         bad = [k for k in partition if k not in partition_by]
         if bad:
             raise ValueError(f"{bad} are not partition columns of {path} ({list(partition_by)})")
-        if conform:
-            df = self._conform(df, path)
-        return self._commit_df([df] if isinstance(df, pa.Table) else df, path, partition_by=partition_by,
-                               replace=partition, app_txn=app_txn, metadata=metadata)
+        return self._commit_df(self._conform(df, path, conform), path, partition_by=partition_by, replace=partition,
+                               app_txn=app_txn, metadata=metadata)
 
     def replace_keys(self, rows: DataFrame | pa.Table, path: str, *, keys: Sequence[str],
                      touched: DataFrame | pa.Table | None, app_txn: AppTxn | None = None,
@@ -354,97 +331,59 @@ class EmbeddedLake:
                      read_version: int | None = None) -> Commit:
         """Copy-on-write upsert: rows whose keys are in ``touched`` are replaced by ``rows``.
 
-        Only the data files holding a touched key are rewritten; keys in ``touched`` that have
-        no row in ``rows`` disappear from the table. ``touched=None`` replaces the whole table.
-        ``cluster`` lays the written rows out in files by a column, so later updates of a narrow
-        range (a backfilled day, the open windows) rewrite few files.
-        ``prune=(column, lo, hi)`` promises every touched key has ``lo <= column <= hi``: the
-        files whose Delta statistics overlap that range are rewritten, without a scan for
-        touched keys; the others are not read. Arrow ``rows`` and ``touched`` are merged on
-        the driver, without Spark.
+        Only the data files holding a touched key are rewritten; keys in ``touched`` that have no row in ``rows``
+        disappear from the table. ``touched=None`` replaces the whole table. ``cluster`` lays the written rows out
+        in files by a column, so later updates of a narrow range (a backfilled day, the open windows) rewrite few
+        files. ``prune=(column, lo, hi)`` promises every touched key has ``lo <= column <= hi``: the files whose
+        Delta statistics overlap that range are rewritten, without a scan for touched keys; the others are not
+        read. Arrow ``rows`` and ``touched`` are merged on the driver, without Spark.
 
-        The rewrite is planned from one snapshot (``read_version``, else the latest) and committed
-        against it: a concurrent commit that removed files in between fails this one with a
-        :class:`ConflictError` instead of leaving a key twice.
+        The rewrite is planned from one snapshot (``read_version``, else the latest) and committed against it: a
+        concurrent commit that removed files in between fails this one with a :class:`ConflictError` instead of
+        leaving a key twice.
         """
-        from pyspark.sql import functions as F
-
         keys = list(keys)
         snapshot = self.table(path, read_version)
-        if isinstance(rows, pa.Table):
-            assert touched is None or isinstance(touched, pa.Table)
-            return self._replace_keys_arrow(rows, path, snapshot, keys=keys, touched=touched, app_txn=app_txn,
-                                            metadata=metadata, sort_by=sort_by, cluster=cluster, prune=prune)
-        assert not isinstance(touched, pa.Table)
-        rows = _clustered(rows, cluster)
-        if snapshot is None:
-            return self._commit_df(rows, path, snapshot=None, app_txn=app_txn, metadata=metadata, sort_by=sort_by)
-        by_path = {f.path: f for f in _data_files(snapshot)}
-        if touched is None:
-            return self._commit_df(rows, path, snapshot=snapshot, removes=list(by_path.values()), app_txn=app_txn,
-                                   metadata=metadata, sort_by=sort_by)
+        by_path = {} if snapshot is None else {f.path: f for f in _data_files(snapshot)}
+        affected, out = list(by_path), rows  # no table, or touched=None: every row is replaced
+        if snapshot is not None and touched is not None:
+            # clustered by the prune column: the files whose statistics overlap its range are the touched ones
+            pruned = _overlapping(snapshot, *prune) if prune is not None else None
+            if isinstance(rows, pa.Table):
+                assert isinstance(touched, pa.Table)
+                affected, out = _merge_keys_arrow(rows, touched, _local(path), keys, affected, pruned)
+            else:
+                assert not isinstance(touched, pa.Table)
+                affected, out = self._merge_keys_spark(rows, touched, path, snapshot.version(), keys, affected, pruned)
+        return self._commit_df(_layout(out, cluster), path, snapshot=snapshot, removes=[by_path[f] for f in affected],
+                               app_txn=app_txn, metadata=metadata, sort_by=sort_by)
+
+    def _merge_keys_spark(self, rows: DataFrame, touched: DataFrame, path: str, version: int, keys: list[str],
+                          files: list[str], affected: list[str] | None) -> tuple[list[str], DataFrame]:
+        """Of ``files``, those holding a touched key (``affected`` when known), and ``rows`` with their other rows."""
+        from pyspark.sql import functions as F
+
         touched = touched.select(*keys).distinct()
-        version = snapshot.version()
-        if prune is not None:  # clustered by the prune column: the overlapping files are the touched ones
-            affected = _overlapping(snapshot, *prune)
-        else:
-            current = self.read_files(path, list(by_path), version=version).select(
+        if affected is None:
+            current = self.read_files(path, files, version=version).select(
                 *keys, F.col("_metadata.file_path").alias("_file"))
             hit = [r["_file"] for r in current.join(touched, keys, "left_semi").select("_file").distinct().collect()]
             root = Path(_local(path)).resolve()
             affected = [os.path.relpath(_local(unquote(uri)), root) for uri in hit]
-        out = rows
-        if affected:
-            kept = self.read_files(path, affected, version=version).join(touched, keys, "left_anti")
-            out = _clustered(kept.select(*rows.columns).unionByName(rows), cluster)
-        removes = [by_path[f] for f in affected]
-        return self._commit_df(out, path, snapshot=snapshot, removes=removes, app_txn=app_txn, metadata=metadata,
-                               sort_by=sort_by)
-
-    def _replace_keys_arrow(self, rows: pa.Table, path: str, snapshot: DeltaTable | None, *, keys: list[str],
-                            touched: pa.Table | None, app_txn: AppTxn | None, metadata: Mapping[str, Any] | None,
-                            sort_by: Sequence[str], cluster: Cluster | None,
-                            prune: tuple[str, Any, Any] | None) -> Commit:
-        def layout(table: pa.Table) -> list[pa.Table]:  # driver rows are few: split by value, in order
-            return split_by(table, cluster.column, cluster.files) if cluster else [table]
-
-        by_path = {} if snapshot is None else {f.path: f for f in _data_files(snapshot)}
-        if snapshot is None or touched is None:
-            return self._commit_df(layout(rows), path, snapshot=snapshot, removes=list(by_path.values()),
-                                   app_txn=app_txn, metadata=metadata, sort_by=sort_by)
-        root = _local(path)
-
-        def read(file: str, columns: list[str]) -> pa.Table:
-            target = pa.schema([rows.schema.field(c) for c in columns])
-            try:
-                table = pq.read_table(os.path.join(root, file), columns=columns)
-            except (pa.ArrowInvalid, KeyError):  # a file from before a column was added: NULL there
-                have = set(pq.read_schema(os.path.join(root, file)).names)
-                table = _with_missing(pq.read_table(os.path.join(root, file), columns=[c for c in columns if c in have]),
-                                      target).select(columns)
-            return table.cast(target)
-
-        if prune is not None:
-            affected = _overlapping(snapshot, *prune)
-        else:
-            affected = [f for f in by_path if key_mask(read(f, keys), keys, touched).any()]
-        out = rows
-        if affected:
-            old = pa.concat_tables([read(f, rows.column_names) for f in affected])
-            out = pa.concat_tables([old.filter(pa.array(~key_mask(old, keys, touched))), rows])
-        return self._commit_df(layout(out), path, snapshot=snapshot, removes=[by_path[f] for f in affected],
-                               app_txn=app_txn, metadata=metadata, sort_by=sort_by)
+        if not affected:
+            return affected, rows
+        kept = self.read_files(path, affected, version=version).join(touched, keys, "left_anti")
+        return affected, kept.select(*rows.columns).unionByName(rows)
 
     def append_rows(self, table: pa.Table, path: str, *, metadata: Mapping[str, Any] | None = None) -> Commit:
         """Append a few driver-side rows (run records); never used for pipeline data."""
         local = _local(path)
         props = CommitProperties(custom_metadata=_meta(metadata))
         write_deltalake(local, table, mode="append", commit_properties=props, schema_mode="merge")
-        dt = DeltaTable(local)
-        return Commit(dt.version(), files_added=1, files_removed=0, rows_added=table.num_rows)
+        return Commit(DeltaTable(local).version(), files_added=1, files_removed=0, rows_added=table.num_rows)
 
     # ---------------------------------------------------------------- internal
-    def _commit_df(self, df: DataFrame | list[pa.Table], path: str, *, partition_by: Sequence[str] = (),
+    def _commit_df(self, df: DataFrame | pa.Table | list[pa.Table], path: str, *, partition_by: Sequence[str] = (),
                    replace: Mapping[str, str] | None = None, removes: Sequence[DataFile] = (),
                    app_txn: AppTxn | None = None, app_txns: Sequence[AppTxn] = (),
                    metadata: Mapping[str, Any] | None = None, sort_by: Sequence[str] = (),
@@ -456,24 +395,26 @@ class EmbeddedLake:
         ``overwrite`` replaces every row and may change the columns (a spec change)."""
         from pyspark.sql.pandas.types import to_arrow_schema
 
+        df = [df] if isinstance(df, pa.Table) else df
         schema = _nullable(df[0].schema if isinstance(df, list) else to_arrow_schema(df.schema, timezone="UTC"))
         name = Path(_local(path)).name
         self._check_target(self.table(path) if isinstance(snapshot, str) else snapshot, path, schema, partition_by,
                            overwrite=overwrite)
-        staged = self._stage(_sorted(df, sort_by), path, partition_by)
+        if sort_by:  # sorted within each file to write
+            df = ([t.sort_by([(c, "ascending") for c in sort_by]) for t in df] if isinstance(df, list)
+                  else df.sortWithinPartitions(*sort_by))
+        staged = self._stage(df, path, partition_by)
         write = _Write(path, name, schema, tuple(partition_by), [a for a, _ in staged], tuple(removes), replace,
                        overwrite, metadata, self._app_txns(path, app_txn, app_txns))
         self._commit_retrying(write, snapshot)
         failpoint(f"commit:{name}:after")
-        dt = DeltaTable(_local(path))
-        return Commit(dt.version(), files_added=len(staged), files_removed=len(removes),
+        return Commit(DeltaTable(_local(path)).version(), files_added=len(staged), files_removed=len(removes),
                       rows_added=sum(rows for _, rows in staged))
 
     def _app_txns(self, path: str, app_txn: AppTxn | None, app_txns: Sequence[AppTxn]) -> list[Transaction]:
         """The input versions a commit records, and the spec version on a spec-shaped table (unless
         ``app_txns`` records it already)."""
-        txns = [Transaction(t.app_id, t.version) for t in ([app_txn] if app_txn else [])]
-        txns += [Transaction(t.app_id, t.version) for t in app_txns]
+        txns = [Transaction(t.app_id, t.version) for t in [*([app_txn] if app_txn else []), *app_txns]]
         spec_txn = self.spec_txn if self.spec_txn is not None and is_spec_shaped(path) else None
         if spec_txn is not None and all(t.app_id != spec_txn.app_id for t in app_txns):
             txns.append(Transaction(spec_txn.app_id, spec_txn.version))
@@ -502,8 +443,7 @@ class EmbeddedLake:
         """One delta-rs transaction: create the table, replace a partition or every row, or add and remove files.
         Replacements, and writes planned from a snapshot, carry a guard app transaction (see :func:`_guard`)."""
         guards = [Transaction(_guard(write.replace), now)] if write.replace is not None or planned else []
-        props = CommitProperties(custom_metadata=_meta(write.metadata),
-                                 app_transactions=(write.txns + guards) or None)
+        props = CommitProperties(custom_metadata=_meta(write.metadata), app_transactions=(write.txns + guards) or None)
         partition_by = list(write.partition_by) or None
         if existing is None:
             existing = self._create(write, props, join=not planned)
@@ -534,11 +474,9 @@ class EmbeddedLake:
             return
         current = _nullable(pa.schema(existing.schema().to_arrow()))
         if not _same_columns(current, schema):
-            raise LakeError(
-                f"Delta table {path} has columns {current.names} ({_types(current)}) but the job writes "
-                f"{schema.names} ({_types(schema)}); its spec does not match the table: see "
-                "`python -m spark_jobs plan --pipeline SPEC` and make the change with `apply`"
-            )
+            raise LakeError(f"Delta table {path} has columns {current.names} ({_types(current)}) but the job writes "
+                            f"{schema.names} ({_types(schema)}); its spec does not match the table: see "
+                            "`python -m spark_jobs plan --pipeline SPEC` and make the change with `apply`")
         if list(existing.metadata().partition_columns) != list(partition_by):
             raise LakeError(f"Delta table {path} is partitioned by {existing.metadata().partition_columns}, "
                             f"expected {list(partition_by)}; remove the table and recompute it")
@@ -571,7 +509,8 @@ class EmbeddedLake:
         else:
             df.write.mode("error").partitionBy(*partition_by).parquet(staging)
         try:
-            placed = (_place(src, os.path.relpath(src, staging), root) for src in _parquet_files(staging))
+            files = [os.path.join(d, n) for d, _, names in os.walk(staging) for n in sorted(names)]
+            placed = (_place(src, os.path.relpath(src, staging), root) for src in files if src.endswith(".parquet"))
             return [added for added in placed if added is not None]
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -591,21 +530,6 @@ class _Write:
     overwrite: bool
     metadata: Mapping[str, Any] | None
     txns: list[Transaction]
-
-
-def _sorted(df: DataFrame | list[pa.Table], sort_by: Sequence[str]) -> DataFrame | list[pa.Table]:
-    """The rows sorted by ``sort_by`` within each file to write (each Arrow table, each Spark partition)."""
-    if not sort_by:
-        return df
-    if isinstance(df, list):
-        return [t.sort_by([(c, "ascending") for c in sort_by]) for t in df]
-    return df.sortWithinPartitions(*sort_by)
-
-
-def _parquet_files(folder: str) -> list[str]:
-    """The Parquet files under ``folder``, sorted by name within each directory."""
-    return [os.path.join(dirpath, name) for dirpath, _, names in os.walk(folder)
-            for name in sorted(names) if name.endswith(".parquet")]
 
 
 def _place(src: str, rel: str, root: str) -> tuple[AddAction, int] | None:
@@ -675,12 +599,38 @@ def _partition_dir(value: Any) -> str:
     return "".join(f"%{ord(ch):02X}" if ord(ch) < 0x20 or ch in '"#%\'*/:=?\\\x7f{[]^' else ch for ch in text)
 
 
-def _clustered(df: DataFrame, cluster: Cluster | None) -> DataFrame:
+def _layout(rows: DataFrame | pa.Table, cluster: Cluster | None) -> DataFrame | list[pa.Table]:
+    """The rows in files by ``cluster``'s column: Spark partitions, or (driver rows are few) Arrow tables split
+    by value, in order."""
+    if isinstance(rows, pa.Table):
+        return split_by(rows, cluster.column, cluster.files) if cluster else [rows]
     if cluster is None:
-        return df
+        return rows
     if cluster.by == "hash":
-        return df.repartition(max(1, cluster.files), cluster.column)
-    return df.repartitionByRange(max(1, cluster.files), cluster.column)
+        return rows.repartition(max(1, cluster.files), cluster.column)
+    return rows.repartitionByRange(max(1, cluster.files), cluster.column)
+
+
+def _merge_keys_arrow(rows: pa.Table, touched: pa.Table, root: str, keys: list[str], files: list[str],
+                      affected: list[str] | None) -> tuple[list[str], pa.Table]:
+    """Of ``files``, those holding a touched key (``affected`` when known), and ``rows`` with their other rows."""
+
+    def read(file: str, columns: list[str]) -> pa.Table:
+        target = pa.schema([rows.schema.field(c) for c in columns])
+        try:
+            table = pq.read_table(os.path.join(root, file), columns=columns)
+        except (pa.ArrowInvalid, KeyError):  # a file from before a column was added: NULL there
+            have = set(pq.read_schema(os.path.join(root, file)).names)
+            table = _with_missing(pq.read_table(os.path.join(root, file), columns=[c for c in columns if c in have]),
+                                  target).select(columns)
+        return table.cast(target)
+
+    if affected is None:
+        affected = [f for f in files if key_mask(read(f, keys), keys, touched).any()]
+    if not affected:
+        return affected, rows
+    old = pa.concat_tables([read(f, rows.column_names) for f in affected])
+    return affected, pa.concat_tables([old.filter(pa.array(~key_mask(old, keys, touched))), rows])
 
 
 def _utc(value: Any) -> Any:

@@ -91,6 +91,20 @@ class SparkDeltaLake(EmbeddedLake):
         failpoint(f"commit:{Path(path).name}:after")
         return Commit(self.version(path))
 
+    def _save(self, writer: DataFrameWriter, path: str) -> Commit:
+        failpoint(f"commit:{Path(path).name}:before")
+        with _conflicts(path):
+            writer.save(path)
+        return self._done(path)
+
+    def _unmoved(self, path: str, read_version: int | None, what: str) -> int | None:
+        """The table's version; :class:`ConflictError` when it is no longer ``read_version``, the one planned from."""
+        current = self.version(path)
+        if read_version is not None and current != read_version:
+            raise ConflictError(f"Delta table {path} moved from version {read_version} to {current} while "
+                                f"this job planned its {what}")
+        return current
+
     def _df(self, data: DataFrame | pa.Table) -> DataFrame:
         """Driver-held Arrow rows go through Spark here: MERGE and the Delta writer need a DataFrame."""
         return self.spark.createDataFrame(data) if isinstance(data, pa.Table) else data
@@ -107,13 +121,9 @@ class SparkDeltaLake(EmbeddedLake):
     def append(self, df: DataFrame | pa.Table, path: str, *, partition_by: Sequence[str] = (),
                app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None,
                conform: bool = False) -> Commit:
-        if conform:
-            df = self._conform(df, path)
+        df = self._df(self._conform(df, path) if conform else df)
         self._check_spec(path)
-        failpoint(f"commit:{Path(path).name}:before")
-        with _conflicts(path):
-            self._writer(self._df(df), "append", partition_by, app_txn, metadata).save(path)
-        return self._done(path)
+        return self._save(self._writer(df, "append", partition_by, app_txn, metadata), path)
 
     def rewrite(self, rows: DataFrame | pa.Table, path: str, *, partition_by: Sequence[str] = (),
                 read_version: int | None = None, app_txns: Sequence[AppTxn] = (),
@@ -121,15 +131,9 @@ class SparkDeltaLake(EmbeddedLake):
                 cluster: Cluster | None = None) -> Commit:
         """An overwrite that may change the columns. Only the first app transaction (the spec version) is
         recorded: without the others, the next reduce or rollup refresh merges everything once."""
-        current = self.version(path)
-        if read_version is not None and current != read_version:
-            raise ConflictError(f"Delta table {path} moved from version {read_version} to {current} while "
-                                "this job planned its rewrite")
+        self._unmoved(path, read_version, "rewrite")
         writer = self._writer(self._df(rows), "overwrite", partition_by, app_txns[0] if app_txns else None, metadata)
-        failpoint(f"commit:{Path(path).name}:before")
-        with _conflicts(path):
-            writer.option("overwriteSchema", "true").save(path)
-        return self._done(path)
+        return self._save(writer.option("overwriteSchema", "true"), path)
 
     def add_columns(self, path: str, fields: Sequence[pa.Field], *, app_txns: Sequence[AppTxn] = ()) -> Commit:
         from pyspark.sql.pandas.types import from_arrow_type
@@ -152,11 +156,8 @@ class SparkDeltaLake(EmbeddedLake):
         df = self._df(self._conform(df, path) if conform else df)
         where = " AND ".join(f"`{k}` = {_quote(v)}" for k, v in partition.items())
         self._check_spec(path)
-        failpoint(f"commit:{Path(path).name}:before")
         writer = self._writer(df, "overwrite", partition_by, app_txn, metadata)
-        with _conflicts(path):
-            writer.option("replaceWhere", where).save(path)
-        return self._done(path)
+        return self._save(writer.option("replaceWhere", where), path)
 
     def replace_keys(self, rows: DataFrame | pa.Table, path: str, *, keys: Sequence[str],
                      touched: DataFrame | pa.Table | None, app_txn: AppTxn | None = None,
@@ -169,20 +170,13 @@ class SparkDeltaLake(EmbeddedLake):
         from pyspark.sql import functions as F
 
         rows = self._df(rows)
-        touched = None if touched is None else self._df(touched)
-
-        current = self.version(path)
-        if read_version is not None and current != read_version:
-            raise ConflictError(f"Delta table {path} moved from version {read_version} to {current} while "
-                                "this job planned its write")
+        current = self._unmoved(path, read_version, "write")
         self._check_spec(path)
         if current is None:
             return self.append(rows, path, app_txn=app_txn, metadata=metadata)
         if touched is None:
-            failpoint(f"commit:{Path(path).name}:before")
-            with _conflicts(path):
-                self._writer(rows, "overwrite", (), app_txn, metadata).save(path)
-            return self._done(path)
+            return self._save(self._writer(rows, "overwrite", (), app_txn, metadata), path)
+        touched = self._df(touched)
         source = touched.select(*keys).distinct().join(rows.withColumn("_present", F.lit(True)), list(keys), "left")
         cond = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in keys)
         columns: dict[str, str | Column] = {c: f"s.`{c}`" for c in rows.columns}
