@@ -233,12 +233,9 @@ def _consumed(commit: dict[str, Any], change: CommitChange) -> str:
 
 
 def history(ref: TableRef, *, limit: int | None = None) -> pa.Table:
-    """One row per commit, newest first: time, operation, run, files and rows added/removed, what it consumed.
-
-    ``consumed`` lists the commit's Delta app transactions (``txn <app id>=<input version>``, e.g. the
-    ``partials`` version a reduce merged) and its recorded inputs (a combine's landing partition).
-    Counts are :meth:`Snapshot.commit_changes`'s.
-    """
+    """One row per commit, newest first: time, operation, run, files and rows added/removed (as
+    :meth:`Snapshot.commit_changes` counts them), what it consumed: its Delta app transactions (``txn <app
+    id>=<input version>``, e.g. the ``partials`` version a reduce merged) and recorded inputs (a landing partition)."""
     latest = _latest(ref)
     entries = sorted(latest.history(limit), key=lambda h: int(h["version"]), reverse=True)
     changes = {c.version: c for c in latest.commit_changes(int(entries[-1]["version"]))} if entries else {}
@@ -361,12 +358,9 @@ def partitions(ref: TableRef, *, version: int | None = None) -> pa.Table:
 # --------------------------------------------------------------------------- diff
 @dataclass(frozen=True)
 class TableDiff:
-    """What changed between two versions of a table, by key.
-
-    ``added`` holds the new rows, ``removed`` the old ones, ``changed`` the keys with each
-    compared column as ``<column>.old`` and ``<column>.new`` plus ``changed_columns``.
-    Counts are totals; the tables hold at most ``limit`` rows each, sorted by key.
-    """
+    """What changed between two versions of a table, by key: ``added`` holds the new rows, ``removed`` the old
+    ones, ``changed`` the keys with each compared column as ``<column>.old`` and ``<column>.new`` plus
+    ``changed_columns``. Counts are totals; the tables hold at most ``limit`` rows each, sorted by key."""
 
     table: str
     from_version: int
@@ -489,12 +483,9 @@ def _run_row(r: dict[str, Any], pipeline: str, dead: dict[str, int]) -> dict[str
 
 
 def runs(lake: str, *, pipeline: str | None = None, limit: int | None = None) -> pa.Table:
-    """Every job run recorded in the lake (or one pipeline's), oldest first (the last ``limit``).
-
-    ``reconciles`` is rows in = rows aggregated + rows rejected; ``dead_letter_rows`` is how many
-    rejected rows and quarantined files of the run are in ``dead_letter`` now (a rerun of the same day
-    replaces them).
-    """
+    """Every job run recorded in the lake (or one pipeline's), oldest first (the last ``limit``). ``reconciles``
+    is rows in = rows aggregated + rows rejected; ``dead_letter_rows`` is how many rejected rows and quarantined
+    files of the run are in ``dead_letter`` now (a rerun of the same day replaces them)."""
     if pipeline is not None and not re.fullmatch(_PIPELINE, pipeline):
         raise InspectError(f"bad pipeline name {pipeline[:100]!r}; pipeline names match [a-z][a-z0-9_]*")
     _lake_dir(lake)

@@ -118,17 +118,19 @@ class _Parser:
     def fail(self, tok: _Tok, message: str, hint: str | None = None) -> InspectError:
         return _fail(self.text, tok.pos, message, hint)
 
-    def keyword(self, word: str) -> bool:
-        if self.tok.kind == "keyword" and self.tok.text == word:
+    def accept(self, kind: str, text: str) -> bool:
+        """Move past the current token when it is ``text`` of ``kind``."""
+        if self.tok.kind == kind and self.tok.text == text:
             self.i += 1
             return True
         return False
 
+    def keyword(self, word: str) -> bool:
+        return self.accept("keyword", word)
+
     def expect_punct(self, ch: str, what: str) -> None:
-        if self.tok.kind == "punct" and self.tok.text == ch:
-            self.i += 1
-            return
-        raise self.fail(self.tok, f"expected {what}, found {_describe(self.tok)}")
+        if not self.accept("punct", ch):
+            raise self.fail(self.tok, f"expected {what}, found {_describe(self.tok)}")
 
     # ------------------------------------------------------------------ grammar
     def parse(self) -> pc.Expression:
@@ -154,8 +156,7 @@ class _Parser:
             raise self.fail(self.tok, f"nested more than {_MAX_DEPTH} levels deep", "simplify the filter")
         if self.keyword("NOT"):
             return ~self.unary(depth + 1)
-        if self.tok.kind == "punct" and self.tok.text == "(":
-            self.i += 1
+        if self.accept("punct", "("):
             expr = self.or_(depth + 1)
             self.expect_punct(")", "')' to close the parenthesis")
             return expr
@@ -189,8 +190,7 @@ class _Parser:
         if self.keyword("IN"):
             self.expect_punct("(", "'(' to open the IN list")
             values = [self.literal(field)]
-            while self.tok.kind == "punct" and self.tok.text == ",":
-                self.i += 1
+            while self.accept("punct", ","):
                 values.append(self.literal(field))
                 if len(values) > _MAX_IN_VALUES:
                     raise self.fail(self.tok, f"more than {_MAX_IN_VALUES} values in one IN list")
@@ -252,11 +252,7 @@ class _Parser:
 
 
 def _sample(t: pa.DataType) -> str:
-    if pa.types.is_date(t):
-        return "2024-03-01"
-    if pa.types.is_timestamp(t):
-        return "2024-03-01 12:00:00"
-    return "text"
+    return "2024-03-01" if pa.types.is_date(t) else "2024-03-01 12:00:00" if pa.types.is_timestamp(t) else "text"
 
 
 def _filterable(t: pa.DataType) -> bool:
@@ -266,15 +262,9 @@ def _filterable(t: pa.DataType) -> bool:
 
 
 def parse_where(text: str, schema: pa.Schema) -> pc.Expression:
-    """Parse a ``--where`` filter against ``schema`` into an Arrow expression.
-
-    Args:
-        text: the filter, e.g. ``page = '/home' AND window_start >= '2024-03-01'``.
-        schema: the table's Arrow schema; every column named must be in it.
-
-    Raises:
-        InspectError: naming the position, what was found and how to write it instead.
-    """
+    """Parse a ``--where`` filter (e.g. ``page = '/home' AND window_start >= '2024-03-01'``) against the table's
+    ``schema``, which must hold every column named, into an Arrow expression; :class:`InspectError` names the
+    position, what was found and how to write it instead."""
     if len(text) > MAX_FILTER_LENGTH:
         raise InspectError(f"filter is {len(text)} characters long; the limit is {MAX_FILTER_LENGTH}")
     if not text.strip():
