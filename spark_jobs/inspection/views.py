@@ -331,9 +331,8 @@ def schema(ref: TableRef, *, version: int | None = None, spec: PipelineSpec | No
         keys = set()
     rows = []
     for f in s:
-        roles = [r for r, hit in (("key", f.name in keys), ("partition", f.name in parts)) if hit]
-        if not roles:
-            roles = ["accumulator" if "__" in f.name else "metadata" if f.name in BOOKKEEPING else "value"]
+        roles = ([r for r, hit in (("key", f.name in keys), ("partition", f.name in parts)) if hit]
+                 or ["accumulator" if "__" in f.name else "metadata" if f.name in BOOKKEEPING else "value"])
         rows.append({"column": f.name, "type": str(f.type), "nullable": f.nullable, "role": ", ".join(roles)})
     return _arrow(rows, column=pa.string(), type=pa.string(), nullable=pa.bool_(), role=pa.string())
 
