@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from spark_jobs.spec import PipelineSpec
-from spark_jobs.windows import Hopping, Sessions, Tumbling
+from spark_jobs.windows import Cumulative, Hopping, Sessions, Tumbling
 
 EXACT_SQL = {
     "count": lambda c: f"count({c or '*'})",
@@ -68,6 +68,14 @@ def expected(raw: pa.Table, spec: PipelineSpec) -> pd.DataFrame:
             f" SELECT *, time_bucket(INTERVAL {slide} SECOND, {et}, TIMESTAMPTZ '1970-01-01 00:00:00+00')"
             f"   - INTERVAL (k * {slide}) SECOND AS ws FROM rows, range({n}) t(k))"
             f" WHERE ws <= {et} AND {et} < ws + INTERVAL {size} SECOND)"
+        )
+        keys += ["window_start", "window_end"]
+    elif isinstance(window, Cumulative):  # every window of the event's bucket that ends after it
+        size, step = window.size.seconds, window.step.seconds
+        source = (
+            f"(SELECT *, b AS window_start, b + INTERVAL (k * {step}) SECOND AS window_end FROM ("
+            f" SELECT *, time_bucket(INTERVAL {size} SECOND, {et}, TIMESTAMPTZ '1970-01-01 00:00:00+00') AS b"
+            f" FROM rows), range(1, {size // step + 1}) t(k) WHERE {et} < b + INTERVAL (k * {step}) SECOND)"
         )
         keys += ["window_start", "window_end"]
     select = [*keys, *aggregate_sql(spec)]

@@ -1,4 +1,5 @@
-"""Window kinds, one module each behind one protocol (:class:`WindowKind`): tumbling, hopping, sessions, and none.
+"""Window kinds, one module each behind one protocol (:class:`WindowKind`): tumbling, hopping, cumulative, sessions,
+and none.
 
 Every question a job asks of a window (how rows are assigned, what ``partials`` store, how stored rows merge
 into served ones, which served rows a change reaches, when a window closes, how a spec change re-derives
@@ -13,17 +14,18 @@ from typing import Any
 
 from spark_jobs.durations import Duration, parse_duration
 from spark_jobs.windows.base import BOUNDS, Reach, Stored, WindowChange, WindowKind
+from spark_jobs.windows.cumulative import Cumulative
 from spark_jobs.windows.hopping import Hopping
 from spark_jobs.windows.session import Sessions
 from spark_jobs.windows.tumbling import Tumbling
 from spark_jobs.windows.unwindowed import Unwindowed
 
-__all__ = ["BOUNDS", "Hopping", "Reach", "Sessions", "Stored", "Tumbling", "Unwindowed", "WindowChange",
+__all__ = ["BOUNDS", "Cumulative", "Hopping", "Reach", "Sessions", "Stored", "Tumbling", "Unwindowed", "WindowChange",
            "WindowKind", "parse_window"]
 
-FIELDS = ("size", "slide", "gap")
-_FORMS = ("declare {size: 1 hour} (tumbling), {size: 1 hour, slide: 15 minutes} (hopping) or {gap: 30 minutes} "
-          "(sessions)")
+FIELDS = ("size", "slide", "step", "gap")
+_FORMS = ("declare {size: 1 hour} (tumbling), {size: 1 hour, slide: 15 minutes} (hopping), {size: 1 day, step: "
+          "1 hour} (cumulative) or {gap: 30 minutes} (sessions)")
 Problems = list[tuple[str, str]]
 
 
@@ -50,20 +52,31 @@ def parse_window(raw: Any, *, retracting: bool = False) -> tuple[WindowKind | No
 def _durations(raw: Mapping[str, Any], names: tuple[str, ...], field: str, problems: Problems
                ) -> dict[str, Duration] | None:
     try:
-        return {n: parse_duration(raw.get(n)) for n in names if n != "slide" or raw.get(n) is not None}
+        return {n: parse_duration(raw.get(n)) for n in names if n == names[0] or raw.get(n) is not None}
     except ValueError as exc:
         problems.append((field, str(exc)))
         return None
 
 
 def _fixed(raw: Mapping[str, Any], problems: Problems) -> WindowKind | None:
-    parsed = _durations(raw, ("size", "slide"), "window", problems)
+    if raw.get("slide") is not None and raw.get("step") is not None:
+        problems.append(("window", "'slide' and 'step' are mutually exclusive; define only one: slide for hopping "
+                                   "windows, step for cumulative ones"))
+        return None
+    parsed = _durations(raw, ("size", "slide", "step"), "window", problems)
     if parsed is None:
         return None
-    size, slide = parsed["size"], parsed.get("slide")
-    if slide is not None and slide.seconds > size.seconds:
-        problems.append(("window.slide", f"slide {slide} is longer than size {size}; use a slide <= size"))
+    size, slide, step = parsed["size"], parsed.get("slide"), parsed.get("step")
+    for name, by in (("slide", slide), ("step", step)):
+        if by is not None and by.seconds > size.seconds:
+            problems.append((f"window.{name}", f"{name} {by} is longer than size {size}; use a {name} <= size"))
+            return None
+    if step is not None and size.seconds % step.seconds:
+        problems.append(("window.step", f"step {step} does not divide size {size}; use a step that divides it, "
+                                        "e.g. {size: 1 day, step: 1 hour}"))
         return None
+    if step is not None and step != size:
+        return Cumulative(size, step)
     return Hopping(size, slide) if slide is not None and slide != size else Tumbling(size)
 
 

@@ -38,7 +38,7 @@ from spark_jobs.jobs import combine
 from spark_jobs.lake import PipelineTables
 from spark_jobs.spec import PipelineSpec
 from spark_jobs.stream import query as stream
-from tests.builders import ALL_AGGREGATES, day_events, make_spec
+from tests.builders import ALL_AGGREGATES, FAST_AGGREGATES, day_events, make_spec
 from tests.integration.test_stream import cdc_rows, cdc_spec, land, with_stream
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -47,7 +47,8 @@ DAY = "2024-03-01"
 UNORDERED = ("__set", "__counts")
 # Random runs per kind: each streams every batch twice through Spark (minutes with a UDAF); CI takes one,
 # ENGINE_EXAMPLES=n takes more
-EXAMPLES = int(os.environ.get("ENGINE_EXAMPLES", "1"))  # count_distinct's set, the map view's value counts
+EXAMPLES = int(os.environ.get("ENGINE_EXAMPLES", "1"))
+WINDOWS = {"hopping": {"size": "1 hour", "slide": "20 minutes"}, "cumulative": {"size": "1 day", "step": "2 hours"}}  # count_distinct's set, the map view's value counts
 
 
 def _cdc_batches(sizes: list[int], seed: int) -> list[list[tuple[str, str, int]]]:
@@ -93,6 +94,9 @@ def _spec(kind: str, root: Path) -> PipelineSpec:
     if kind == "sessions":  # about one event per user and half hour: sessions that grow, merge and split days
         return with_stream(make_spec(root, window={"gap": "30 minutes"}, group_by=["user_id"],
                                      aggregates=[*ALL_AGGREGATES, hll_mode]), max_files_per_batch=1, watermark="1 day")
+    if kind in WINDOWS:  # the other fixed window kinds, without the user-defined aggregate's Arrow UDAF
+        return with_stream(make_spec(root, window=WINDOWS[kind], aggregates=[*FAST_AGGREGATES, hll_mode]),
+                           max_files_per_batch=1, watermark="3 hours")
     return with_stream(make_spec(root, window={"size": "1 hour"}, aggregates=[*ALL_AGGREGATES, hll_mode]),
                        max_files_per_batch=1, watermark="3 hours")
 
@@ -167,7 +171,7 @@ def _tables(spec: PipelineSpec) -> dict[str, list[dict[str, Any]]]:
             "state": _rows(t.stream_state, (), ["event_date", *keys])}
 
 
-@pytest.mark.parametrize("kind", ["windowed", "cdc", "sessions"])
+@pytest.mark.parametrize("kind", ["windowed", "cdc", "sessions", "hopping", "cumulative"])
 @settings(max_examples=EXAMPLES, deadline=None, database=None, phases=[Phase.generate],
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(sizes=st.lists(st.integers(1, 400), min_size=2, max_size=4), combine_after=st.integers(1, 4),

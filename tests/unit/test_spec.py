@@ -12,7 +12,7 @@ import pytest
 
 from spark_jobs.errors import SpecError
 from spark_jobs.spec import Duration, PipelineSpec, load_spec, parse_duration, parse_spec
-from spark_jobs.windows import Hopping, Sessions, Tumbling
+from spark_jobs.windows import Cumulative, Hopping, Sessions, Tumbling
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "pipelines" / "page_views.yaml"
@@ -158,6 +158,14 @@ def test_hopping_window(tmp_path: Path) -> None:
     assert spec.window == Hopping(Duration(3600), Duration(900))
 
 
+def test_cumulative_window(tmp_path: Path) -> None:
+    spec = parse(raw_spec(lambda r: r.update(window={"size": "1 day", "step": "1 hour"})), tmp_path)
+    assert spec.window == Cumulative(Duration(86_400), Duration(3600))
+    assert str(spec.window) == "1 day cumulating every 1 hour" and spec.key_columns[-2:] == ("window_start", "window_end")
+    same = parse(raw_spec(lambda r: r.update(window={"size": "1 hour", "step": "1 hour"})), tmp_path)
+    assert same.window == Tumbling(Duration(3600))  # a step of the whole size is a tumbling window
+
+
 def test_session_window(tmp_path: Path) -> None:
     spec = parse(raw_spec(lambda r: r.update(window={"gap": "30 minutes"})), tmp_path)
     assert spec.window == Sessions(Duration(1800))
@@ -208,6 +216,13 @@ REJECTIONS: list[Any] = [
     pytest.param(lambda r: r.update(window={"size": "1 hour", "slide": "2 hours"}),
                  "window.slide", "slide 2 hours is longer than size 1 hour; use a slide <= size",
                  id="slide-longer-than-size"),
+    pytest.param(lambda r: r.update(window={"size": "1 day", "step": "7 hours"}), "window.step",
+                 "step 7 hours does not divide size 1 day; use a step that divides it", id="step-not-dividing-size"),
+    pytest.param(lambda r: r.update(window={"size": "1 day", "step": "1 hour", "slide": "1 hour"}), "window",
+                 "'slide' and 'step' are mutually exclusive; define only one", id="slide-and-step"),
+    pytest.param(lambda r: r.update(window={"size": "1 day", "step": "1 hour"},
+                                    rollups=[{"name": "hourly", "grain": "1 hour"}]),
+                 "rollups[0].grain", "grain 1 hour is not a whole number of 1 day windows", id="cumulative-hourly-rollup"),
     pytest.param(add_agg(name="med", fn="medain", column="duration_ms"),
                  "aggregates[2].fn", "unknown function 'medain'; use one of count, sum", id="unknown-fn"),
     pytest.param(add_agg(name="s", fn="sum", column="page"),
