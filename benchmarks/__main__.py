@@ -7,11 +7,8 @@ Run from the repository root. Exit codes as ``python -m spark_jobs``: 0 ok, 2 ba
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Sequence
-
-from spark_jobs.errors import PipelineError
 
 WORK_DIR = "/tmp/spark_jobs_bench"
 
@@ -161,21 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    try:
-        return int(args.func(args) or 0)
-    except PipelineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    finally:
-        from spark_jobs.spark_session import close_remote
+    from spark_jobs.cli import run_parsed
 
-        close_remote()
+    return run_parsed(build_parser(), argv)
 
 
 if __name__ == "__main__":

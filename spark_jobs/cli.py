@@ -363,7 +363,12 @@ def _verbose_after_the_command(parser: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None, *, keep_session: bool = False, commands: Sequence[Command] = ()) -> int:
     """Run one command. A Spark Connect session is released at the end unless ``keep_session`` (a caller
     that runs many commands in one process, as ``python -m benchmarks airflow``'s warm CLI, keeps it warm)."""
-    args = build_parser(commands).parse_args(argv)
+    return run_parsed(build_parser(commands), argv, keep_session=keep_session)
+
+
+def run_parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None, *, keep_session: bool = False) -> int:
+    """Parse ``argv``, run the chosen ``func``, map a pipeline error to its exit code (the benchmarks' CLI too)."""
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:

@@ -1,11 +1,16 @@
-"""Spans of time as the spec writes them (``'1 hour'``, ``'90 s'``): parsed once, kept in seconds."""
+"""Spans of time as the spec writes them (``'1 hour'``, ``'90 s'``): parsed once, kept in seconds; and instants
+made UTC."""
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from dataclasses import dataclass
+from typing import TypeVar
 
-__all__ = ["Duration", "parse_duration"]
+__all__ = ["Duration", "parse_duration", "utc"]
+
+T = TypeVar("T")
 
 _DURATION = re.compile(
     r"^\s*(\d+)\s*(s|sec|secs|second|seconds|m|min|mins|minute|minutes|h|hour|hours|d|day|days|w|week|weeks)\s*$"
@@ -46,3 +51,9 @@ def parse_duration(text: object) -> Duration:
     unit = match.group(2)
     key = "m" if unit.startswith("min") or unit == "m" else unit[0]
     return Duration(int(match.group(1)) * _UNIT_SECONDS[key])
+
+
+def utc(value: T) -> T:
+    """A datetime in UTC: Spark hands timestamps back naive, in the driver's local zone (which ``astimezone``
+    assumes of a naive one); anything else as it is."""
+    return value.astimezone(dt.UTC) if isinstance(value, dt.datetime) else value  # type: ignore[return-value]

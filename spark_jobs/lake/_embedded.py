@@ -39,6 +39,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction, create_table_with_add_actions
 
 from spark_jobs._failpoints import failpoint
+from spark_jobs.durations import utc
 from spark_jobs.errors import ConflictError, LakeError, SpecChangedError
 from spark_jobs.lake._types import GUARD_PREFIX, AppTxn, Cluster, Commit, DataFile
 from spark_jobs.lake.arrow import key_mask, split_by, split_rows
@@ -151,14 +152,14 @@ def _data_files(dt: DeltaTable) -> list[DataFile]:
 
 def _overlapping(dt: DeltaTable, column: str, lo: Any, hi: Any) -> list[str]:
     """Data files whose min/max statistics of ``column`` may hold a value in [lo, hi]."""
-    lo, hi = (_utc(v) for v in (lo, hi))
+    lo, hi = (utc(v) for v in (lo, hi))
     actions = pa.table(dt.get_add_actions(flatten=True))
     if f"min.{column}" not in actions.column_names:
         return [unquote(p) for p in actions["path"].to_pylist()]
     out = []
     for row in actions.select(["path", f"min.{column}", f"max.{column}"]).to_pylist():
         low, high = row[f"min.{column}"], row[f"max.{column}"]
-        if low is None or high is None or (_utc(low) <= hi and _utc(high) >= lo):
+        if low is None or high is None or (utc(low) <= hi and utc(high) >= lo):
             out.append(unquote(row["path"]))
     return out
 
@@ -631,11 +632,6 @@ def _merge_keys_arrow(rows: pa.Table, touched: pa.Table, root: str, keys: list[s
         return affected, rows
     old = pa.concat_tables([read(f, rows.column_names) for f in affected])
     return affected, pa.concat_tables([old.filter(pa.array(~key_mask(old, keys, touched))), rows])
-
-
-def _utc(value: Any) -> Any:
-    """Naive datetimes from Spark are in the driver's local zone; compare everything in UTC."""
-    return value.astimezone(UTC) if isinstance(value, datetime) else value
 
 
 def _meta(metadata: Mapping[str, Any] | None) -> dict[str, str] | None:

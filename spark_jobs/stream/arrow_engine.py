@@ -105,11 +105,11 @@ class _DriverMerge:
         and the batch partials of days with one (the hybrid rule)."""
         columns = [*self.keys, "n_rows", *self.local.compiled.acc_columns, SPEC_VERSION]
         schema = pa.schema([self.schemas["partials"].field(c) for c in columns])
-        counted = state.filter(pc.invert(_in_days(state, batch_days))).select(columns).cast(schema)
+        held = self.kind.within_arrow(state, changed, self.group)  # the few rows in reach first: the state is large
+        counted = [held.filter(pc.invert(_in_days(held, batch_days))).select(columns).cast(schema)]
         if batch_rows is not None:
-            counted = pa.concat_tables([counted, batch_rows.select(columns).cast(schema)])
-        return Reached(self.kind.within_arrow(counted, changed, self.group),
-                       self.kind.touched_arrow(changed, self.group))
+            counted.append(self.kind.within_arrow(batch_rows, changed, self.group).select(columns).cast(schema))
+        return Reached(pa.concat_tables(counted), self.kind.touched_arrow(changed, self.group))
 
     def alone(self, groups: pa.Table, live: np.ndarray, state: pa.Table, stored: pa.Table) -> np.ndarray:
         """The rows of keys alone among the batch's ``live`` rows (of days without a batch combine), in no state

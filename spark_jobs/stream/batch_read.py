@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from spark_jobs.durations import utc
 from spark_jobs.errors import InputError
 from spark_jobs.jobs.landing import classify, read_landing
 from spark_jobs.jobs.landing_files import Screen, spark_read_error
@@ -24,7 +25,7 @@ from spark_jobs.stream.outputs import Rows
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["BatchRead", "BatchReader", "utc"]
+__all__ = ["BatchRead", "BatchReader"]
 
 log = logging.getLogger("spark_jobs")
 
@@ -173,10 +174,3 @@ class BatchRead:
         if self._rejects is not None:
             return self._rejects
         return self.combined.where(F.col(_BAD).isNotNull()).select("_reject.*")
-
-
-def utc(value: dt.datetime | None) -> dt.datetime | None:
-    """Spark hands timestamps back as naive local time; make them aware UTC."""
-    if value is None:
-        return None
-    return value.astimezone(dt.UTC) if value.tzinfo else value.astimezone().astimezone(dt.UTC)

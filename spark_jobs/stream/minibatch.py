@@ -33,6 +33,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from spark_jobs.durations import utc
 from spark_jobs.errors import InputError
 from spark_jobs.jobs import rollups
 from spark_jobs.jobs.conflicts import retry_conflicts
@@ -46,7 +47,7 @@ from spark_jobs.lake.table_rules import batch_days, batch_files_in, day_bounds, 
 from spark_jobs.phases import CompiledAggregates
 from spark_jobs.spec import PipelineSpec
 from spark_jobs.stream.arrow_engine import DRIVER_MAX_KEYS, ArrowEngine
-from spark_jobs.stream.batch_read import BatchRead, BatchReader, utc
+from spark_jobs.stream.batch_read import BatchRead, BatchReader
 from spark_jobs.stream.handoff import Handoffs
 from spark_jobs.stream.outputs import BatchCommits, MergeEngine, MiniBatch, commit_outputs
 from spark_jobs.stream.spark_engine import SparkEngine

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_jobs.durations import Duration
+from spark_jobs.durations import Duration, utc
 from spark_jobs.key_match import key_mask
 from spark_jobs.windows.base import TS, Grouped, Reach, Stored, WindowChange, WindowKind
 
@@ -139,7 +139,7 @@ class Sessions(WindowKind):
         if span is None or span["lo"] is None:
             empty = changed.select(*group, *self.bounds).limit(0)
             return Reach(changed.limit(0), empty, read_version=None)
-        widen = _Widening(self, group, changed, stored, (_utc(span["lo"]).date(), _utc(span["hi"]).date()))
+        widen = _Widening(self, group, changed, stored, (utc(span["lo"]).date(), utc(span["hi"]).date()))
         reached, read = widen.run()
         known = read if read is not None else changed.limit(0)
 
@@ -211,7 +211,7 @@ class _Widening:
             if bounds is None or bounds["lo"] is None:
                 return reached, known
             done, self.pending = (self.lo, self.hi), short.select(*self.group).distinct()
-            first, last = _utc(bounds["lo"]), _utc(bounds["hi"])
+            first, last = utc(bounds["lo"]), utc(bounds["hi"])
             if first < _midnight(self.lo) + self.gap:
                 self.lo = min(self.lo - dt.timedelta(days=1), (first - self.gap).date())
             if last >= _midnight(self.hi + dt.timedelta(days=1)):
@@ -285,8 +285,3 @@ def cut(rows: Iterable[Mapping[str, Any]], by: Sequence[str]) -> dict[tuple[Any,
 
 def _midnight(day: dt.date) -> dt.datetime:
     return dt.datetime.combine(day, dt.time(), dt.UTC)
-
-
-def _utc(value: dt.datetime) -> dt.datetime:
-    """Spark hands timestamps back as naive local time."""
-    return value.astimezone(dt.UTC)

@@ -204,11 +204,12 @@ def test_a_csv_day_with_headers_in_other_orders_serves_the_same_from_the_batch_a
     from spark_jobs.stream import run as stream
     from tests.integration.test_stream import with_stream
 
-    columns = [c for c, _ in make_spec(tmp_path / "x", fmt="csv").source.schema]
+    columns = [c for c, _ in make_spec(tmp_path, fmt="csv").source.schema]
     rows = good_rows(30)
     files = {"part-0.csv": (columns[::-1], rows[:15]), "part-1.csv": (columns[2:] + columns[:2], rows[15:])}
     specs = []
     for name in ("batch", "stream"):
+        (tmp_path / name).mkdir()
         spec = make_spec(tmp_path / name, aggregates=FAST_AGGREGATES, fmt="csv", window={"size": "1 hour"})
         for file, (header, part) in files.items():
             write_text(tmp_path / name / "landing", D1, file, csv_text(header, [as_record(r) for r in part]))
