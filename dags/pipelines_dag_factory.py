@@ -1,34 +1,27 @@
 """DAGs generated from the pipeline specs in ``pipelines/*.yaml`` (or ``*.yml``): wiring only.
 
-For each spec ``<name>``: ``<name>_batch`` (daily, one run per event date), ``<name>_stream``
-(every 5 minutes: the streaming job in available-now mode, then validate); and one
-``lake_maintenance`` DAG over all pipelines. The work is in ``spark_jobs`` (the CLI the
-operator submits) and ``plugins/spark_jobs_airflow``. Parsing this file imports no pyspark and
-no Great Expectations: it checks each spec as the jobs would (``spark_jobs.spec``, pure Python).
-
-A spec that does not load (bad YAML, a field the jobs would refuse, a name another spec took) gets
-no DAGs here; ``pipeline_specs_check.py`` puts it among Airflow's import errors with the spec's file and
-message, and every other spec's DAGs are built and scheduled as usual.
+For each spec ``<name>``: ``<name>_batch`` (daily, one run per event date) and ``<name>_stream`` (every 5
+minutes: the streaming job in available-now mode, then reduce and validate); and one ``lake_maintenance`` DAG
+over all pipelines. The work is in ``spark_jobs`` (the CLI the operator submits) and ``plugins/spark_jobs_airflow``.
+Parsing this file imports no pyspark and no Great Expectations: it checks each spec as the jobs would
+(``spark_jobs.spec``, pure Python). A spec that does not load (bad YAML, a field the jobs would refuse, a name
+another spec took) gets no DAGs here; ``pipeline_specs_check.py`` puts it among Airflow's import errors with
+its file and message, and every other spec's DAGs are built and scheduled as usual.
 
 Settings (environment):
     SPARK_JOBS_PIPELINES   folder of the specs (default: the repo's ``pipelines/``)
     SPARK_JOBS_START_DATE  first event date of the batch DAGs (default 2024-03-01)
-    SPARK_JOBS_END_DATE    last event date the scheduler may schedule (default: none). bin/demo and
-                           the tests set it to the sample data's last day, so no run waits for a
-                           landing day that will never come
-    SPARK_JOBS_CATCHUP     "true" lets the scheduler create a run for every day since the start
-                           date (default false; ``airflow backfill create`` works either way)
-    SPARK_JOBS_STREAM_SCHEDULE  cron of the stream DAG (default ``*/5 * * * *``); "none" for runs
-                           triggered by hand or by another system only (bin/demo triggers one)
+    SPARK_JOBS_END_DATE    last event date the scheduler may schedule (default: none); bin/demo and the tests
+                           set it to the sample data's last day, so no run waits for a day that never comes
+    SPARK_JOBS_CATCHUP     "true": a run for every day since the start date (default false; ``airflow
+                           backfill create`` works either way)
+    SPARK_JOBS_STREAM_SCHEDULE  cron of the stream DAG (default ``*/5 * * * *``); "none": triggered runs only
 
-The tasks that write a pipeline's ``aggregates`` (the batch DAG's ``reduce``, the stream DAG's
-``stream`` and ``reduce``) share the one-slot pool ``aggregates_<name>``, which must exist:
-``airflow pools set aggregates_<name> 1 "writers of <name>.aggregates"`` (bin/demo does it). A
-commit that races anyway (a job started outside Airflow) is retried inside the job.
-
-Where the Spark work runs is the operator's choice (``plugins/spark_jobs_airflow``): the Spark
-Connect server of the connection ``spark_connect_default`` or ``$SPARK_REMOTE`` when one is set,
-else ``spark-submit`` per task.
+The tasks that write a pipeline's ``aggregates`` (batch ``reduce``, stream ``stream`` and ``reduce``) share
+the one-slot pool ``aggregates_<name>``, which must exist: ``airflow pools set aggregates_<name> 1 "writers of
+<name>.aggregates"`` (bin/demo does it). A commit that races anyway (a job started outside Airflow) is retried
+inside the job. The Spark work runs on the Spark Connect server of the connection ``spark_connect_default`` or
+``$SPARK_REMOTE`` when one is set, else through ``spark-submit`` per task (``plugins/spark_jobs_airflow``).
 """
 
 from __future__ import annotations
@@ -63,11 +56,7 @@ def batch_dag(spec: PipelineSpec) -> DAG:
         description=f"{name}: wait for a landing day, validate, combine, reduce, validate, publish",
         # one run per event date, after the day is over: the logical date is the day processed
         schedule=CronDataIntervalTimetable("0 0 * * *", timezone="UTC"),
-        start_date=START,
-        end_date=END,
-        catchup=CATCHUP,
-        max_active_runs=2,
-        default_args=DEFAULT_ARGS,
+        start_date=START, end_date=END, catchup=CATCHUP, max_active_runs=2, default_args=DEFAULT_ARGS,
         params={
             "force_recombine": Param(False, type="boolean", description="combine the day even if unchanged"),
             "date": Param(None, type=["null", "string"], format="date",
@@ -112,11 +101,8 @@ def stream_dag(spec: PipelineSpec) -> DAG:
         dag_id=f"{name}_stream",
         description=f"{name}: the streaming job in available-now mode, reduce, validate",
         schedule=None if STREAM_SCHEDULE.lower() == "none" else STREAM_SCHEDULE,
-        start_date=START,
-        catchup=False,
-        max_active_runs=1,
+        start_date=START, catchup=False, max_active_runs=1, default_args=DEFAULT_ARGS,
         is_paused_upon_creation=True,  # unpause to start streaming
-        default_args=DEFAULT_ARGS,
         tags=["spark_jobs", name, "stream"],
     ) as dag:
         stream = SparkJobOperator(task_id="stream", args=["stream", "--pipeline", pipeline, "--available-now"],
@@ -133,11 +119,7 @@ def maintenance_dag(specs: list[PipelineSpec]) -> DAG:
         dag_id="lake_maintenance",
         description="compact small files, vacuum (168 h retention), checkpoint: every pipeline's tables",
         schedule="@daily",
-        start_date=START,
-        catchup=False,
-        max_active_runs=1,
-        is_paused_upon_creation=True,
-        default_args=DEFAULT_ARGS,
+        start_date=START, catchup=False, max_active_runs=1, is_paused_upon_creation=True, default_args=DEFAULT_ARGS,
         tags=["spark_jobs", "maintenance"],
     ) as dag:
         for spec in specs:

@@ -38,16 +38,20 @@ class AirflowClient:
     password: str
     _token: str | None = field(default=None, repr=False)
 
+    def _send(self, method: str, path: str, body: Any, headers: dict[str, str]) -> Any:
+        request = urllib.request.Request(f"{self.url.rstrip('/')}{path}", method=method,
+                                         data=None if body is None else json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json", **headers})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read() or b"null")
+
     def _request(self, method: str, path: str, body: Any = None) -> Any:
         if self._token is None:
-            self._token = self._login()
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(f"{self.url.rstrip('/')}{path}", data=data, method=method, headers={
-            "Authorization": f"Bearer {self._token}", "Content-Type": "application/json"})
+            login = {"username": self.user, "password": self.password}
+            self._token = str(self._send("POST", "/auth/token", login, {})["access_token"])
         for attempt in range(5):  # SQLite behind the API answers "database is locked" now and then
             try:
-                with urllib.request.urlopen(request, timeout=30) as response:
-                    return json.loads(response.read() or b"null")
+                return self._send(method, path, body, {"Authorization": f"Bearer {self._token}"})
             except urllib.error.HTTPError as exc:
                 if exc.code < 500 or attempt == 4:
                     raise RuntimeError(f"{method} {path}: HTTP {exc.code}: {exc.read()[:500]!r}") from exc
@@ -56,13 +60,6 @@ class AirflowClient:
                     raise
             time.sleep(1 + attempt)
         raise AssertionError("unreachable")
-
-    def _login(self) -> str:
-        body = json.dumps({"username": self.user, "password": self.password}).encode()
-        request = urllib.request.Request(f"{self.url.rstrip('/')}/auth/token", data=body, method="POST",
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return str(json.loads(response.read())["access_token"])
 
     def runs(self, dag_id: str) -> list[dict[str, Any]]:
         return list(self._request("GET", f"/api/v2/dags/{dag_id}/dagRuns?limit=1000")["dag_runs"])
@@ -79,7 +76,6 @@ class AirflowClient:
         """Wait until ``runs`` runs whose id starts with ``prefix`` exist and have all finished."""
         started = time.monotonic()
         seen = None
-        matching: list[dict[str, Any]] = []
         while True:
             matching = [r for r in self.runs(dag_id) if r["dag_run_id"].startswith(prefix)]
             states = sorted(((r["logical_date"] or r["run_after"])[:10], r["state"]) for r in matching)

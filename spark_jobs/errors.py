@@ -1,26 +1,11 @@
-"""Every exception the product raises on purpose, in one place.
-
-Each error carries a message that names the thing that is wrong, the bad value and the fix;
-the CLI maps the classes to exit codes (see ``spark_jobs.cli``).
-"""
+"""Every exception the product raises on purpose, in one place: each message names the thing that is wrong, the bad
+value and the fix; the CLI maps the classes to exit codes (see ``spark_jobs.cli``)."""
 
 from __future__ import annotations
 
-__all__ = [
-    "PipelineError",
-    "SpecError",
-    "SpecChangedError",
-    "UsageError",
-    "InputError",
-    "SchemaMismatchError",
-    "LakeError",
-    "ConflictError",
-    "InspectError",
-    "QualityError",
-    "ComputeError",
-    "RetractNotSupportedError",
-    "MergeNotSupportedError",
-]
+__all__ = ["PipelineError", "SpecError", "SpecChangedError", "UsageError", "InputError", "SchemaMismatchError",
+           "LakeError", "ConflictError", "InspectError", "QualityError", "ComputeError", "RetractNotSupportedError",
+           "MergeNotSupportedError"]
 
 
 class PipelineError(Exception):
@@ -49,12 +34,9 @@ class SpecChangedError(PipelineError):
 
 
 class UsageError(PipelineError):
-    """A bad command-line option, or the environment variable that stands in for it: a malformed Spark master or
-    Spark Connect address, a port out of range, an argument out of its range.
-
-    Exit code 2 (bad arguments), like a bad spec: nothing was read or written, and a retry cannot succeed
-    until the option is fixed.
-    """
+    """A bad command-line option, or the environment variable standing in for it (a malformed Spark master or
+    Connect address, a port or argument out of range). Exit code 2, like a bad spec: nothing was read or
+    written, and a retry cannot succeed until the option is fixed."""
 
     exit_code = 2
 
@@ -82,32 +64,25 @@ class ConflictError(LakeError):
 
 
 class InspectError(PipelineError):
-    """A bad inspect request: unknown column, bad filter, version out of range, path outside the lake.
-
-    Exit code 2 (bad arguments), like a bad spec; a missing or unreadable table is a
-    :class:`LakeError` (exit code 4). Nothing is ever written either way.
-    """
+    """A bad inspect request: unknown column, bad filter, version out of range, path outside the lake. Exit
+    code 2, like a bad spec; a missing or unreadable table is a :class:`LakeError` (4). Nothing is ever written."""
 
     exit_code = 2
 
 
 class QualityError(PipelineError):
-    """A Great Expectations suite failed: the data is readable but not fit to publish.
-
-    Exit code 5. The message lists the failed expectations and says where the full report is.
-    A failed input gate has written nothing but the day's bad rows to ``dead_letter``; a failed
-    pre-reduce outputs gate has rolled the day's partials back, so ``aggregates`` never sees them.
-    """
+    """A Great Expectations suite failed: the data is readable but not fit to publish. Exit code 5; the message
+    lists the failed expectations and says where the full report is. A failed input gate has written nothing but
+    the day's bad rows to ``dead_letter``; a failed pre-reduce outputs gate has rolled the day's partials back, so
+    ``aggregates`` never sees them."""
 
     exit_code = 5
 
 
 class ComputeError(PipelineError):
-    """Spark cannot be reached or started: no Java, a Spark Connect server that is down, a port in use.
-
-    Exit code 6: nothing was read or written, and a retry may succeed once the server is back. A master or
-    Connect address that is malformed, rather than down, is a :class:`UsageError` (exit code 2).
-    """
+    """Spark cannot be reached or started: no Java, a Spark Connect server that is down, a port in use. Exit
+    code 6: nothing was read or written, and a retry may succeed once the server is back (a malformed master or
+    Connect address is a :class:`UsageError`, exit code 2)."""
 
     exit_code = 6
 

@@ -1,14 +1,10 @@
-"""The one place that builds a SparkSession.
+"""The one place that builds a SparkSession: jobs, operators, the CLI and tests call :func:`build_session`.
 
-Jobs, operators and the CLI call :func:`build_session`; tests build theirs through the same
-function with a smaller config. Settings that the tables depend on (UTC session time,
-microsecond Parquet timestamps, no ``_SUCCESS`` markers inside Delta tables) are fixed
-here so every writer produces the same files.
-
-Two kinds of session: a classic one that starts its own Spark application (``local[*]`` or a
-cluster master), and a Spark Connect client of a long-lived server (``--remote`` or
-``$SPARK_REMOTE``, ``sc://host:15002``) that many short jobs share warm. The server is
-started with the same fixed settings (:func:`server_conf`; ``spark_jobs.server.connect``).
+Settings the tables depend on (UTC session time, microsecond Parquet timestamps, no ``_SUCCESS`` markers in
+Delta tables) are fixed here so every writer produces the same files. A session either starts its own Spark
+application (``local[*]`` or a cluster master) or is a Spark Connect client (``--remote`` or ``$SPARK_REMOTE``,
+``sc://host:15002``) of a long-lived server that many short jobs share warm, started with the same settings
+(:func:`server_conf`; ``spark_jobs.server.connect``).
 """
 
 from __future__ import annotations
@@ -17,9 +13,11 @@ import os
 import re
 import shutil
 import socket
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from spark_jobs.errors import ComputeError, UsageError
 
@@ -31,16 +29,12 @@ __all__ = ["SessionConfig", "build_session", "ensure_java_home", "initial_shuffl
 
 # Settings every session gets: the lake's files must not depend on who wrote them.
 _FIXED_CONF = {
-    "spark.sql.session.timeZone": "UTC",
-    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.sql.session.timeZone": "UTC", "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.parquet.compression.codec": "snappy",
     "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
-    "spark.hadoop.parquet.enable.summary-metadata": "false",
-    "spark.sql.execution.arrow.pyspark.enabled": "true",
-    "spark.sql.adaptive.enabled": "true",
-    "spark.sql.adaptive.coalescePartitions.enabled": "true",
-    "spark.sql.sources.partitionOverwriteMode": "dynamic",
-    "spark.sql.legacy.timeParserPolicy": "CORRECTED",
+    "spark.hadoop.parquet.enable.summary-metadata": "false", "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.adaptive.enabled": "true", "spark.sql.adaptive.coalescePartitions.enabled": "true",
+    "spark.sql.sources.partitionOverwriteMode": "dynamic", "spark.sql.legacy.timeParserPolicy": "CORRECTED",
     "spark.driver.extraJavaOptions": "-Dderby.system.home=/tmp/derby -XX:+UseG1GC",
     # Sketch accumulators (HLL, KLL) aggregate in an object hash map that falls back to sorting
     # every row past 128 groups per task; ~16k groups of a few KB each stay well inside memory.
@@ -87,10 +81,8 @@ class SessionConfig:
 
 def _int_env(name: str) -> int | None:
     value = os.environ.get(name)
-    if not value:
-        return None
     try:
-        return int(value)
+        return int(value) if value else None
     except ValueError:
         raise UsageError(f"bad ${name} {value!r}; use a whole number") from None
 
@@ -140,44 +132,30 @@ def build_session(config: SessionConfig | None = None) -> SparkSession:
         return _connect(config)
     os.environ.pop("SPARK_REMOTE", None)  # else pyspark's builder turns into a Connect client itself
     ensure_java_home()
-    os.environ.setdefault("PYSPARK_PYTHON", _python())
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
-    builder = SparkSession.builder.master(config.master).appName(config.app_name)
-    for key, value in server_conf(config).items():
-        builder = builder.config(key, value)
-    # PySpark otherwise walks the Python stack and makes four JVM calls per DataFrame call, to name the line in
-    # an error's query context: a third of a mini-batch's planning (a static setting, set at the start only)
-    builder = builder.config("spark.python.sql.dataFrameDebugging.enabled", "false")
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel(os.environ.get("SPARK_LOG_LEVEL", "ERROR"))
-    if config.shuffle_partitions is None:
-        spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions_for(_cluster_cores(spark, config))))
-    return spark
-
-
-def _cluster_cores(spark: SparkSession, config: SessionConfig, wait: float = 15.0) -> int:
-    """The cores the application's executors offer. On a cluster, executors register a moment after
-    the application starts: wait (bounded) for the first, then count what registered."""
-    import time
-
+    # dataFrameDebugging: PySpark otherwise walks the Python stack and makes four JVM calls per DataFrame call, to
+    # name the line in an error's query context: a third of a mini-batch's planning (static: set at the start only)
+    conf: dict[str, Any] = {**server_conf(config), "spark.python.sql.dataFrameDebugging.enabled": "false"}
+    spark = SparkSession.builder.master(config.master).appName(config.app_name).config(map=conf).getOrCreate()
     sc = spark.sparkContext
-    if not config.master.startswith(("spark://", "yarn", "k8s://", "mesos://")):
-        return int(sc.defaultParallelism)
-    deadline = time.monotonic() + wait
-    while sc._jsc.sc().getExecutorMemoryStatus().size() <= 1 and time.monotonic() < deadline:  # the driver's own
-        time.sleep(0.25)
-    return int(sc.defaultParallelism)
+    sc.setLogLevel(os.environ.get("SPARK_LOG_LEVEL", "ERROR"))
+    if config.shuffle_partitions is None:
+        # the cores the executors offer: on a cluster they register a moment after the application starts, so wait
+        # (bounded) for the first, then count what registered (a size of 1 is the driver's own)
+        if config.master.startswith(("spark://", "yarn", "k8s://", "mesos://")):
+            deadline = time.monotonic() + 15.0
+            while sc._jsc.sc().getExecutorMemoryStatus().size() <= 1 and time.monotonic() < deadline:
+                time.sleep(0.25)
+        spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions_for(int(sc.defaultParallelism))))
+    return spark
 
 
 def server_conf(config: SessionConfig) -> dict[str, str]:
     """Every setting a Spark application of the lake starts with (a Connect server included)."""
-    conf = dict(_FIXED_CONF)
-    conf.update({
-        "spark.sql.shuffle.partitions": str(initial_shuffle_partitions(config)),
-        "spark.driver.memory": config.driver_memory,
-        "spark.ui.enabled": str(config.ui).lower(),
-        "spark.ui.showConsoleProgress": str(config.progress).lower(),
-    })
+    conf = {**_FIXED_CONF, "spark.sql.shuffle.partitions": str(initial_shuffle_partitions(config)),
+            "spark.driver.memory": config.driver_memory, "spark.ui.enabled": str(config.ui).lower(),
+            "spark.ui.showConsoleProgress": str(config.progress).lower()}
     if config.executor_cores is not None:
         conf["spark.executor.cores"] = str(config.executor_cores)
     if config.executor_memory is not None:
@@ -189,6 +167,7 @@ def server_conf(config: SessionConfig) -> dict[str, str]:
 def _connect(config: SessionConfig) -> SparkSession:
     """A Spark Connect client session; fails at once, naming the fix, when no server listens."""
     from pyspark.sql import SparkSession
+    from pyspark.sql.connect.client.retries import DefaultPolicy
 
     assert config.remote is not None
     host, port = address(config.remote)
@@ -198,33 +177,21 @@ def _connect(config: SessionConfig) -> SparkSession:
         raise ComputeError(
             f"no Spark Connect server answers at {config.remote} ({exc.strerror or exc}); start one with "
             "`python -m spark_jobs server start`, or unset SPARK_REMOTE (and drop --remote) to run "
-            "Spark in this process"
-        ) from exc
+            "Spark in this process") from exc
     os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
-    builder = SparkSession.builder.remote(config.remote)
-    for key, value in server_conf(config).items():
-        if key == "spark.sql.shuffle.partitions" and config.shuffle_partitions is None:
-            continue  # the server's, which follows its cluster
-        if not key.startswith(_STATIC_PREFIXES):
-            builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    _bound_retries(spark)
-    return spark
-
-
-def _bound_retries(spark: SparkSession) -> None:
-    """A server that stops answering fails the job within about a minute, not pyspark's ten (15 tries, 60 s apart)."""
-    from pyspark.sql.connect.client.retries import DefaultPolicy
-
+    # the server's shuffle partitions, which follow its cluster, unless the flag sets them
+    conf: dict[str, Any] = {k: v for k, v in server_conf(config).items() if not k.startswith(_STATIC_PREFIXES)
+                            and not (k == "spark.sql.shuffle.partitions" and config.shuffle_partitions is None)}
+    spark = SparkSession.builder.remote(config.remote).config(map=conf).getOrCreate()
+    # a server that stops answering fails the job within about a minute, not pyspark's ten (15 tries, 60 s apart)
     client = getattr(spark, "client", None)
     if client is not None:
         client.set_retry_policies([DefaultPolicy(max_retries=8, max_backoff=10_000)])
+    return spark
 
 
 def close_remote() -> None:
     """Release this process's Spark Connect session, if it made one, while the server still answers."""
-    import sys
-
     if "pyspark.sql.connect.session" not in sys.modules:
         return
     from pyspark.sql.connect.session import SparkSession as RemoteSession
@@ -248,12 +215,6 @@ def address(remote: str) -> tuple[str, int]:
 def is_remote(spark: SparkSession) -> bool:
     """True for a Spark Connect client session (no SparkContext, no JVM in this process)."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
-
-
-def _python() -> str:
-    import sys
-
-    return sys.executable
 
 
 def delta_jars_available(spark: SparkSession) -> bool:

@@ -34,10 +34,8 @@ def _fmt(value: float) -> str:
 
 
 def svg_chart(series: Series, *, x_label: str = "window_start") -> str:
-    """The series as one ``<svg>`` element: axes, a polyline and point markers (with tooltips) per key.
-
-    ``x_label`` names the time on the x axis (a rollup draws its buckets' ``start``).
-    """
+    """The series as one ``<svg>`` element: axes, a polyline and point markers (with tooltips) per key;
+    ``x_label`` names the time on the x axis (a rollup draws its buckets' ``start``)."""
     points = [(x, y) for _, line in series.lines for x, y in line if x is not None and y is not None]
     title = f"{series.metric} by {x_label}, {series.table} version {series.version}"
     if not points:

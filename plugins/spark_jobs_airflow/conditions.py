@@ -20,12 +20,10 @@ def batch_date(context: Any) -> str:
 
 
 def skip_unchanged_day(pipeline: str) -> Callable[[Any], str | None]:
-    """A ``skip_if`` for combine: skip a day combined successfully after its newest landing file, by the
-    spec the lake records (a day whose partials predate an aggregate a spec change added is recombined).
-
-    The ``force_recombine`` param turns it off. Combine is idempotent either way; this only
-    saves a Spark job when a backfill passes over days that have not changed.
-    """
+    """A ``skip_if`` for combine: skip a day combined successfully after its newest landing file, by the spec the
+    lake records (a day whose partials predate an aggregate a spec change added is recombined). The
+    ``force_recombine`` param turns it off. Combine is idempotent either way; this only saves a Spark job when a
+    backfill passes over days that have not changed."""
 
     def check(context: Any) -> str | None:
         if (context.get("params") or {}).get("force_recombine"):

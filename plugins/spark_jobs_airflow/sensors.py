@@ -11,10 +11,8 @@ __all__ = ["DeltaVersionSensor", "LandingPartitionSensor"]
 
 
 class LandingPartitionSensor(BaseSensorOperator):
-    """Wait until ``<source.path>/event_date=<date>`` holds at least ``min_files`` data files.
-
-    Defaults to ``mode="reschedule"``: no worker slot is held between pokes.
-    """
+    """Wait until ``<source.path>/event_date=<date>`` holds at least ``min_files`` data files. Defaults to
+    ``mode="reschedule"``: no worker slot is held between pokes."""
 
     template_fields: Sequence[str] = ("pipeline", "date", "source_path")
 
@@ -27,16 +25,11 @@ class LandingPartitionSensor(BaseSensorOperator):
         self.source_path = source_path
         self.min_files = min_files
 
-    def partition(self) -> str:
-        from spark_jobs.spec import load_spec
-
-        spec = load_spec(self.pipeline, source_path=self.source_path or None)
-        return spec.source.partition_path(self.date)
-
     def poke(self, context: Any) -> bool:
         from spark_jobs.lake import storage
+        from spark_jobs.spec import load_spec
 
-        path = self.partition()
+        path = load_spec(self.pipeline, source_path=self.source_path or None).source.partition_path(self.date)
         files = storage.list_dir(path)
         self.log.info("%s: %d data file(s), waiting for %d", path, len(files), self.min_files)
         return len(files) >= self.min_files

@@ -93,9 +93,7 @@ def _diff_text(d: TableDiff) -> str:
 
 def to_text(result: pa.Table | TableDiff) -> str:
     """An aligned, human-readable table (numbers right-aligned, long cells cut with …)."""
-    if isinstance(result, TableDiff):
-        return _diff_text(result)
-    return _table_text(result)
+    return _diff_text(result) if isinstance(result, TableDiff) else _table_text(result)
 
 
 def jsonable(value: Any) -> Any:

@@ -61,11 +61,9 @@ class _Tok:
 
 
 def _fail(text: str, pos: int, message: str, hint: str | None = None) -> InspectError:
-    caret = " " * pos + "^"
     shown = re.sub(r"\s", " ", text)  # one line, so the caret stays under the position
-    lines = [f"bad filter at position {pos + 1}: {message}", f"  {shown}", f"  {caret}"]
-    lines.append(hint or f"write conditions as <column> <op> <value> joined by AND/OR, e.g. {_EXAMPLE}")
-    return InspectError("\n".join(lines))
+    hint = hint or f"write conditions as <column> <op> <value> joined by AND/OR, e.g. {_EXAMPLE}"
+    return InspectError(f"bad filter at position {pos + 1}: {message}\n  {shown}\n  {' ' * pos}^\n{hint}")
 
 
 def _tokens(text: str) -> list[_Tok]:
@@ -80,13 +78,11 @@ def _tokens(text: str) -> list[_Tok]:
             raise _fail(text, pos, f"unexpected character {ch!r}",
                         "a filter holds conditions joined by AND/OR, not SQL statements or functions; "
                         f"e.g. {_EXAMPLE}")
-        kind = m.lastgroup or ""
+        kind, word = m.lastgroup or "", m.group()
+        if kind == "word" and word.upper() in _KEYWORDS:
+            kind, word = "keyword", word.upper()
         if kind != "ws":
-            word = m.group()
-            if kind == "word" and word.upper() in _KEYWORDS:
-                out.append(_Tok("keyword", word.upper(), pos))
-            else:
-                out.append(_Tok(kind, word, pos))
+            out.append(_Tok(kind, word, pos))
         pos = m.end()
     out.append(_Tok("end", "", len(text)))
     return out
@@ -105,15 +101,13 @@ class _Parser:
         self.toks = _tokens(text)
         self.i = 0
 
-    # ------------------------------------------------------------------ helpers
     @property
     def tok(self) -> _Tok:
         return self.toks[self.i]
 
     def next(self) -> _Tok:
-        tok = self.toks[self.i]
         self.i += 1
-        return tok
+        return self.toks[self.i - 1]
 
     def fail(self, tok: _Tok, message: str, hint: str | None = None) -> InspectError:
         return _fail(self.text, tok.pos, message, hint)
@@ -132,7 +126,6 @@ class _Parser:
         if not self.accept("punct", ch):
             raise self.fail(self.tok, f"expected {what}, found {_describe(self.tok)}")
 
-    # ------------------------------------------------------------------ grammar
     def parse(self) -> pc.Expression:
         expr = self.or_(0)
         if self.tok.kind != "end":
@@ -178,8 +171,7 @@ class _Parser:
         op = self.tok
         if op.kind == "op":
             self.i += 1
-            value = self.literal(field)
-            return _OPS[op.text](col, pc.scalar(value))
+            return _OPS[op.text](col, pc.scalar(self.literal(field)))
         if self.keyword("IS"):
             negate = self.keyword("NOT")
             if not self.keyword("NULL"):
@@ -214,13 +206,10 @@ class _Parser:
             if tok.kind != "number":
                 raise self.fail(tok, f"column {field.name!r} is {t}; expected a number, found {_describe(tok)}",
                                 f"write numbers unquoted, e.g. {field.name} >= 10")
-            if pa.types.is_decimal(t):
-                return decimal.Decimal(tok.text)
-            if pa.types.is_integer(t) and re.fullmatch(r"[-+]?\d+", tok.text):
-                return int(tok.text)
-            if pa.types.is_integer(t):
+            if pa.types.is_integer(t) and not re.fullmatch(r"[-+]?\d+", tok.text):
                 raise self.fail(tok, f"column {field.name!r} is {t}; expected a whole number, found {tok.text}")
-            return float(tok.text)
+            number = decimal.Decimal if pa.types.is_decimal(t) else int if pa.types.is_integer(t) else float
+            return number(tok.text)
         if tok.kind != "string":
             kind = "a date" if pa.types.is_date(t) else "a timestamp" if pa.types.is_timestamp(t) else "a string"
             raise self.fail(tok, f"column {field.name!r} is {t}; expected {kind} in single quotes, found "
@@ -245,10 +234,8 @@ class _Parser:
             if len(value) != 10:
                 raise self.fail(tok, f"column {field.name!r} is a date; expected 'YYYY-MM-DD', found {tok.text}")
             return parsed.date()
-        if parsed.tzinfo is None:
-            parsed = parsed.replace(tzinfo=dt.UTC)
-        tz = getattr(t, "tz", None)
-        return parsed.astimezone(dt.UTC) if tz else parsed.astimezone(dt.UTC).replace(tzinfo=None)
+        parsed = (parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt.UTC)).astimezone(dt.UTC)
+        return parsed if getattr(t, "tz", None) else parsed.replace(tzinfo=None)
 
 
 def _sample(t: pa.DataType) -> str:

@@ -49,17 +49,15 @@ def forked_map(fn: Callable[[T], R], items: Sequence[T], *, workers: int | None 
     context = multiprocessing.get_context("fork")
     counter = context.Value("i", 0)
 
-    def take() -> int:
-        with counter.get_lock():
-            index = int(counter.value)
-            counter.value = index + 1
-        return index
-
     def drain() -> list[tuple[int, Any]]:
-        done = []
-        while (index := take()) < len(items):
+        done: list[tuple[int, Any]] = []
+        while True:
+            with counter.get_lock():
+                index = int(counter.value)
+                counter.value = index + 1
+            if index >= len(items):
+                return done
             done.append((index, fn(items[index])))
-        return done
 
     _TASK = drain
     gc.freeze()  # the workers' collections then skip the parent's objects: no copy-on-write of its heap

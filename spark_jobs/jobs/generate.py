@@ -1,8 +1,6 @@
-"""Sample page-view events: Zipf-skewed users and pages, a daily traffic curve, NULLs and a
-few bad records, hive-partitioned by ``event_date``. Deterministic for a seed.
-
-Written with numpy and pyarrow straight to files (no Spark), so 10M rows take seconds.
-"""
+"""Sample page-view events: Zipf-skewed users and pages, a daily traffic curve, NULLs and a few bad records,
+hive-partitioned by ``event_date``, deterministic for a seed; written with numpy and pyarrow straight to files (no
+Spark), so 10M rows take seconds."""
 
 from __future__ import annotations
 
@@ -39,21 +37,17 @@ class GenerateConfig:
     bad_fraction: float = 0.0005
 
     def __post_init__(self) -> None:
-        problems = []
-        if self.days < 1:
-            problems.append(f"--days must be >= 1, got {self.days}")
-        if self.rows_per_day < 1:
-            problems.append(f"--rows-per-day must be >= 1, got {self.rows_per_day}")
-        if self.format not in ("parquet", "json", "csv"):
-            problems.append(f"--format must be parquet, json or csv, got {self.format!r}")
-        if not 1 <= self.files_per_day <= 1000:
-            problems.append(f"--files-per-day must be 1..1000, got {self.files_per_day}")
-        if not 0 <= self.bad_fraction < 1:
-            problems.append(f"--bad-fraction must be in [0, 1), got {self.bad_fraction}")
         try:
-            dt.date.fromisoformat(self.start)
+            start_ok = dt.date.fromisoformat(self.start) is not None
         except ValueError:
-            problems.append(f"--start must be YYYY-MM-DD, got {self.start!r}")
+            start_ok = False
+        problems = [message for ok, message in (
+            (self.days >= 1, f"--days must be >= 1, got {self.days}"),
+            (self.rows_per_day >= 1, f"--rows-per-day must be >= 1, got {self.rows_per_day}"),
+            (self.format in ("parquet", "json", "csv"), f"--format must be parquet, json or csv, got {self.format!r}"),
+            (1 <= self.files_per_day <= 1000, f"--files-per-day must be 1..1000, got {self.files_per_day}"),
+            (0 <= self.bad_fraction < 1, f"--bad-fraction must be in [0, 1), got {self.bad_fraction}"),
+            (start_ok, f"--start must be YYYY-MM-DD, got {self.start!r}")) if not ok]
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -90,17 +84,14 @@ def day_table(config: GenerateConfig, day_index: int) -> tuple[pa.Table, np.ndar
     duration = np.round(rng.lognormal(7.0, 1.0, size=n) * (1 + pages % 7 / 10)).astype(np.int64)
     weight = np.round(rng.uniform(0.5, 2.0, size=n), 3)
     country = COUNTRIES[_zipf(rng, len(COUNTRIES), n, 1.2)]
-    user_ids = np.char.add("u", np.char.zfill(users.astype(str), 6))
-    page_names = np.char.add("/page/", pages.astype(str))
     bad = np.flatnonzero(rng.random(n) < config.bad_fraction)
-    et_mask = np.zeros(n, dtype=bool)
-    page_mask = np.zeros(n, dtype=bool)
-    et_mask[bad[::2]] = True  # half lack an event time, half a page (a group key)
-    page_mask[bad[1::2]] = True
+    et_mask, page_mask = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    et_mask[bad[::2]] = page_mask[bad[1::2]] = True  # half lack an event time, half a page (a group key)
     table = pa.table({
         "event_time": pa.array(event_time, pa.timestamp("us", tz="UTC"), mask=et_mask),
-        "user_id": pa.array(user_ids, pa.string(), mask=rng.random(n) < 0.005),
-        "page": pa.array(page_names, pa.string(), mask=page_mask),
+        "user_id": pa.array(np.char.add("u", np.char.zfill(users.astype(str), 6)), pa.string(),
+                            mask=rng.random(n) < 0.005),
+        "page": pa.array(np.char.add("/page/", pages.astype(str)), pa.string(), mask=page_mask),
         "duration_ms": pa.array(duration, pa.int64(), mask=rng.random(n) < 0.01),
         "weight": pa.array(weight, pa.float64()),
         "country": pa.array(country, pa.string(), mask=rng.random(n) < 0.02),
@@ -134,7 +125,6 @@ def generate(config: GenerateConfig, *, progress: bool = True) -> GenerateResult
 
     out = Path(config.out)
     rows = bad_rows = files = 0
-    suffix = {"parquet": "parquet", "json": "json", "csv": "csv"}[config.format]
     for i, date in enumerate(tqdm(config.dates, desc="generate", unit="day", disable=not progress)):
         table, bad = day_table(config, i)
         part = out / f"event_date={date}"
@@ -144,7 +134,7 @@ def generate(config: GenerateConfig, *, progress: bool = True) -> GenerateResult
         rng = np.random.default_rng([config.seed, i, 1])
         for j in range(config.files_per_day):
             chunk = table.slice(bounds[j], bounds[j + 1] - bounds[j])
-            path = part / f"part-{j:05d}.{suffix}"
+            path = part / f"part-{j:05d}.{config.format}"
             if config.format == "parquet":
                 pq.write_table(chunk, path)
             else:

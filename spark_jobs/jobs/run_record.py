@@ -1,7 +1,5 @@
-"""One row in the ``runs`` table per job run, written whether the run succeeds or fails.
-
-The table's columns and the queries of it live in :mod:`spark_jobs.lake.runs_table`.
-"""
+"""One row in the ``runs`` table per job run, written whether the run succeeds or fails (the table's columns and
+the queries of it live in :mod:`spark_jobs.lake.runs_table`)."""
 
 from __future__ import annotations
 
@@ -69,18 +67,12 @@ class RunRecord:
         return pa.Table.from_pylist([row], schema=RUNS_SCHEMA)
 
     def summary(self) -> str:
+        files = (f", {self.files_quarantined} file(s) quarantined" if self.files_quarantined else "") + (
+            f", {self.files_skipped} empty file(s) skipped" if self.files_skipped else "")
+        retries = f" after {self.attempts - 1} lost commit races" if self.attempts > 1 else ""
         return (f"{self.job} {self.batch or ''} {self.status}: rows in {self.rows_in}, aggregated "
-                f"{self.rows_aggregated}, rejected {self.rows_rejected}{self._files}, wrote {self.versions_written} "
-                f"in {self.duration_s:.1f}s{self._retries} (run {self.run_id})").replace("  ", " ")
-
-    @property
-    def _files(self) -> str:
-        text = f", {self.files_quarantined} file(s) quarantined" if self.files_quarantined else ""
-        return text + (f", {self.files_skipped} empty file(s) skipped" if self.files_skipped else "")
-
-    @property
-    def _retries(self) -> str:
-        return f" after {self.attempts - 1} lost commit races" if self.attempts > 1 else ""
+                f"{self.rows_aggregated}, rejected {self.rows_rejected}{files}, wrote {self.versions_written} "
+                f"in {self.duration_s:.1f}s{retries} (run {self.run_id})").replace("  ", " ")
 
 
 @contextmanager

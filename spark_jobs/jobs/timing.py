@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +27,12 @@ class PhaseTimer:
     jobs: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self._jobs = _job_counter(self.spark)
+        # the number of Spark jobs submitted so far, or None where it cannot be read (no JVM behind Spark Connect)
+        self._jobs: Callable[[], int] | None = None
+        with suppress(AttributeError, *spark_errors()):
+            scheduler = self.spark.sparkContext._jsc.sc().dagScheduler()
+            int(scheduler.nextJobId())
+            self._jobs = lambda: int(scheduler.nextJobId())
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -48,14 +53,3 @@ class PhaseTimer:
         return ", ".join(f"{k} {v:.2f}s" + (f" ({self.jobs[k]} jobs)" if self.jobs.get(k) else "")
                          for k, v in self.seconds.items())
 
-
-def _job_counter(spark: Any) -> Callable[[], int] | None:
-    """The number of Spark jobs submitted so far, or None where it cannot be read (Spark Connect)."""
-    no_jvm: tuple[type[BaseException], ...] = (AttributeError, *spark_errors())
-    try:
-        scheduler = spark.sparkContext._jsc.sc().dagScheduler()
-        counter: Callable[[], int] = lambda: int(scheduler.nextJobId())  # noqa: E731
-        counter()
-        return counter
-    except no_jvm:  # no JVM behind the session (Spark Connect)
-        return None

@@ -22,8 +22,7 @@ def day_versions(partials: str, version: int | None = None) -> dict[str, int]:
     change left without any aggregate, see ``spec_record``)."""
     if not is_table(partials):
         return {}
-    snapshot = open_table(partials, version)
-    actions = snapshot.add_actions()
+    actions = open_table(partials, version).add_actions()
     names = actions.column_names
     day_col, source_col = f"partition.{DAY}", "partition.source"
     if day_col not in names:

@@ -2,19 +2,17 @@
 
 Needs no Spark. What it does to each table of a pipeline:
 
-- **compact** (``optimize.compact``): small files of a partition are rewritten into fewer,
-  in one commit whose actions carry ``dataChange=false``. ``partials``, ``dead_letter``,
-  ``runs`` and ``changelog`` are compacted. ``aggregates`` is not: reduce keeps it clustered by
-  window and skips files by their window statistics, and a compaction would undo that.
-  Compacting ``partials`` is safe for reduce: its next run sees the old files removed and the
-  new ones added, re-merges the keys they hold from the current files (the same rows, once),
-  and its result is unchanged (``tests/airflow/test_maintenance.py`` checks this).
-- **vacuum**: files removed longer than ``retention_hours`` ago (default 168, Delta's default;
-  never below it unless ``enforce_retention=False``) are deleted. Time travel to versions older
-  than the retention stops working; reduce, finding replaced partial files vacuumed, falls back
-  to a full merge (correct, slower). The stream's state table (``_stream/state``), rewritten by
-  every mini-batch, is vacuumed and checkpointed too, as are the declared rollup tables
-  (``rollup_<name>``: clustered by bucket like ``aggregates``, so not compacted).
+- **compact** (``optimize.compact``): small files of a partition are rewritten into fewer, in one commit whose actions
+  carry ``dataChange=false``. ``partials``, ``dead_letter``, ``runs`` and ``changelog`` are compacted. ``aggregates``
+  is not: reduce keeps it clustered by window and skips files by their window statistics, and a compaction would undo
+  that. Compacting ``partials`` is safe for reduce: its next run sees the old files removed and the new ones added,
+  re-merges the keys they hold from the current files (the same rows, once), and its result is unchanged
+  (``tests/airflow/test_maintenance.py`` checks this).
+- **vacuum**: files removed longer than ``retention_hours`` ago (default 168, Delta's default; never below it unless
+  ``enforce_retention=False``) are deleted. Time travel to versions older than the retention stops working; reduce,
+  finding replaced partial files vacuumed, falls back to a full merge (correct, slower). The stream's state table
+  (``_stream/state``), rewritten by every mini-batch, is vacuumed and checkpointed too, as are the declared rollup
+  tables (``rollup_<name>``: clustered by bucket like ``aggregates``, so not compacted).
 - **checkpoint**: a Parquet checkpoint of the log, so readers replay fewer JSON commits.
 """
 

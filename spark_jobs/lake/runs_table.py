@@ -17,22 +17,12 @@ from spark_jobs.lake.reader import is_table, open_table
 
 __all__ = ["ROLLBACK", "RUNS_SCHEMA", "dead_letter_rows_by_run", "latest_combines", "read_runs"]
 
+_TS = pa.timestamp("us", tz="UTC")
 RUNS_SCHEMA = pa.schema([
-    ("run_id", pa.string()),
-    ("pipeline", pa.string()),
-    ("job", pa.string()),
-    ("batch", pa.string()),
-    ("status", pa.string()),
-    ("started_at", pa.timestamp("us", tz="UTC")),
-    ("finished_at", pa.timestamp("us", tz="UTC")),
-    ("duration_s", pa.float64()),
-    ("rows_in", pa.int64()),
-    ("rows_aggregated", pa.int64()),
-    ("rows_rejected", pa.int64()),
-    ("inputs", pa.string()),
-    ("versions_read", pa.string()),
-    ("versions_written", pa.string()),
-    ("backend", pa.string()),
+    ("run_id", pa.string()), ("pipeline", pa.string()), ("job", pa.string()), ("batch", pa.string()),
+    ("status", pa.string()), ("started_at", _TS), ("finished_at", _TS), ("duration_s", pa.float64()),
+    ("rows_in", pa.int64()), ("rows_aggregated", pa.int64()), ("rows_rejected", pa.int64()), ("inputs", pa.string()),
+    ("versions_read", pa.string()), ("versions_written", pa.string()), ("backend", pa.string()),
     ("message", pa.string()),
     ("attempts", pa.int64()),  # commit attempts: more than 1 when the run lost races to concurrent writers
     ("files_quarantined", pa.int64()),  # landing files that could not be read (in dead_letter, one row each)
@@ -57,8 +47,6 @@ def latest_combines(path: str, days: Sequence[str] | None = None, *,
 
     ``rollbacks``: a gate run that rolled the day's partials back counts as a combine too (it
     put back the partials that stand), so the run returned is the one whose partials the day has.
-    Each run has ``job``, ``batch``, ``status``, ``started_at``, ``finished_at``, ``inputs`` and
-    ``rows_aggregated``.
     """
     columns = ["job", "batch", "status", "started_at", "finished_at", "inputs", "rows_aggregated"]
     latest: dict[str, dict[str, Any]] = {}

@@ -1,14 +1,11 @@
-"""The spec a lake was built with, recorded in the lake: the Delta table ``<lake>/<pipeline>/specs``.
+"""The spec a lake was built with, recorded in the lake (the Delta table ``<lake>/<pipeline>/specs``), so
+``inspect`` needs no spec file and ``plan`` compares a new spec with it. One row per step of a spec version:
+``applying`` when ``apply`` starts changing the tables, ``applied`` when they match it (the first job records a
+lake's first spec ``applied``). Each row holds the normalised spec (without paths: they belong to the machine,
+not the pipeline), and what serving needs to know of the lake's history:
 
-Every table is self-describing through it: ``inspect`` needs no spec file, and ``plan`` compares a
-new spec with it. One row per step of a spec version: ``applying`` when ``apply`` starts changing the
-tables, ``applied`` when they match it (a lake's first spec is recorded ``applied`` by the first job).
-Each row holds the normalised spec (paths left out: they belong to the machine, not the pipeline), and
-what serving needs to know of the lake's history:
-
-- ``coverage``: per aggregate, the spec version from which rows hold its accumulator (its ``since``).
-  A row whose ``spec_version`` is older lacks it: the aggregate is NULL there until the day is
-  recombined.
+- ``coverage``: per aggregate, the spec version from which rows hold its accumulator (its ``since``); a
+  row whose ``spec_version`` is older lacks it: the aggregate is NULL there until the day is recombined.
 - ``layout_since`` / ``uncovered_through``: the last change that needed every day from raw data (a key
   added, a window refined) and the last event day whose partials it dropped. The stream's rows of such a
   day count as no version (0) until a batch combine of the day supersedes them.
@@ -26,6 +23,7 @@ import datetime as dt
 import hashlib
 import json
 from collections.abc import Mapping
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -45,8 +43,8 @@ if TYPE_CHECKING:
     from spark_jobs.lake import Lake
 
 __all__ = ["APPLIED", "APPLYING", "RECORD_SCHEMA", "RecordedSpec", "applied_record", "current", "ensure_applied",
-           "first_record",
-           "fingerprint", "has_data", "normalise", "read_records", "spec_app_id", "table_spec_version", "write_record"]
+           "first_record", "fingerprint", "has_data", "normalise", "read_records", "spec_app_id", "table_spec_version",
+           "write_record"]
 
 Status = Literal["applying", "applied"]
 APPLYING: Status = "applying"
@@ -54,16 +52,9 @@ APPLIED: Status = "applied"
 FORMAT = 1  # of the ``spec`` column: a lake recorded by a newer format is refused, not misread
 
 RECORD_SCHEMA = pa.schema([
-    ("version", pa.int64()),
-    ("status", pa.string()),
-    ("spec", pa.string()),
-    ("fingerprint", pa.string()),
-    ("coverage", pa.string()),
-    ("layout_since", pa.int64()),
-    ("uncovered_through", pa.date32()),
-    ("changes", pa.string()),
-    ("recorded_at", pa.timestamp("us", tz="UTC")),
-    ("run_id", pa.string()),
+    ("version", pa.int64()), ("status", pa.string()), ("spec", pa.string()), ("fingerprint", pa.string()),
+    ("coverage", pa.string()), ("layout_since", pa.int64()), ("uncovered_through", pa.date32()),
+    ("changes", pa.string()), ("recorded_at", pa.timestamp("us", tz="UTC")), ("run_id", pa.string()),
     ("format", pa.int64()),
 ])
 _RECORD_GUARD = f"{GUARD_PREFIX}specs"  # two racing records conflict: the later one re-reads
@@ -145,12 +136,8 @@ class RecordedSpec:
         return {"version": self.version, "status": self.status, "spec": json.dumps(self.spec, sort_keys=True),
                 "fingerprint": self.fingerprint, "coverage": json.dumps(self.coverage, sort_keys=True),
                 "layout_since": self.layout_since, "uncovered_through": self.uncovered_through,
-                "changes": json.dumps(self.changes, default=str), "recorded_at": self.recorded_at or _now(),
-                "run_id": self.run_id, "format": FORMAT}
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
+                "changes": json.dumps(self.changes, default=str), "run_id": self.run_id, "format": FORMAT,
+                "recorded_at": self.recorded_at or dt.datetime.now(dt.UTC)}
 
 
 def first_record(spec: PipelineSpec, *, run_id: str, status: Status = APPLIED,
@@ -161,13 +148,9 @@ def first_record(spec: PipelineSpec, *, run_id: str, status: Status = APPLIED,
                         changes=changes or [], run_id=run_id)
 
 
-def _path(lake: str, pipeline: str) -> str:
-    return PipelineTables(lake, pipeline).specs
-
-
 def read_records(lake: str, pipeline: str) -> list[RecordedSpec]:
     """Every recorded step, oldest first; none for a lake that records no spec."""
-    path = _path(lake, pipeline)
+    path = PipelineTables(lake, pipeline).specs
     if not DeltaTable.is_deltatable(path):
         return []
     rows = DeltaTable(path).to_pyarrow_table().to_pylist()
@@ -176,11 +159,10 @@ def read_records(lake: str, pipeline: str) -> list[RecordedSpec]:
         if (r.get("format") or 1) > FORMAT:
             raise LakeError(f"the spec record {path} was written by a newer spark_jobs (format {r['format']}); "
                             "upgrade spark_jobs to run this lake")
-        out.append(RecordedSpec(version=int(r["version"]), status=r["status"], spec=json.loads(r["spec"]),
-                                coverage={k: int(v) for k, v in json.loads(r["coverage"]).items()},
-                                layout_since=int(r["layout_since"] or ADOPTED), uncovered_through=r["uncovered_through"],
-                                changes=json.loads(r["changes"] or "[]"), recorded_at=r["recorded_at"],
-                                run_id=r["run_id"] or ""))
+        coverage = {k: int(v) for k, v in json.loads(r["coverage"]).items()}
+        out.append(RecordedSpec(int(r["version"]), r["status"], json.loads(r["spec"]), coverage,
+                                int(r["layout_since"] or ADOPTED), r["uncovered_through"],
+                                json.loads(r["changes"] or "[]"), r["recorded_at"], r["run_id"] or ""))
     return out
 
 
@@ -192,7 +174,7 @@ def current(lake: str, pipeline: str) -> RecordedSpec | None:
 
 def write_record(lake: str, pipeline: str, record: RecordedSpec) -> None:
     """Append one step; a concurrent record makes this one fail with :class:`ConflictError` (re-read)."""
-    path = _path(lake, pipeline)
+    path = PipelineTables(lake, pipeline).specs
     table = pa.Table.from_pylist([record.row()], schema=RECORD_SCHEMA)
     props = CommitProperties(app_transactions=[Transaction(_RECORD_GUARD, record.version)],
                              custom_metadata={"run_id": record.run_id, "job": "spec", "status": record.status})
@@ -216,14 +198,6 @@ def table_spec_version(path: str, pipeline: str) -> int | None:
     if not DeltaTable.is_deltatable(path):
         return None
     return DeltaTable(path).transaction_version(spec_app_id(pipeline))
-
-
-def _differences(recorded: Mapping[str, Any], given: Mapping[str, Any]) -> list[str]:
-    out = []
-    for key in sorted(set(recorded) | set(given)):
-        if json.dumps(recorded.get(key), sort_keys=True) != json.dumps(given.get(key), sort_keys=True):
-            out.append(key)
-    return out
 
 
 def ensure_applied(lake: Lake, spec: PipelineSpec, *, run_id: str = "") -> RecordedSpec:
@@ -250,23 +224,24 @@ def applied_record(spec: PipelineSpec, *, run_id: str = "") -> RecordedSpec:
                     f"the lake {root}/{spec.name} was written before lakes recorded their spec; adopt its spec "
                     f"once with `python -m spark_jobs apply --pipeline {spec.origin}` (the spec the tables were "
                     "written with), then run the job again")
-            try:
+            with suppress(ConflictError):  # another job recorded it first: compare with theirs
                 write_record(root, spec.name, first_record(spec, run_id=run_id))
-            except ConflictError:
-                continue  # another job recorded it first: compare with theirs
             continue
         if not record.applied:
             raise SpecChangedError(
                 f"an apply to spec version {record.version} of {spec.name} has not finished (the lake's tables may "
                 f"be half changed); run `python -m spark_jobs apply --pipeline SPEC` with that spec again to "
                 "finish it, then run the job")
-        if record.fingerprint != fingerprint(normalise(spec)):
-            differ = ", ".join(_differences(record.spec, normalise(spec)))
+        given = normalise(spec)
+        if record.fingerprint != fingerprint(given):
+            differ = ", ".join(k for k in sorted(set(record.spec) | set(given))
+                               if json.dumps(record.spec.get(k), sort_keys=True)
+                               != json.dumps(given.get(k), sort_keys=True))
             raise SpecChangedError(
                 f"pipeline spec {spec.origin} differs from the spec the lake {root}/{spec.name} records (version "
                 f"{record.version}) in: {differ}; the job would write tables of two layouts, so it stopped. See "
                 f"the changes with `python -m spark_jobs plan --pipeline {spec.origin}`, make them with "
                 f"`python -m spark_jobs apply --pipeline {spec.origin}`")
         return record
-    raise ConflictError(f"could not record the spec of {spec.name} in {_path(root, spec.name)}: other writers keep "
-                        "recording theirs; run the job again")
+    raise ConflictError(f"could not record the spec of {spec.name} in {PipelineTables(root, spec.name).specs}: "
+                        "other writers keep recording theirs; run the job again")

@@ -1,10 +1,9 @@
 """Merge stored accumulators into coarser buckets, in Arrow on the driver: the rollups' algebra.
 
-``aggregates`` keeps every key's and window's accumulators, so a week of distinct users is a
-merge of hourly HLL sketches, not a recomputation. Where an aggregate's merge is a plain fold
-(``arrow_merge``: counts, sums, min, max) it runs as an Arrow hash aggregation; else through the
-aggregate's ``merge_groups`` (column-wise: one DataSketches union per group, first/last by an
-Arrow sort), or its ``decode``/``merge_all`` per group (sets, a user-defined aggregate's
+``aggregates`` keeps every key's and window's accumulators, so a week of distinct users is a merge of hourly HLL
+sketches, not a recomputation. Where an aggregate's merge is a plain fold (``arrow_merge``: counts, sums, min, max) it
+runs as an Arrow hash aggregation; else through the aggregate's ``merge_groups`` (column-wise: one DataSketches union
+per group, first/last by an Arrow sort), or its ``decode``/``merge_all`` per group (sets, a user-defined aggregate's
 ``merge``). The ad-hoc ``inspect rollup`` and the declared rollup tables both merge here.
 """
 
@@ -74,11 +73,11 @@ def merge_groups(rows: pa.Table, keys: list[str], entries: Sequence[BoundAggrega
                  extra: Sequence[tuple[str, str]] = ()) -> tuple[pa.Table, Merged]:
     """One row per ``keys``, and the merged accumulators of each aggregate.
 
-    The table holds the keys, ``n_rows`` summed and the accumulator columns of the ``arrow_merge``
-    aggregates (merged by Arrow's hash aggregation), ``spec_version`` (the oldest) when the rows have
-    one, and the ``extra`` (column, Arrow hash aggregation) pairs. Every other aggregate's merged
-    accumulators (Python values, one per row of the table, in its order) are in the dict by aggregate
-    name: the aggregate's ``merge_groups`` where it has one, else ``decode`` and ``merge_all`` per group.
+    The table holds the keys, ``n_rows`` summed and the accumulator columns of the ``arrow_merge`` aggregates (merged
+    by Arrow's hash aggregation), ``spec_version`` (the oldest) when the rows have one, and the ``extra`` (column,
+    Arrow hash aggregation) pairs. Every other aggregate's merged accumulators (Python values, one per row of the
+    table, in its order) are in the dict by aggregate name: the aggregate's ``merge_groups`` where it has one, else
+    ``decode`` and ``merge_all`` per group.
     """
     fast = [(c, how) for e in entries if e.function.arrow_merge for c, how in zip(e.acc_columns, e.function.arrow_merge,
                                                                                      strict=True)]
@@ -194,13 +193,12 @@ def encoded_columns(table: pa.Table, accs: Merged, entries: Sequence[BoundAggreg
         merged = accs.get(entry.name)
         if merged is None:
             out.update((c, table.column(c).combine_chunks()) for c in entry.acc_columns)
-            continue
-        if isinstance(merged, Stored):
+        elif isinstance(merged, Stored):
             out.update((c, a.cast(schema.field(c).type)) for c, a in zip(entry.acc_columns, merged.columns, strict=True))
-            continue
-        encoded = [entry.function.encode(acc) for acc in merged]
-        for j, c in enumerate(entry.acc_columns):
-            out[c] = pa.array([e[j] for e in encoded], schema.field(c).type)
+        else:
+            encoded = [entry.function.encode(acc) for acc in merged]
+            out.update((c, pa.array([e[j] for e in encoded], schema.field(c).type))
+                       for j, c in enumerate(entry.acc_columns))
     return _masked(out, table, entries, coverage)
 
 
@@ -215,8 +213,6 @@ def _masked(columns: dict[str, pa.Array], table: pa.Table, entries: Sequence[Bou
         if since <= ADOPTED:
             continue
         old = pc.fill_null(pc.less(versions, since), False)
-        for name in (entry.name, *entry.acc_columns):
-            if name in columns:
-                column = columns[name]
-                columns[name] = pc.if_else(old, pa.scalar(None, column.type), column)
+        for name in [n for n in (entry.name, *entry.acc_columns) if n in columns]:
+            columns[name] = pc.if_else(old, pa.scalar(None, columns[name].type), columns[name])
     return columns

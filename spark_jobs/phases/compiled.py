@@ -28,13 +28,10 @@ __all__ = ["CompiledAggregates", "final_aggregate", "partial_aggregate", "with_s
 
 
 class CompiledAggregates:
-    """A spec's aggregates bound to their implementations, in spec order.
-
-    ``record`` (the lake's spec record, see :mod:`spark_jobs.lake.spec_record`) says which spec version
-    new rows are written by and from which version each aggregate is covered: a merged row older than an
-    aggregate's ``since`` serves NULL for it, never the part of the value its newer rows hold. Without a
-    record every row is covered (version 1).
-    """
+    """A spec's aggregates bound to their implementations, in spec order. ``record`` (the lake's spec record, see
+    :mod:`spark_jobs.lake.spec_record`) says which spec version new rows are written by and from which version each
+    aggregate is covered: a merged row older than an aggregate's ``since`` serves NULL for it, never the part of the
+    value its newer rows hold. Without a record every row is covered (version 1)."""
 
     def __init__(self, spec: PipelineSpec, record: RecordedSpec | None = None) -> None:
         self.spec = spec
@@ -66,28 +63,11 @@ class CompiledAggregates:
     def value_names(self) -> list[str]:
         return [b.name for b in self.entries]
 
-    @property
-    def masks(self) -> bool:
-        """Whether some aggregate is newer than some rows may be (it was added or changed by a spec change)."""
-        return any(since > ADOPTED for since in self.coverage.values())
-
-    def masked(self, name: str, column: Column) -> Column:
-        """``column`` of aggregate ``name``, NULL in rows whose ``spec_version`` predates the aggregate."""
-        from pyspark.sql import functions as F
-
-        since = self.coverage[name]
-        return F.when(F.col(SPEC_VERSION) >= since, column) if since > ADOPTED else column
-
     def value_columns(self) -> list[Column]:
         from pyspark.sql import functions as F
 
-        out = []
-        for b in self.entries:
-            if isinstance(b.function, Builtin):
-                out.append(b.function.spark_value([F.col(c) for c in b.acc_columns]).alias(b.name))
-            else:
-                out.append(F.col(b.name))
-        return out
+        return [b.function.spark_value([F.col(c) for c in b.acc_columns]).alias(b.name)
+                if isinstance(b.function, Builtin) else F.col(b.name) for b in self.entries]
 
 
 def _join(left: DataFrame, right: DataFrame, keys: list[str], how: str = "inner") -> DataFrame:
@@ -119,11 +99,8 @@ def with_sign(rows: DataFrame, spec: PipelineSpec) -> DataFrame:
 
 def partial_aggregate(rows: DataFrame, compiled: CompiledAggregates, *, extra_keys: Sequence[str] = (),
                       extra_aggs: Sequence[Column] = ()) -> DataFrame:
-    """Combine phase over typed, windowed rows: keys, ``n_rows`` and accumulator columns.
-
-    ``extra_keys`` group finer than the spec's keys (the stream keeps state per event day);
-    ``extra_aggs`` are appended after the accumulators.
-    """
+    """Combine phase over typed, windowed rows: keys, ``n_rows`` and accumulator columns. ``extra_keys`` group
+    finer than the spec's keys (the stream keeps state per event day); ``extra_aggs`` follow the accumulators."""
     from pyspark.sql import functions as F
 
     spec = compiled.spec
@@ -175,7 +152,10 @@ def final_aggregate(partials: DataFrame, compiled: CompiledAggregates, *, extra_
     out = merged.select(*keys, *compiled.value_columns(), "n_rows", *compiled.acc_columns,
                         *(c for c in merged.columns if c not in known),
                         *([SPEC_VERSION] if SPEC_VERSION in merged.columns else []))
-    if not compiled.masks or SPEC_VERSION not in out.columns:
+    # an aggregate added or changed by a spec change is NULL in the rows whose spec_version predates it
+    since = compiled.coverage
+    masked = {c: F.when(F.col(SPEC_VERSION) >= since[b.name], F.col(c)).alias(c)
+              for b in compiled.entries if since[b.name] > ADOPTED for c in [b.name, *b.acc_columns]}
+    if not masked or SPEC_VERSION not in out.columns:
         return out
-    masked = {c: compiled.masked(b.name, F.col(c)).alias(c) for b in compiled.entries for c in [b.name, *b.acc_columns]}
     return out.select(*(masked.get(c, F.col(c)) for c in out.columns))
