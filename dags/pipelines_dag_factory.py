@@ -35,7 +35,6 @@ from spark_jobs_airflow.conditions import skip_unchanged_day
 
 from spark_jobs.spec import PipelineSpec
 
-PIPELINES = specs_folder()
 START = dt.datetime.fromisoformat(os.environ.get("SPARK_JOBS_START_DATE", "2024-03-01")).replace(tzinfo=dt.UTC)
 END = (dt.datetime.fromisoformat(os.environ["SPARK_JOBS_END_DATE"]).replace(tzinfo=dt.UTC)
        if os.environ.get("SPARK_JOBS_END_DATE") else None)
@@ -44,13 +43,9 @@ STREAM_SCHEDULE = os.environ.get("SPARK_JOBS_STREAM_SCHEDULE", "*/5 * * * *")
 DEFAULT_ARGS = {"owner": "spark_jobs", "retries": 1, "retry_delay": dt.timedelta(seconds=30)}
 
 
-def aggregates_asset(spec: PipelineSpec) -> Asset:
-    return Asset(name=f"{spec.name}.aggregates", uri=f"file://{spec.lake}/{spec.name}/aggregates")
-
-
 def batch_dag(spec: PipelineSpec) -> DAG:
     name, pipeline = spec.name, spec.origin
-    asset = aggregates_asset(spec)
+    asset = Asset(name=f"{name}.aggregates", uri=f"file://{spec.lake}/{name}/aggregates")
     with DAG(
         dag_id=f"{name}_batch",
         description=f"{name}: wait for a landing day, validate, combine, reduce, validate, publish",
@@ -136,7 +131,7 @@ def maintenance_dag(specs: list[PipelineSpec]) -> DAG:
     return dag
 
 
-SPECS, _ = load_specs(PIPELINES)  # the broken ones are pipeline_specs_check.py's import error
+SPECS, _ = load_specs(specs_folder())  # the broken ones are pipeline_specs_check.py's import error
 for _spec in SPECS:
     globals()[f"{_spec.name}_batch"] = batch_dag(_spec)
     globals()[f"{_spec.name}_stream"] = stream_dag(_spec)

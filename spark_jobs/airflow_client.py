@@ -1,12 +1,8 @@
 """A small client of Airflow 3's REST API, for scripts that drive a local Airflow (``bin/demo``, ``benchmarks airflow``).
 
-Why not the ``airflow`` CLI: each CLI call imports Airflow (2-3 s of CPU on these machines) and
-writes straight into SQLite, which a running scheduler locks now and then; polling a backfill
-with it slows the very runs it waits for. The REST API answers in milliseconds.
-
-``python -m spark_jobs.airflow_client URL USER PASSWORD_FILE wait DAG_ID [--runs N] [--prefix P]
-[--timeout S]`` waits for runs and prints each change of their states; ``unpause``/``pause``/``trigger``
-do what they say. Every wait has a bound and says what it waited for.
+Why not the ``airflow`` CLI: each CLI call imports Airflow (2-3 s of CPU on these machines) and writes straight
+into SQLite, which a running scheduler locks now and then; polling a backfill with it slows the very runs it waits
+for. The REST API answers in milliseconds. ``wait`` prints each change of the runs' states, and has a bound.
 """
 
 from __future__ import annotations
@@ -102,8 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix", default="", help="wait: only runs whose id starts with this; trigger: the run id")
     parser.add_argument("--timeout", type=float, default=900, help="wait: seconds before giving up (default 900)")
     args = parser.parse_args(argv)
-    password = json.loads(Path(args.password_file).read_text())[args.user]
-    client = AirflowClient(args.url, args.user, password)
+    client = AirflowClient(args.url, args.user, json.loads(Path(args.password_file).read_text())[args.user])
     if args.action in ("pause", "unpause"):
         client.set_paused(args.dag_id, args.action == "pause")
         return 0

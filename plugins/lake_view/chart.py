@@ -38,9 +38,10 @@ def svg_chart(series: Series, *, x_label: str = "window_start") -> str:
     ``x_label`` names the time on the x axis (a rollup draws its buckets' ``start``)."""
     points = [(x, y) for _, line in series.lines for x, y in line if x is not None and y is not None]
     title = f"{series.metric} by {x_label}, {series.table} version {series.version}"
+    svg = (f'<svg id="chart-svg" role="img" aria-label="{escape(title)}" xmlns="http://www.w3.org/2000/svg" '
+           f'width="{WIDTH}"')
     if not points:
-        return (f'<svg id="chart-svg" role="img" aria-label="{escape(title)}" xmlns="http://www.w3.org/2000/svg" '
-                f'width="{WIDTH}" height="80"><text x="10" y="40">no points to draw</text></svg>')
+        return f'{svg} height="80"><text x="10" y="40">no points to draw</text></svg>'
     xs = [p[0].timestamp() for p in points]
     x_lo, x_hi = min(xs), max(xs)
     if x_hi == x_lo:
@@ -55,10 +56,8 @@ def svg_chart(series: Series, *, x_label: str = "window_start") -> str:
     def sy(v: float) -> float:
         return TOP + plot_h - (v - y_lo) / (y_hi - y_lo or 1) * plot_h
 
-    out = [f'<svg id="chart-svg" role="img" aria-label="{escape(title)}" xmlns="http://www.w3.org/2000/svg" '
-           f'width="{WIDTH}" height="{HEIGHT + 24 * ((len(series.lines) + 3) // 4)}" '
-           f'viewBox="0 0 {WIDTH} {HEIGHT + 24 * ((len(series.lines) + 3) // 4)}" font-size="11" '
-           'font-family="sans-serif">',
+    height = HEIGHT + 24 * ((len(series.lines) + 3) // 4)  # and the legend's rows, four keys a row
+    out = [f'{svg} height="{height}" viewBox="0 0 {WIDTH} {height}" font-size="11" font-family="sans-serif">',
            f"<title>{escape(title)}</title>"]
     for i in range(5):  # y grid and labels
         v = y_lo + (y_hi - y_lo) * i / 4

@@ -15,8 +15,7 @@ def batch_date(context: Any) -> str:
     if date:
         return str(date)
     run = context["dag_run"]
-    when = run.logical_date or run.run_after
-    return when.strftime("%Y-%m-%d")
+    return (run.logical_date or run.run_after).strftime("%Y-%m-%d")
 
 
 def skip_unchanged_day(pipeline: str) -> Callable[[Any], str | None]:

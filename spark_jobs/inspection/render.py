@@ -78,12 +78,9 @@ def _diff_text(d: TableDiff) -> str:
             out += ["", f"{title} ({n}{more}):", _table_text(rows)]
     if d.n_changed:
         shown = [c for c in d.compared if any(c in cols for cols in d.changed["changed_columns"].to_pylist())]
-        body = []
-        for row in d.changed.to_pylist():
-            cells = [cell(row[k]) for k in d.keys]
-            cells += [f"{cell(row[f'{c}.old'], width=30)} -> {cell(row[f'{c}.new'], width=30)}"
-                      if c in row["changed_columns"] else "" for c in shown]
-            body.append(cells)
+        body = [[cell(row[k]) for k in d.keys]
+                + [f"{cell(row[f'{c}.old'], width=30)} -> {cell(row[f'{c}.new'], width=30)}"
+                   if c in row["changed_columns"] else "" for c in shown] for row in d.changed.to_pylist()]
         more = f", first {d.changed.num_rows}" if d.changed.num_rows < d.n_changed else ""
         out += ["", f"changed ({d.n_changed}{more}):", _grid([*d.keys, *shown], body, [False] * (len(d.keys) + len(shown)))]
     if not (d.n_added or d.n_removed or d.n_changed):

@@ -14,6 +14,7 @@ import os
 import random
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -39,10 +40,9 @@ class RetryPolicy:
         raw = os.environ.get("SPARK_JOBS_COMMIT_ATTEMPTS")
         if raw is None:
             return cls()
-        try:
+        attempts = 0
+        with suppress(ValueError):
             attempts = int(raw)
-        except ValueError:
-            attempts = 0
         if attempts < 1:
             raise UsageError(f"SPARK_JOBS_COMMIT_ATTEMPTS={raw!r} is not a positive whole number; "
                              "set it to e.g. 8, or unset it")

@@ -30,6 +30,8 @@ R = TypeVar("R")
 
 _LOCK = threading.Lock()
 _TASK: Callable[[], list[tuple[int, Any]]] | None = None  # set before the workers fork: they inherit it, nothing is pickled
+_SPILL_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+_SPILL_PREFIX = "spark_jobs-{}-"  # and the parent's pid
 
 
 def cores() -> int:
@@ -72,7 +74,7 @@ def forked_map(fn: Callable[[T], R], items: Sequence[T], *, workers: int | None 
         _TASK = None
         gc.unfreeze()
         _LOCK.release()
-        for left in glob.glob(os.path.join(_spill_dir() or tempfile.gettempdir(), f"{_spill_prefix(os.getpid())}*")):
+        for left in glob.glob(f"{_SPILL_DIR or tempfile.gettempdir()}/{_SPILL_PREFIX.format(os.getpid())}*"):
             os.unlink(left)  # the results of workers whose map failed
 
 
@@ -88,18 +90,10 @@ def _run() -> list[tuple[int, Any]]:
 def _spilled(out: Any) -> Any:
     if not isinstance(out, pa.Table):
         return out
-    fd, path = tempfile.mkstemp(prefix=_spill_prefix(os.getppid()), suffix=".arrow", dir=_spill_dir())
+    fd, path = tempfile.mkstemp(prefix=_SPILL_PREFIX.format(os.getppid()), suffix=".arrow", dir=_SPILL_DIR)
     with os.fdopen(fd, "wb") as sink, pa.ipc.new_file(sink, out.schema) as writer:
         writer.write_table(out)
     return _Spilled(path)
-
-
-def _spill_dir() -> str | None:
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-
-
-def _spill_prefix(parent: int) -> str:
-    return f"spark_jobs-{parent}-"
 
 
 def _mapped(out: Any) -> Any:

@@ -1,6 +1,5 @@
-"""Lake maintenance through delta-rs: compact small files, vacuum with a safe retention, checkpoint.
-
-Needs no Spark. What it does to each table of a pipeline:
+"""Lake maintenance through delta-rs (no Spark): compact small files, vacuum with a safe retention, checkpoint. What
+it does to each table of a pipeline:
 
 - **compact** (``optimize.compact``): small files of a partition are rewritten into fewer, in one commit whose actions
   carry ``dataChange=false``. ``partials``, ``dead_letter``, ``runs`` and ``changelog`` are compacted. ``aggregates``
@@ -69,7 +68,6 @@ def maintain(lake: str, pipeline: str, *, retention_hours: int = DEFAULT_RETENTI
                         "pass a larger value (or, knowing no job is running, disable enforcement)")
     tables = PipelineTables(lake, pipeline)
     out: list[TableMaintenance] = []
-    # the stream's state is rewritten by every mini-batch: it is never compacted, but vacuumed
     root = Path(tables.path("runs")).parent
     rollups = [(p.name, str(p)) for p in sorted(root.iterdir()) if is_table_name(p.name) and p.name not in TABLES] \
         if root.is_dir() else []

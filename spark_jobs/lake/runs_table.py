@@ -35,9 +35,7 @@ ROLLBACK = "rollback"
 
 def read_runs(path: str, columns: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Every run recorded in the ``runs`` table at ``path`` (``columns`` only); none without a table."""
-    if not is_table(path):
-        return []
-    return open_table(path).read(columns).to_pylist()
+    return open_table(path).read(columns).to_pylist() if is_table(path) else []
 
 
 def latest_combines(path: str, days: Sequence[str] | None = None, *,

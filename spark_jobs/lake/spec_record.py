@@ -195,9 +195,7 @@ def has_data(lake: str, pipeline: str) -> bool:
 
 def table_spec_version(path: str, pipeline: str) -> int | None:
     """The spec version a table's layout follows (its ``<pipeline>.spec`` app transaction)."""
-    if not DeltaTable.is_deltatable(path):
-        return None
-    return DeltaTable(path).transaction_version(spec_app_id(pipeline))
+    return DeltaTable(path).transaction_version(spec_app_id(pipeline)) if DeltaTable.is_deltatable(path) else None
 
 
 def ensure_applied(lake: Lake, spec: PipelineSpec, *, run_id: str = "") -> RecordedSpec:

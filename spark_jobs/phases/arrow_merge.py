@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -110,8 +111,7 @@ def merge_groups(rows: pa.Table, keys: list[str], entries: Sequence[BoundAggrega
         accs = fn.merge_groups(columns, offsets)
         if accs is None:
             decoded = _decoded(fn, columns)
-            accs = [fn.merge_all(decoded[lo:hi]) for lo, hi in zip(offsets[:-1].tolist(), offsets[1:].tolist(),
-                                                                     strict=True)]
+            accs = [fn.merge_all(decoded[lo:hi]) for lo, hi in pairwise(offsets.tolist())]
         if not isinstance(fn, Builtin):  # a user's accumulator, read back as stored (the built-ins' are lossless)
             encoded = [fn.encode(acc) for acc in accs]
             cells = [pa.array([e[j] for e in encoded], rows.schema.field(c).type).to_pylist()
@@ -124,10 +124,8 @@ def merge_groups(rows: pa.Table, keys: list[str], entries: Sequence[BoundAggrega
 def _decoded(fn: AggregateFunction[Any, Any], columns: Sequence[pa.Array]) -> list[Any]:
     """``fn.decode`` of each row's cells."""
     cells = [_python(c) for c in columns]
-    if len(cells) == 1:
-        if type(fn).decode is AggregateFunction.decode:  # the stored value itself, NULL the empty accumulator
-            return [c if c is not None else fn.create_accumulator() for c in cells[0]]
-        return [fn.decode([c]) for c in cells[0]]
+    if len(cells) == 1 and type(fn).decode is AggregateFunction.decode:  # the stored value, NULL the empty one
+        return [c if c is not None else fn.create_accumulator() for c in cells[0]]
     return [fn.decode(list(row)) for row in zip(*cells, strict=False)]
 
 

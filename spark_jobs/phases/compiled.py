@@ -111,11 +111,10 @@ def partial_aggregate(rows: DataFrame, compiled: CompiledAggregates, *, extra_ke
         rows = with_sign(rows, spec)
     exprs = [F.sum(sign).cast("bigint").alias("n_rows") if sign is not None else F.count(F.lit(1)).alias("n_rows")]
     for b, impl in compiled.native:
-        if impl.map_view:
-            continue
-        value = F.col(b.columns[0]) if b.columns else None
-        exprs.extend(c.alias(n) for c, n in zip(impl.spark_partial(value, event_time, sign), b.acc_columns,
-                                                strict=True))
+        if not impl.map_view:
+            value = F.col(b.columns[0]) if b.columns else None
+            exprs.extend(c.alias(n) for c, n in zip(impl.spark_partial(value, event_time, sign), b.acc_columns,
+                                                    strict=True))
     out = rows.groupBy(*keys).agg(*exprs, *extra_aggs)
     for b, impl in compiled.native:
         if impl.map_view:
@@ -156,6 +155,6 @@ def final_aggregate(partials: DataFrame, compiled: CompiledAggregates, *, extra_
     since = compiled.coverage
     masked = {c: F.when(F.col(SPEC_VERSION) >= since[b.name], F.col(c)).alias(c)
               for b in compiled.entries if since[b.name] > ADOPTED for c in [b.name, *b.acc_columns]}
-    if not masked or SPEC_VERSION not in out.columns:
-        return out
-    return out.select(*(masked.get(c, F.col(c)) for c in out.columns))
+    if masked and SPEC_VERSION in out.columns:
+        out = out.select(*(masked.get(c, F.col(c)) for c in out.columns))
+    return out

@@ -38,19 +38,18 @@ def aggregate_table(compiled: CompiledAggregates) -> list[dict[str, str]]:
     for b in compiled.entries:
         fn = b.function
         stored = ", ".join(b.acc_columns)
+        accs = [F.col(c) for c in b.acc_columns]
         if isinstance(fn, Builtin) and fn.map_view:
             local = f"keyed: sum({SIGN}) per ({', '.join(b.columns)}) -> map<value, count>"
             merge = "keyed: sum of counts per value -> map<value, count>"
-            value = _text(fn.spark_value([F.col(c) for c in b.acc_columns]))
         elif isinstance(fn, Builtin):
             value_col = F.col(b.columns[0]) if b.columns else None
             local = "; ".join(_text(c) for c in fn.spark_partial(value_col, event_time, sign))
-            merge = "; ".join(_text(c) for c in fn.spark_merge([F.col(c) for c in b.acc_columns]))
-            value = _text(fn.spark_value([F.col(c) for c in b.acc_columns]))
+            merge = "; ".join(_text(c) for c in fn.spark_merge(accs))
         else:
             local = f"mapInArrow: {type(fn).__name__}.accumulate_batch({', '.join(b.columns)})"
             merge = f"mapInArrow: {type(fn).__name__}.merge_all({stored})"
-            value = f"{type(fn).__name__}.get_value({stored})"
+        value = _text(fn.spark_value(accs)) if isinstance(fn, Builtin) else f"{type(fn).__name__}.get_value({stored})"
         rows.append({"aggregate": b.name, "function": type(fn).__name__, "stored as": stored,
                      "local (combine)": local, "global (reduce)": merge, "value": value})
     return rows
@@ -81,7 +80,6 @@ def explain(spark: SparkSession, compiled: CompiledAggregates, phase: Phase) -> 
     """The text ``python -m spark_jobs explain`` prints (without Spark's plan, which it prints itself)."""
     spec = compiled.spec
     keys = ([DAY] if phase == "stream" else []) + list(spec.key_columns)
-    rows = aggregate_table(compiled)
     lines = [f"{spec.name}: {phase} = {_OPERATOR[phase]}",
              f"  group by: {', '.join(keys) or '(one global group)'}"
              + ("; source is a changelog: -U/-D rows retract (_sign = -1)" if compiled.retracting else "")]
@@ -89,7 +87,7 @@ def explain(spark: SparkSession, compiled: CompiledAggregates, phase: Phase) -> 
     if line is not None:
         lines.append(f"  {line}")
     lines.append("")
-    for row in rows:
+    for row in aggregate_table(compiled):
         lines.append(f"  {row['aggregate']} = {row['function']}")
         for label in ("stored as", "local (combine)", "global (reduce)", "value"):
             lines.append(f"      {label + ':':<17}{row[label]}")
