@@ -57,8 +57,7 @@ def batch_dag(spec: PipelineSpec) -> DAG:
             "date": Param(None, type=["null", "string"], format="date",
                           description="event date YYYY-MM-DD (default: the run's logical date)"),
         },
-        tags=["spark_jobs", name, "batch"],
-        doc_md=__doc__,
+        tags=["spark_jobs", name, "batch"], doc_md=__doc__,
     ) as dag:
         wait = LandingPartitionSensor(task_id="wait_for_landing", pipeline=pipeline, date=DATE,
                                       poke_interval=60, timeout=6 * 3600)
@@ -111,9 +110,8 @@ def stream_dag(spec: PipelineSpec) -> DAG:
 
 def maintenance_dag(specs: list[PipelineSpec]) -> DAG:
     with DAG(
-        dag_id="lake_maintenance",
+        dag_id="lake_maintenance", schedule="@daily",
         description="compact small files, vacuum (168 h retention), checkpoint: every pipeline's tables",
-        schedule="@daily",
         start_date=START, catchup=False, max_active_runs=1, is_paused_upon_creation=True, default_args=DEFAULT_ARGS,
         tags=["spark_jobs", "maintenance"],
     ) as dag:

@@ -1,11 +1,9 @@
-"""The one place that builds a SparkSession: jobs, operators, the CLI and tests call :func:`build_session`.
-
-Settings the tables depend on (UTC session time, microsecond Parquet timestamps, no ``_SUCCESS`` markers in
-Delta tables) are fixed here so every writer produces the same files. A session either starts its own Spark
-application (``local[*]`` or a cluster master) or is a Spark Connect client (``--remote`` or ``$SPARK_REMOTE``,
-``sc://host:15002``) of a long-lived server that many short jobs share warm, started with the same settings
-(:func:`server_conf`; ``spark_jobs.server.connect``).
-"""
+"""The one place that builds a SparkSession: jobs, operators, the CLI and tests call :func:`build_session`. Settings
+the tables depend on (UTC session time, microsecond Parquet timestamps, no ``_SUCCESS`` markers in Delta tables) are
+fixed here so every writer produces the same files. A session either starts its own Spark application (``local[*]``
+or a cluster master) or is a Spark Connect client (``--remote`` or ``$SPARK_REMOTE``, ``sc://host:15002``) of a
+long-lived server that many short jobs share warm, started with the same settings (:func:`server_conf`;
+``spark_jobs.server.connect``)."""
 
 from __future__ import annotations
 

@@ -35,8 +35,7 @@ def skip_unchanged_day(pipeline: str) -> Callable[[Any], str | None]:
 
         date = batch_date(context)
         spec = load_spec(pipeline)
-        folder = spec.source.partition_path(date)
-        newest = max((storage.modified(f) for f in storage.list_dir(folder)), default=None)
+        newest = max((storage.modified(f) for f in storage.list_dir(spec.source.partition_path(date))), default=None)
         combined = latest_combines(PipelineTables(spec.lake, spec.name).runs, [date], by="started_at").get(date)
         if combined is None or newest is None:
             return None

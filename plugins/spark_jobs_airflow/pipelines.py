@@ -1,9 +1,7 @@
-"""The pipelines a deployment runs: every spec (``*.yaml``, ``*.yml``) in one folder, and their pools.
-
-One place decides which specs load, for the DAG factory (a broken spec loses only its own DAGs) and for
-``python -m spark_jobs_airflow.pipelines FOLDER``, the deployment step that creates each pipeline's pool
-(docker compose's init runs it). Loading a spec is pure Python: no pyspark, no Great Expectations.
-"""
+"""The pipelines a deployment runs: every spec (``*.yaml``, ``*.yml``) in one folder, and their pools. One place
+decides which specs load, for the DAG factory (a broken spec loses only its own DAGs) and for ``python -m
+spark_jobs_airflow.pipelines FOLDER``, the deployment step that creates each pipeline's pool (docker compose's init
+runs it). Loading a spec is pure Python: no pyspark, no Great Expectations."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""A user-defined aggregate shipped as an example: the weighted mean of a column.
-
-Use it in a spec as ``fn: "spark_jobs.aggregates.examples:WeightedAvg"`` with ``columns: [value, weight]``. It shows
-the contract a user aggregate follows: an accumulator stored as a struct of numbers, a vectorised ``accumulate_batch``,
-and the optional column-wise ``merge_groups_stored`` that merges (rollups, ``apply``) use over many groups at once."""
+"""A user-defined aggregate shipped as an example: the weighted mean of a column. Use it in a spec as
+``fn: "spark_jobs.aggregates.examples:WeightedAvg"`` with ``columns: [value, weight]``. It shows the contract a user
+aggregate follows: an accumulator stored as a struct of numbers, a vectorised ``accumulate_batch``, and the optional
+column-wise ``merge_groups_stored`` that merges (rollups, ``apply``) use over many groups at once."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
-"""Two-phase execution of user-defined aggregates over Arrow batches (Flink's local-global).
-
-Local phase (``mapInArrow``): each Spark task buffers up to ``flush_rows`` rows, sorts them by key once, and hands each
-group's zero-copy slice to ``accumulate_batch``: one Python call per group and buffer, never per row. It emits one
-partial accumulator per key per task. Global phase: partials are hash-partitioned by key and merged with
-``merge_batch``. No group is ever shipped whole to one worker: only its partial accumulators are.
-"""
+"""Two-phase execution of user-defined aggregates over Arrow batches (Flink's local-global). Local phase
+(``mapInArrow``): each Spark task buffers up to ``flush_rows`` rows, sorts them by key once, and hands each group's
+zero-copy slice to ``accumulate_batch``: one Python call per group and buffer, never per row. It emits one partial
+accumulator per key per task. Global phase: partials are hash-partitioned by key and merged with ``merge_batch``. No
+group is ever shipped whole to one worker: only its partial accumulators are."""
 
 from __future__ import annotations
 

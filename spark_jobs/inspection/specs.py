@@ -1,9 +1,7 @@
-"""Pipeline specs by name, from the specs folder the DAGs are built from.
-
-The web view serves a lake, not a spec; a view that needs a pipeline's definition (the rollup: which aggregate each
-accumulator column holds, the window) finds the spec by the pipeline's name among ``*.yaml``/``*.yml`` in
-``$SPARK_JOBS_PIPELINES`` (default: the repo's ``pipelines/``), the folder ``dags/pipelines_dag_factory.py`` reads.
-"""
+"""Pipeline specs by name, from the specs folder the DAGs are built from. The web view serves a lake, not a spec; a
+view that needs a pipeline's definition (the rollup: which aggregate each accumulator column holds, the window) finds
+the spec by the pipeline's name among ``*.yaml``/``*.yml`` in ``$SPARK_JOBS_PIPELINES`` (default: the repo's
+``pipelines/``), the folder ``dags/pipelines_dag_factory.py`` reads."""
 
 from __future__ import annotations
 

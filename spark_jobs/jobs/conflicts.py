@@ -1,11 +1,9 @@
-"""Optimistic-concurrency retries: a job that loses a commit race re-plans and commits again.
-
-Delta commits are optimistic: two writers plan from the same snapshot and the later commit fails when the earlier one
-removed files it read (delta-rs checks coarsely: any concurrent remove). Nothing is written by the loser, so the job's
-whole plan-and-commit step runs again from the new snapshot, where app transactions make work already done a no-op.
-The wait before each attempt is "full jitter" exponential backoff, so racing writers spread out instead of colliding
-again in lock step.
-"""
+"""Optimistic-concurrency retries: a job that loses a commit race re-plans and commits again. Delta commits are
+optimistic: two writers plan from the same snapshot and the later commit fails when the earlier one removed files it
+read (delta-rs checks coarsely: any concurrent remove). Nothing is written by the loser, so the job's whole
+plan-and-commit step runs again from the new snapshot, where app transactions make work already done a no-op. The
+wait before each attempt is "full jitter" exponential backoff, so racing writers spread out instead of colliding
+again in lock step."""
 
 from __future__ import annotations
 
@@ -55,12 +53,10 @@ class RetryPolicy:
 
 def retry_conflicts(step: Callable[[int], T], *, what: str, policy: RetryPolicy | None = None,
                     sleep: Callable[[float], None] = time.sleep, recheck: Callable[[], object] | None = None) -> T:
-    """Run ``step(attempt)`` until it commits; on a :class:`ConflictError`, wait and run it again.
-
-    ``step`` must plan from the tables as they are when it starts (never from state kept from an earlier attempt).
-    ``recheck`` runs before each retry: a race lost to ``apply`` raises there (the spec changed) instead of
-    re-planning. After ``policy.attempts`` lost races the last error is raised, saying how often it lost and what to do.
-    """
+    """Run ``step(attempt)`` until it commits; on a :class:`ConflictError`, wait and run it again. ``step`` must plan
+    from the tables as they are when it starts (never from state kept from an earlier attempt). ``recheck`` runs
+    before each retry: a race lost to ``apply`` raises there (the spec changed) instead of re-planning. After
+    ``policy.attempts`` lost races the last error is raised, saying how often it lost and what to do."""
     policy = policy or RetryPolicy.from_env()
     for attempt in range(1, policy.attempts + 1):
         try:

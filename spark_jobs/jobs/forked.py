@@ -1,12 +1,10 @@
-"""Run a driver-side function over independent pieces of work on every core, in forked processes.
-
-The Arrow merges of stored accumulators (sketch unions, a user's ``merge``) are Python loops that hold
-the GIL, so threads do not spread them; forked workers do, and start in milliseconds with the parent's
-modules and state. A worker must not touch delta-rs (its tokio runtime panics in a forked process):
-it reads data files with pyarrow (:func:`spark_jobs.lake.arrow.read_data_files`) and returns Arrow tables,
-which it hands back as an Arrow IPC file in shared memory that this process maps (pickling a table of sketches
-through the pool's pipe cost about as much as merging it).
-"""
+"""Run a driver-side function over independent pieces of work on every core, in forked processes. The Arrow merges of
+stored accumulators (sketch unions, a user's ``merge``) are Python loops that hold the GIL, so threads do not spread
+them; forked workers do, and start in milliseconds with the parent's modules and state. A worker must not touch
+delta-rs (its tokio runtime panics in a forked process): it reads data files with pyarrow
+(:func:`spark_jobs.lake.arrow.read_data_files`) and returns Arrow tables, which it hands back as an Arrow IPC file in
+shared memory that this process maps (pickling a table of sketches through the pool's pipe cost about as much as
+merging it)."""
 
 from __future__ import annotations
 

@@ -123,11 +123,10 @@ def generate(config: GenerateConfig, *, progress: bool = True) -> GenerateResult
     """Write ``config.days`` partitions under ``config.out``, replacing any that exist."""
     from tqdm import tqdm
 
-    out = Path(config.out)
     rows = bad_rows = files = 0
     for i, date in enumerate(tqdm(config.dates, desc="generate", unit="day", disable=not progress)):
         table, bad = day_table(config, i)
-        part = out / f"event_date={date}"
+        part = Path(config.out) / f"event_date={date}"
         shutil.rmtree(part, ignore_errors=True)
         part.mkdir(parents=True)
         bounds = np.linspace(0, table.num_rows, config.files_per_day + 1).astype(int)

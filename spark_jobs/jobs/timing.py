@@ -1,9 +1,7 @@
-"""Where a mini-batch's time goes: wall seconds and Spark jobs per phase.
-
-Each mini-batch keeps its phases in its outcome and in its run record's message (``inspect runs``), so a
-slow batch can be read off the lake; ``benchmarks stream`` prints the breakdown. Spark jobs are counted from the
-DAG scheduler's job counter of a classic session; under Spark Connect they are not counted.
-"""
+"""Where a mini-batch's time goes: wall seconds and Spark jobs per phase. Each mini-batch keeps its phases in its
+outcome and in its run record's message (``inspect runs``), so a slow batch can be read off the lake; ``benchmarks
+stream`` prints the breakdown. Spark jobs are counted from the DAG scheduler's job counter of a classic session;
+under Spark Connect they are not counted."""
 
 from __future__ import annotations
 

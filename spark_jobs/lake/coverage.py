@@ -1,10 +1,8 @@
-"""Which event days the stored partials cover, per aggregate, from Delta statistics alone (no Spark).
-
-A day's partials are written by one spec version (``spec_version``); an aggregate added or changed at
-version ``v`` is covered by a day only when the day's counted partials (the hybrid rule: batch partials
-when the day has them, else the stream's) are all of version ``v`` or later. ``inspect coverage``,
-``plan``, the batch DAG's skip condition and ``apply`` read it here.
-"""
+"""Which event days the stored partials cover, per aggregate, from Delta statistics alone (no Spark). A day's
+partials are written by one spec version (``spec_version``); an aggregate added or changed at version ``v`` is
+covered by a day only when the day's counted partials (the hybrid rule: batch partials when the day has them, else
+the stream's) are all of version ``v`` or later. ``inspect coverage``, ``plan``, the batch DAG's skip condition and
+``apply`` read it here."""
 
 from __future__ import annotations
 

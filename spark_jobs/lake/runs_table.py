@@ -1,9 +1,7 @@
-"""The ``runs`` table: its columns, and the questions asked of it (Arrow, no Spark).
-
-Every job run appends one row (``spark_jobs.jobs.run_record.recorded_run`` writes them). The quality
-gates reconcile a day's partials with the rows its combine aggregated, the batch DAG skips a day
-combined after its newest landing file, and the inspect views list the runs: all through here.
-"""
+"""The ``runs`` table: its columns, and the questions asked of it (Arrow, no Spark). Every job run appends one row
+(``spark_jobs.jobs.run_record.recorded_run`` writes them). The quality gates reconcile a day's partials with the rows
+its combine aggregated, the batch DAG skips a day combined after its newest landing file, and the inspect views list
+the runs: all through here."""
 
 from __future__ import annotations
 
@@ -41,11 +39,9 @@ def read_runs(path: str, columns: Sequence[str] | None = None) -> list[dict[str,
 def latest_combines(path: str, days: Sequence[str] | None = None, *,
                     by: Literal["started_at", "finished_at"] = "finished_at",
                     rollbacks: bool = False) -> dict[str, dict[str, Any]]:
-    """Per event day (of ``days``, or all), its latest successful ``combine`` run, latest by ``by``.
-
-    ``rollbacks``: a gate run that rolled the day's partials back counts as a combine too (it
-    put back the partials that stand), so the run returned is the one whose partials the day has.
-    """
+    """Per event day (of ``days``, or all), its latest successful ``combine`` run, latest by ``by``. ``rollbacks``: a
+    gate run that rolled the day's partials back counts as a combine too (it put back the partials that stand), so
+    the run returned is the one whose partials the day has."""
     columns = ["job", "batch", "status", "started_at", "finished_at", "inputs", "rows_aggregated"]
     latest: dict[str, dict[str, Any]] = {}
     for run in read_runs(path, columns):

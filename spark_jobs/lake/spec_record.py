@@ -81,15 +81,12 @@ def normalise(spec: PipelineSpec) -> dict[str, Any]:
               if f.name != "path" and getattr(spec.source, f.name) not in (None, f.default)}
     source["schema"] = dict(spec.source.schema)
     out: dict[str, Any] = {
-        "name": spec.name,
-        "source": source,
-        "group_by": list(spec.group_by),
+        "name": spec.name, "source": source, "group_by": list(spec.group_by),
         "aggregates": [{"name": a.name, "fn": a.fn, "columns": list(a.columns), "args": dict(a.args)}
                        for a in spec.aggregates],
         "stream": {f.name: _plain(getattr(spec.stream, f.name)) for f in dataclasses.fields(spec.stream)},
     }
-    window = spec.window.to_dict()
-    if window is not None:
+    if (window := spec.window.to_dict()) is not None:
         out["window"] = window
     if spec.rollups:
         out["rollups"] = [{"name": r.name, "grain": str(r.grain), "by": list(r.by)} for r in spec.rollups]

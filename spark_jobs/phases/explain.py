@@ -1,8 +1,6 @@
-"""``explain``: a phase's plan, as Flink shows LocalGroupAggregate / GlobalGroupAggregate.
-
-For each aggregate: the columns its accumulator is stored as, its local (combine) expression, its global (reduce)
-merge and its value; then Spark's physical plan of the phase over an empty, typed input, so nothing is read.
-"""
+"""``explain``: a phase's plan, as Flink shows LocalGroupAggregate / GlobalGroupAggregate. For each aggregate: the
+columns its accumulator is stored as, its local (combine) expression, its global (reduce) merge and its value; then
+Spark's physical plan of the phase over an empty, typed input, so nothing is read."""
 
 from __future__ import annotations
 
