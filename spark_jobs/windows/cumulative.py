@@ -35,6 +35,7 @@ _BUCKET = "_bucket"
 @dataclass(frozen=True)
 class Cumulative(TiledWindows):
     step: Duration
+    unit = "slice"
     rows_once = False
     serves_stored = False
 

@@ -32,6 +32,8 @@ class TiledWindows(WindowKind):
         """The stored rows' tile: an event's stored window is the tile that holds it."""
         return self.size
 
+    unit = "window"  # what a stored tile is called
+
     @property
     def reach(self) -> Duration:
         return self.size
@@ -80,8 +82,8 @@ class TiledWindows(WindowKind):
     def change_to(self, new: WindowKind) -> WindowChange:
         if isinstance(new, TiledWindows) and new.grid.seconds % self.grid.seconds == 0:
             n = new.grid.seconds // self.grid.seconds
-            effect = (f"each {new.grid} tile merges its {n} {self.grid} tiles" if n > 1 else
-                      f"the stored {self.grid} tiles stand; aggregates merge them into the new windows")
+            effect = (f"each {new.grid} {new.unit} merges its {n} {self.grid} {self.unit}s" if n > 1 else
+                      f"the stored {self.grid} {self.unit}s stand; aggregates merge them into the new windows")
             return WindowChange("stored", f"window {self} -> {new}", effect, retile=n > 1)
         if not new.bounds:
             return WindowChange("stored", f"window of {self} removed", "every key's windows are merged into one row",

@@ -213,7 +213,7 @@ def test_a_csv_day_with_headers_in_other_orders_serves_the_same_from_the_batch_a
         spec = make_spec(tmp_path / name, aggregates=FAST_AGGREGATES, fmt="csv", window={"size": "1 hour"})
         for file, (header, part) in files.items():
             write_text(tmp_path / name / "landing", D1, file, csv_text(header, [as_record(r) for r in part]))
-        specs.append(with_stream(spec, max_files_per_batch=1) if name == "stream" else spec)
+        specs.append(with_stream(spec, max_files_per_batch=1, watermark="1 day") if name == "stream" else spec)
     combine.run(spark, specs[0], D1)
     reduce.run(spark, specs[0])
     summary = stream(spark, specs[1], available_now=True)
