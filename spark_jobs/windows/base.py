@@ -27,7 +27,7 @@ from spark_jobs.key_match import key_mask
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["BOUNDS", "TS", "Grouped", "Reach", "Stored", "WindowChange", "WindowKind", "floor_micros", "floor_ticks", "ticks"]
+__all__ = ["BOUNDS", "TS", "Grouped", "Reach", "SizedWindows", "Stored", "WindowChange", "WindowKind", "floor_micros", "floor_ticks", "ticks"]
 
 BOUNDS = ("window_start", "window_end")
 TS = pa.timestamp("us", tz="UTC")
@@ -79,6 +79,7 @@ class WindowKind(ABC):
     cut_per_key = False  # stored rows are cut per key: dropping a key cannot merge them
     changelog_values: tuple[str, ...] = ()  # bounds that are values, not identity, in the changelog
 
+    scope: tuple[str, ...] = BOUNDS  # the bounds within which stored rows of a key merge with each other or serve together
     state_covers_reach = True  # the stored rows a non-late event reaches are all open, so in the stream's state
     closes = True  # windows close at the watermark (late rows are rejected, closed stored rows leave state)
 
@@ -143,10 +144,10 @@ class WindowKind(ABC):
         return F.count(F.lit(1))
 
     def is_open(self, watermark: dt.datetime) -> Column:
-        """Whether a stored row still belongs to a window the watermark has not closed."""
+        """Whether a stored row still belongs to a window the watermark has not closed (one ending after it)."""
         from pyspark.sql import functions as F
 
-        return F.lit(True)
+        return F.col("window_end") > F.lit(watermark)
 
     def touched(self, changed: DataFrame, keys: Sequence[str]) -> DataFrame:
         """The served key columns a change of the stored ``changed`` rows rewrites."""
@@ -154,7 +155,9 @@ class WindowKind(ABC):
 
     def within(self, stored: DataFrame, changed: DataFrame, keys: Sequence[str], *, anti: bool = False) -> DataFrame:
         """The ``stored`` rows that merge with the ``changed`` ones into a served row (``anti``: the others)."""
-        columns = [*keys, *self.bounds]
+        columns = [*keys, *self.scope]
+        if not columns:  # one global key
+            return stored.limit(0) if anti else stored
         return stored.join(changed.select(*columns).distinct(), columns, "left_anti" if anti else "left_semi")
 
     def reach_of(self, changed: DataFrame, stored: Stored, keys: Sequence[str]) -> Reach:
@@ -184,7 +187,7 @@ class WindowKind(ABC):
     def within_arrow(self, stored: pa.Table, changed: pa.Table, keys: Sequence[str], *, anti: bool = False
                      ) -> pa.Table:
         """:meth:`within` of tables on the driver (``anti``: the rows it leaves out)."""
-        hit = key_mask(stored, [*keys, *self.bounds], changed)
+        hit = key_mask(stored, [*keys, *self.scope], changed)
         return stored.filter(pa.array(~hit if anti else hit))
 
     def serve_rows(self, rows: Iterable[Mapping[str, Any]], keys: Sequence[str]) -> Grouped:
@@ -204,7 +207,7 @@ class WindowKind(ABC):
         return rows
 
     def is_open_arrow(self, rows: pa.Table, watermark: dt.datetime) -> pa.Array:
-        return pa.array(np.ones(rows.num_rows, dtype=bool))
+        return pc.greater(rows.column("window_end"), pa.scalar(watermark, TS))
 
     # ------------------------------------------------------------------ spec changes
     def coarsen(self, rows: DataFrame) -> DataFrame:
@@ -219,6 +222,23 @@ class WindowKind(ABC):
         return WindowChange("raw", f"window {self} -> {new}",
                             "the stored windows do not tile the new ones: every day's partials are dropped and must "
                             "be recombined")
+
+
+@dataclass(frozen=True)
+class SizedWindows(WindowKind):
+    """Windows of one ``size`` on a grid from the epoch (tumbling, hopping, cumulative)."""
+
+    size: Duration
+
+    @property
+    def reach(self) -> Duration:
+        return self.size
+
+    def fits(self, start: dt.datetime, end: dt.datetime) -> bool:
+        return (end - start).total_seconds() == self.size.seconds
+
+    def starts_between(self, lo: dt.datetime, hi: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
+        return lo - dt.timedelta(seconds=self.size.seconds), hi
 
 
 _DAY = dt.timedelta(days=1)  # windows reach at most a day past their events' day; Spark hands back local times

@@ -4,15 +4,11 @@ into a coarser grid."""
 
 from __future__ import annotations
 
-import datetime as dt
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from spark_jobs.durations import Duration
-from spark_jobs.windows.base import TS, WindowChange, WindowKind
+from spark_jobs.windows.base import SizedWindows, WindowChange, WindowKind
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -23,8 +19,7 @@ __all__ = ["Hopping"]
 
 
 @dataclass(frozen=True)
-class Hopping(WindowKind):
-    size: Duration
+class Hopping(SizedWindows):
     slide: Duration
     rows_once = False
 
@@ -39,10 +34,6 @@ class Hopping(WindowKind):
         return -(-self.size.seconds // self.slide.seconds)
 
     @property
-    def reach(self) -> Duration:
-        return self.size
-
-    @property
     def rollup_refusal(self) -> str:
         return ("rollups merge whole tumbling windows, and hopping windows overlap (merging them would count rows "
                 f"several times); declare a window without a slide instead of {self}")
@@ -50,12 +41,6 @@ class Hopping(WindowKind):
     @property
     def start_step(self) -> Duration:
         return self.slide
-
-    def fits(self, start: dt.datetime, end: dt.datetime) -> bool:
-        return (end - start).total_seconds() == self.size.seconds
-
-    def starts_between(self, lo: dt.datetime, hi: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
-        return lo - dt.timedelta(seconds=self.size.seconds), hi
 
     def assign(self, rows: DataFrame, *, event_time: str, keys: Sequence[str]) -> DataFrame:
         from pyspark.sql import functions as F
@@ -69,14 +54,6 @@ class Hopping(WindowKind):
 
         since_start = F.unix_micros(F.col(event_time)) - F.unix_micros(F.col("window_start"))
         return F.count(F.when(since_start < F.lit(self.slide.micros), 1))
-
-    def is_open(self, watermark: dt.datetime) -> Column:
-        from pyspark.sql import functions as F
-
-        return F.col("window_end") > F.lit(watermark)
-
-    def is_open_arrow(self, rows: pa.Table, watermark: dt.datetime) -> pa.Array:
-        return pc.greater(rows.column("window_end"), pa.scalar(watermark, TS))
 
     def change_to(self, new: WindowKind) -> WindowChange:
         if not new.bounds:

@@ -14,18 +14,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs.durations import Duration, utc
-from spark_jobs.key_match import key_mask
 from spark_jobs.windows.base import TS, Grouped, Reach, Stored, WindowChange, WindowKind
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["Sessions", "cut"]
+__all__ = ["Sessions"]
 
 _EXPLAIN = {
     "combine": "sessions: per key, events ordered by time; a new session after a gap of more than {gap}; "
@@ -43,6 +41,7 @@ class Sessions(WindowKind):
     serves_stored = False
     cut_per_key = True
     state_covers_reach = False  # a served session outlives the partials of it that left the state
+    scope = ()  # a key's partial sessions merge with each other whatever their bounds
     changelog_values = ("window_end",)
 
     def to_dict(self) -> dict[str, str]:
@@ -116,14 +115,6 @@ class Sessions(WindowKind):
 
         return F.col("window_end") >= F.lit(watermark)
 
-    def touched(self, changed: DataFrame, keys: Sequence[str]) -> DataFrame:
-        return changed.select(*keys).distinct()
-
-    def within(self, stored: DataFrame, changed: DataFrame, keys: Sequence[str], *, anti: bool = False) -> DataFrame:
-        if not keys:
-            return stored.limit(0) if anti else stored
-        return stored.join(changed.select(*keys).distinct(), list(keys), "left_anti" if anti else "left_semi")
-
     def reach_of(self, changed: DataFrame, stored: Stored, keys: Sequence[str]) -> Reach:
         """The sessions the ``changed`` partial sessions reach, whole, reading only the days of stored partials
         they reach. A partial session of day d starts on d and ends before d + 1 day + gap: so sessions merged
@@ -161,17 +152,24 @@ class Sessions(WindowKind):
     def serve_arrow(self, rows: pa.Table) -> pa.Table:
         raise NotImplementedError("the driver merges sessions through windows.session.cut")
 
-    def within_arrow(self, stored: pa.Table, changed: pa.Table, keys: Sequence[str], *, anti: bool = False
-                     ) -> pa.Table:
-        hit = key_mask(stored, keys, changed) if keys else np.ones(stored.num_rows, dtype=bool)
-        return stored.filter(pa.array(~hit if anti else hit))
-
     def merge_stored_rows(self, rows: Iterable[Mapping[str, Any]], keys: Sequence[str]) -> Grouped:
+        """The driver's form of :meth:`serve`: per key, sorted by start, a partial joins the session before it when it
+        starts at or before its latest end."""
+        by_key: dict[tuple[Any, ...], list[Mapping[str, Any]]] = defaultdict(list)
+        for row in rows:
+            by_key[tuple(row[k] for k in keys)].append(row)
         out: Grouped = {}
-        for key, sessions in cut(rows, keys).items():
-            for session in sessions:
-                bounds = (min(r["window_start"] for r in session), max(r["window_end"] for r in session))
-                out[(*key, *bounds)] = session
+        for key, partials in by_key.items():
+            partials.sort(key=lambda r: (r["window_start"], r["window_end"]))
+            sessions: list[tuple[Any, Any, list[Mapping[str, Any]]]] = []  # (start, latest end, partials)
+            for row in partials:
+                if sessions and row["window_start"] <= sessions[-1][1]:
+                    start, end, members = sessions[-1]
+                    members.append(row)
+                    sessions[-1] = (start, max(end, row["window_end"]), members)
+                else:
+                    sessions.append((row["window_start"], row["window_end"], [row]))
+            out.update({(*key, start, end): members for start, end, members in sessions})
         return out
 
     def is_open_arrow(self, rows: pa.Table, watermark: dt.datetime) -> pa.Array:
@@ -258,29 +256,6 @@ class _Widening:
         short = short.where(earlier | later).persist()
         self.cached.append(short)
         return short
-
-
-def cut(rows: Iterable[Mapping[str, Any]], by: Sequence[str]) -> dict[tuple[Any, ...], list[list[Mapping[str, Any]]]]:
-    """The driver's form of :meth:`Sessions.serve`: partial sessions (rows with ``window_start``/``window_end``) per
-    ``by`` key, cut into sessions: sorted by start, a partial joins the session before it when it starts at or
-    before its latest end."""
-    by_key: dict[tuple[Any, ...], list[Mapping[str, Any]]] = defaultdict(list)
-    for row in rows:
-        by_key[tuple(row[k] for k in by)].append(row)
-    out: dict[tuple[Any, ...], list[list[Mapping[str, Any]]]] = {}
-    for key, partials in by_key.items():
-        partials.sort(key=lambda r: (r["window_start"], r["window_end"]))
-        sessions: list[list[Mapping[str, Any]]] = []
-        latest = None
-        for row in partials:
-            if latest is None or row["window_start"] > latest:
-                sessions.append([row])
-                latest = row["window_end"]
-            else:
-                sessions[-1].append(row)
-                latest = max(latest, row["window_end"])
-        out[key] = sessions
-    return out
 
 
 def _midnight(day: dt.date) -> dt.datetime:

@@ -3,29 +3,25 @@ window; stored and served rows are the same windows, and a coarser tumbling grid
 
 from __future__ import annotations
 
-import datetime as dt
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from spark_jobs.durations import Duration
-from spark_jobs.windows.base import TS, WindowChange, WindowKind, floor_micros, floor_ticks, ticks
+from spark_jobs.windows.base import TS, SizedWindows, WindowChange, WindowKind, floor_micros, floor_ticks, ticks
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from pyspark.sql import Column, DataFrame
+    from pyspark.sql import DataFrame
 
 __all__ = ["Tumbling", "TiledWindows"]
 
 
 @dataclass(frozen=True)
-class TiledWindows(WindowKind):
+class TiledWindows(SizedWindows):
     """Windows over a grid of tiles from the epoch (tumbling, and the slices of cumulative windows)."""
-
-    size: Duration
 
     @property
     def grid(self) -> Duration:
@@ -35,22 +31,12 @@ class TiledWindows(WindowKind):
     unit = "window"  # what a stored tile is called
 
     @property
-    def reach(self) -> Duration:
-        return self.size
-
-    @property
     def tile(self) -> Duration:
         return self.size
 
     @property
     def start_step(self) -> Duration:
         return self.size
-
-    def fits(self, start: dt.datetime, end: dt.datetime) -> bool:
-        return (end - start).total_seconds() == self.size.seconds
-
-    def starts_between(self, lo: dt.datetime, hi: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
-        return lo - dt.timedelta(seconds=self.size.seconds), hi
 
     def assign(self, rows: DataFrame, *, event_time: str, keys: Sequence[str]) -> DataFrame:
         from pyspark.sql import functions as F
@@ -70,14 +56,6 @@ class TiledWindows(WindowKind):
         rows = rows.drop_columns(["window_start", "window_end"])
         return rows.append_column("window_start", pa.array(start).cast(TS)).append_column(
             "window_end", pa.array(start + self.grid.micros).cast(TS))
-
-    def is_open(self, watermark: dt.datetime) -> Column:
-        from pyspark.sql import functions as F
-
-        return F.col("window_end") > F.lit(watermark)
-
-    def is_open_arrow(self, rows: pa.Table, watermark: dt.datetime) -> pa.Array:
-        return pc.greater(rows.column("window_end"), pa.scalar(watermark, TS))
 
     def change_to(self, new: WindowKind) -> WindowChange:
         if isinstance(new, TiledWindows) and new.grid.seconds % self.grid.seconds == 0:
