@@ -40,9 +40,9 @@ from spark_jobs.spec import AggregateSpec, PipelineSpec
 __all__ = ["Change", "Diff", "Plan", "compare", "make_plan"]
 
 Kind = Literal["settings", "stored", "raw", "refused"]
-KINDS: tuple[Kind, ...] = ("settings", "stored", "raw", "refused")
 HEADINGS = {"settings": "settings only (nothing to rewrite)", "stored": "from the stored accumulators (no raw data)",
             "raw": "needs raw data (days to recombine)", "refused": "refused"}
+_RECOMBINE = "every day's partials are dropped and must be recombined"
 
 
 @dataclass(frozen=True)
@@ -120,28 +120,25 @@ def compare(old: PipelineSpec, new: PipelineSpec) -> Diff:
 
 def _source_changes(old: PipelineSpec, new: PipelineSpec, changes: list[Change]) -> tuple[bool, bool]:
     """How rows are read and typed: (the layout resets, every day is recounted)."""
-    reset = recount = False
+    reset = False
     o_src, n_src = normalise(old)["source"], normalise(new)["source"]
     for key in ("format", "event_time", "op_column"):
         if o_src.get(key) != n_src.get(key):
             reset = True
             changes.append(Change("raw", f"source.{key}", f"source.{key} {o_src.get(key)} -> {n_src.get(key)}",
-                                  "the rows are read differently: every day's partials are dropped and must be "
-                                  "recombined"))
+                                  f"the rows are read differently: {_RECOMBINE}"))
     o_cols, n_cols = old.source.columns, new.source.columns
     for col in sorted(set(o_cols) & set(n_cols)):
         if o_cols[col] != n_cols[col]:
             reset = True
             changes.append(Change("raw", f"source.schema.{col}", f"column {col}: {o_cols[col]} -> {n_cols[col]}",
-                                  "values are typed differently: every day's partials are dropped and must be "
-                                  "recombined"))
+                                  f"values are typed differently: {_RECOMBINE}"))
+    recount = set(n_cols) != set(o_cols)
     for col in sorted(set(n_cols) - set(o_cols)):
-        recount = True
         changes.append(Change("raw", f"source.schema.{col}", f"column {col} ({n_cols[col]}) added",
                               "rows whose value cannot be read as that type are rejected from now on; recombine to "
                               "count every day so"))
     for col in sorted(set(o_cols) - set(n_cols)):
-        recount = True
         changes.append(Change("raw", f"source.schema.{col}", f"column {col} removed",
                               "rows rejected only for that column count from now on; recombine to count every day so"))
     for key in sorted(set(o_src) | set(n_src)):
@@ -156,11 +153,11 @@ def _key_changes(old: PipelineSpec, new: PipelineSpec, changes: list[Change]) ->
     added = [k for k in new.group_by if k not in old.group_by]
     dropped = [k for k in old.group_by if k not in new.group_by]
     if added:
-        change = Change("raw", "group_by", f"keys added: {', '.join(added)}", "the stored rows hold no value for "
-                        "them: every day's partials are dropped and must be recombined")
+        change = Change("raw", "group_by", f"keys added: {', '.join(added)}",
+                        f"the stored rows hold no value for them: {_RECOMBINE}")
     elif dropped and new.window.cut_per_key:
-        change = Change("raw", "group_by", f"keys dropped: {', '.join(dropped)}", f"{new.window} are cut per key: "
-                        "every day's partials are dropped and must be recombined")
+        change = Change("raw", "group_by", f"keys dropped: {', '.join(dropped)}",
+                        f"{new.window} are cut per key: {_RECOMBINE}")
     elif dropped:
         change = Change("stored", "group_by", f"keys dropped: {', '.join(dropped)}",
                         "partials, aggregates, rollups and the stream's state are merged across them")
@@ -182,8 +179,8 @@ def _aggregate_changes(old: PipelineSpec, new: PipelineSpec, changes: list[Chang
         before = o_aggs.get(name)
         if before is None:
             added.append(name)
-            changes.append(Change("raw", f"aggregates[{name}]", f"aggregate added: {_describe(agg)}",
-                                  "columns added (no file rewritten); NULL in the windows of days not recombined since"))
+            changes.append(Change("raw", f"aggregates[{name}]", f"aggregate added: {_describe(agg)}", "columns added "
+                                  "(no file rewritten); NULL in the windows of days not recombined since"))
         elif (before.fn, before.columns, before.args) != (agg.fn, agg.columns, agg.args):
             added.append(name)
             dropped.append(name)
@@ -249,24 +246,17 @@ class Plan:
 
     def commands(self) -> list[str]:
         """The commands that recombine the days: an Airflow backfill of the batch DAG, or the CLI."""
-        out = []
-        for first, last in _ranges([d.date for d in self.days]):
-            out.append(f"airflow backfill create --dag-id {self.pipeline}_batch --from-date {first} --to-date {last}")
-            out.append(f"python -m spark_jobs run --pipeline {self.spec_origin} --from {first} --to {last}")
-        return out
+        return [c for first, last in _ranges([d.date for d in self.days]) for c in (
+            f"airflow backfill create --dag-id {self.pipeline}_batch --from-date {first} --to-date {last}",
+            f"python -m spark_jobs run --pipeline {self.spec_origin} --from {first} --to {last}")]
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "pipeline": self.pipeline, "lake": self.lake, "spec": self.spec_origin,
-            "recorded_version": None if self.current is None else self.current.version,
-            "version": self.version, "unchanged": self.unchanged, "pending_apply": self.pending,
-            "changes": [asdict(c) for c in self.diff.changes],
-            "refused": bool(self.diff.refused),
-            "rewrites": self.table_rows,
-            "recombine": [asdict(d) for d in self.days],
-            "commands": self.commands(),
-            "new_tables": self.new_tables,
-        }
+        return {"pipeline": self.pipeline, "lake": self.lake, "spec": self.spec_origin,
+                "recorded_version": None if self.current is None else self.current.version,
+                "version": self.version, "unchanged": self.unchanged, "pending_apply": self.pending,
+                "changes": [asdict(c) for c in self.diff.changes], "refused": bool(self.diff.refused),
+                "rewrites": self.table_rows, "recombine": [asdict(d) for d in self.days], "commands": self.commands(),
+                "new_tables": self.new_tables}
 
     def text(self) -> str:
         if self.current is None and self.new_tables:
@@ -278,14 +268,13 @@ class Plan:
             assert self.current is not None
             return (f"{self.pipeline}: the lake is at spec version {self.current.version}, the same as "
                     f"{self.spec_origin}; nothing to apply" + self._left())
-        head = (f"{self.pipeline}: spec version {self.current.version if self.current else '-'} -> {self.version}"
-                + (" (adopting a lake written before spec records)" if self.current is None else "")
-                + (" (finishing an apply that was cut off)" if self.pending else ""))
-        lines = [head]
-        for kind in KINDS:
+        lines = [f"{self.pipeline}: spec version {self.current.version if self.current else '-'} -> {self.version}"
+                 + (" (adopting a lake written before spec records)" if self.current is None else "")
+                 + (" (finishing an apply that was cut off)" if self.pending else "")]
+        for kind, heading in HEADINGS.items():
             entries = [c for c in self.diff.changes if c.kind == kind]
             if entries:
-                lines.append(f"  {HEADINGS[kind]}:")
+                lines.append(f"  {heading}:")
                 lines += [f"    - {c.what}: {c.effect}" for c in entries]
         if self.table_rows:
             lines.append("  rewritten from the stored accumulators: " + ", ".join(
@@ -299,19 +288,15 @@ class Plan:
             return ""
         rows = sum(d.landing_rows or 0 for d in self.days)
         missing = [d.date for d in self.days if d.landing_rows is None]
-        lines = [f"\n  days to recombine from raw data after apply: {len(self.days)} ({_span(self.days)}), "
-                 f"{rows:,} landing rows"]
+        span = self.days[0].date if len(self.days) == 1 else f"{self.days[0].date}..{self.days[-1].date}"
+        lines = [f"\n  days to recombine from raw data after apply: {len(self.days)} ({span}), {rows:,} landing rows"]
         if missing:
-            lines.append(f"  no landing files any more for {', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}: "
-                         "those days stay NULL for the new aggregates (or unserved after a layout change) until "
-                         "their files are landed again")
+            more = " ..." if len(missing) > 10 else ""
+            lines.append(f"  no landing files any more for {', '.join(missing[:10])}{more}: those days stay NULL for "
+                         "the new aggregates (or unserved after a layout change) until their files are landed again")
         lines.append("  recombine them with:")
         lines += [f"    {c}" for c in self.commands()]
         return "\n".join(lines)
-
-
-def _span(days: Sequence[DayCost]) -> str:
-    return days[0].date if len(days) == 1 else f"{days[0].date}..{days[-1].date}"
 
 
 def _ranges(days: Sequence[str]) -> list[tuple[str, str]]:
@@ -340,8 +325,7 @@ def landing_rows(spec: PipelineSpec, date: str) -> tuple[int | None, int]:
             else:
                 lines = sum(1 for line in storage.read_bytes(f).splitlines() if line.strip())
                 rows += max(lines - 1, 0) if spec.source.format == "csv" else lines
-        except (OSError, ValueError):  # an unreadable file (ArrowInvalid is a ValueError) counts nothing; combine
-            # reports it
+        except (OSError, ValueError):  # unreadable (ArrowInvalid is a ValueError): counts nothing, combine reports it
             continue
     return rows, len(files)
 
@@ -353,10 +337,8 @@ def _table_rows(path: str) -> int:
 
 def make_plan(spec: PipelineSpec, records: Sequence[RecordedSpec]) -> Plan:
     """The plan of making the lake match ``spec``: the changes, their costs, the days left to recombine.
-
-    ``records`` are the lake's spec record, oldest first (empty for a new lake, or one written before
-    spec records, which apply adopts).
-    """
+    ``records`` are the lake's spec record, oldest first (empty for a new lake, or one written before spec
+    records, which apply adopts)."""
     tables = PipelineTables(spec.lake, spec.name)
     current = records[-1] if records else None
     if current is None and not has_data(spec.lake, spec.name):
@@ -374,16 +356,14 @@ def make_plan(spec: PipelineSpec, records: Sequence[RecordedSpec]) -> Plan:
                             "run apply with the spec of that version first (it is in the lake's specs table: "
                             f"`python -m spark_jobs inspect show {spec.name}.specs`), then this change"),))
         return Plan(spec.name, spec.origin, spec.lake, current, diff, current.version)
-    base = next((r for r in reversed(records) if r.applied and r.version < current.version), None) if pending else current
+    base = (next((r for r in reversed(records) if r.applied and r.version < current.version), None) if pending
+            else current)
     old = base.pipeline_spec(lake=spec.lake, source_path=spec.source.path) if base is not None else spec
     diff = compare(old, spec)
     plan = Plan(spec.name, spec.origin, spec.lake, current, diff,
                 current.version if pending or not diff.changes else current.version + 1, pending=pending)
-    if diff.derives:
-        for name, path in (("partials", tables.partials), ("aggregates", tables.aggregates),
-                           ("stream state", tables.stream_state)):
-            if is_table(path):
-                plan.table_rows[name] = _table_rows(path)
+    rewritten = {"partials": tables.partials, "aggregates": tables.aggregates, "stream state": tables.stream_state}
+    plan.table_rows = {name: _table_rows(path) for name, path in rewritten.items() if diff.derives and is_table(path)}
     days = set(pending_days(spec, current))
     if diff.needs_raw:
         days |= set(day_versions(tables.partials))

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from functools import partial
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -41,7 +41,7 @@ from spark_jobs.jobs import rollups
 from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.jobs.forked import cores, forked_map
 from spark_jobs.jobs.run_record import new_run_id, recorded_run
-from spark_jobs.lake import AppTxn, DataFile, Lake, PipelineTables, open_lake, storage
+from spark_jobs.lake import AppTxn, Cluster, DataFile, Lake, PipelineTables, open_lake, storage
 from spark_jobs.lake.arrow import read_data_files
 from spark_jobs.lake.coverage import day_versions
 from spark_jobs.lake.layout import SPEC_VERSION, TS, table_schema
@@ -62,6 +62,7 @@ from spark_jobs.lake.table_rules import (
     DAY,
     PARTIALS_PARTITIONS,
     STREAM,
+    batch_days,
     counted_files,
     reduce_app_id,
     rollup_app_id,
@@ -71,7 +72,7 @@ from spark_jobs.lake.table_rules import (
 )
 from spark_jobs.phases.arrow_merge import Merged, Stored, encoded_columns, merge_groups, value_columns
 from spark_jobs.phases.compiled import CompiledAggregates, final_aggregate
-from spark_jobs.spec import PipelineSpec
+from spark_jobs.spec import PipelineSpec, RollupSpec
 from spark_jobs.spec_plan import Diff, Plan, make_plan
 
 if TYPE_CHECKING:
@@ -79,11 +80,12 @@ if TYPE_CHECKING:
 
 __all__ = ["ARROW_MAX_ROWS", "ApplyResult", "apply"]
 
-log = logging.getLogger("spark_jobs")
-
 _VALUE = "__value:"  # the value columns that ride along the merged partials
+_PARTIAL_KEYS = ["batch", "source", DAY]  # a partial row merges only within its batch and day
+_PARTIAL_EXTRA = [("run_id", "min"), ("created_at", "max")]
 ARROW_MAX_ROWS = 2_000_000  # rows of a table merged on the driver; a larger one merges in Spark
 Engine = Literal["auto", "arrow", "spark"]
+_Rows = TypeVar("_Rows", pa.Table, "DataFrame")  # a step's rows: Arrow on the driver, or Spark
 
 
 @dataclass
@@ -126,18 +128,16 @@ def apply(spec: PipelineSpec, *, spark: Callable[[], SparkSession] | None = None
         result.seconds = time.monotonic() - started
         return result
     tables = PipelineTables(spec.lake, spec.name)
-    use_spark = engine == "spark" or (engine == "auto" and (plan.diff.derives and _largest(tables) > ARROW_MAX_ROWS))
+    # the plan counted the rows of the tables a derive rewrites (of none otherwise)
+    use_spark = engine == "spark" or (engine == "auto" and max(plan.table_rows.values(), default=0) > ARROW_MAX_ROWS)
     session = spark() if use_spark and spark is not None else None
     if use_spark and session is None:
-        raise LakeError("this apply merges in Spark (a large lake, or --engine spark) but no Spark session is available")
+        raise LakeError("this apply merges in Spark (a large lake, or --engine spark) but no Spark session is "
+                        "available")
     result.engine = "spark" if session is not None else "arrow"
     lake = open_lake(session)
-    if current is None:
-        target = _adopt(lake, spec, run_id)
-    else:
-        target = current if not current.applied else _target(spec, current, plan.diff, tables, run_id)
-        if current.applied:
-            write_record(spec.lake, spec.name, target)
+    target = (_adopt(spec, run_id) if current is None
+              else _target(spec, current, plan.diff, tables, run_id) if current.applied else current)
     lake.spec_txn = AppTxn(spec_app_id(spec.name), target.version)
     with recorded_run(lake, tables, job="apply", batch=f"spec-{target.version}", run_id=run_id) as record:
         record.inputs = [spec.origin]
@@ -146,24 +146,16 @@ def apply(spec: PipelineSpec, *, spark: Callable[[], SparkSession] | None = None
         write_record(spec.lake, spec.name, dataclasses.replace(target, status=APPLIED, recorded_at=None,
                                                                run_id=run_id))
         compiled = CompiledAggregates(spec, target)
-        result.written.update({k: v for k, v in rollups.refresh(lake, compiled, run_id=run_id).items() if v is not None})
+        refreshed = rollups.refresh(lake, compiled, run_id=run_id)
+        result.written.update({k: v for k, v in refreshed.items() if v is not None})
         record.versions_written = dict(result.written)
         record.message = f"spec version {target.version}: " + "; ".join(c.what for c in plan.diff.changes)[:3000]
     result.seconds = time.monotonic() - started
     return result
 
 
-def _largest(tables: PipelineTables) -> int:
-    out = 0
-    for path in (tables.partials, tables.aggregates, tables.stream_state):
-        if is_table(path):
-            counts = open_table(path).add_actions().column("num_records").to_pylist()
-            out = max(out, int(sum(n or 0 for n in counts)))
-    return out
-
-
 def _target(spec: PipelineSpec, current: RecordedSpec, diff: Diff, tables: PipelineTables, run_id: str) -> RecordedSpec:
-    """The record of the new version: each aggregate's coverage, and what a layout change left uncovered."""
+    """The record of the new version, written: each aggregate's coverage, and what a layout change left uncovered."""
     version = current.version + 1
     coverage = {a.name: version if (diff.reset or a.name in diff.added) else current.since(a.name)
                 for a in spec.aggregates}
@@ -172,27 +164,29 @@ def _target(spec: PipelineSpec, current: RecordedSpec, diff: Diff, tables: Pipel
         days = day_versions(tables.partials)
         if days:
             through = max(dt.date.fromisoformat(max(days)), through or dt.date.min)
-    return RecordedSpec(version=version, status=APPLYING, spec=normalise(spec), coverage=coverage,
-                        layout_since=version if diff.reset else current.layout_since, uncovered_through=through,
-                        changes=[dataclasses.asdict(c) for c in diff.changes], run_id=run_id)
+    target = RecordedSpec(version=version, status=APPLYING, spec=normalise(spec), coverage=coverage,
+                          layout_since=version if diff.reset else current.layout_since, uncovered_through=through,
+                          changes=[dataclasses.asdict(c) for c in diff.changes], run_id=run_id)
+    write_record(spec.lake, spec.name, target)
+    return target
 
 
-def _adopt(lake: Lake, spec: PipelineSpec, run_id: str) -> RecordedSpec:
+def _adopt(spec: PipelineSpec, run_id: str) -> RecordedSpec:
     """A lake from before spec records: its tables must have ``spec``'s columns (and windows); then they
     gain ``spec_version`` and the spec is recorded as version 1."""
     tables = PipelineTables(spec.lake, spec.name)
     problems = []
-    for name, path in _spec_tables(spec, tables):
+    named: list[tuple[str, str, RollupSpec | None]] = [
+        ("state", tables.stream_state, None), ("partials", tables.partials, None),
+        ("aggregates", tables.aggregates, None), ("changelog", tables.changelog, None),
+        *((r.table, tables.rollup(r.name), r) for r in spec.rollups)]
+    for name, path, rollup in named:
         if not is_table(path):
             continue
         have = {f.name: str(f.type) for f in open_table(path).schema() if f.name != SPEC_VERSION}
-        want = {f.name: str(f.type) for f in table_schema(spec, name, _rollup(spec, name)) if f.name != SPEC_VERSION}
-        if name == "changelog":  # a log may keep more columns
-            missing = {c: t for c, t in want.items() if have.get(c) != t}
-            extra: dict[str, str] = {}
-        else:
-            missing = {c: t for c, t in want.items() if have.get(c) != t}
-            extra = {c: t for c, t in have.items() if c not in want}
+        want = {f.name: str(f.type) for f in table_schema(spec, name, rollup) if f.name != SPEC_VERSION}
+        missing = {c: t for c, t in want.items() if have.get(c) != t}
+        extra = {} if name == "changelog" else {c: t for c, t in have.items() if c not in want}  # a log keeps more
         if missing or extra:
             problems.append(f"{name}: " + "; ".join(
                 [*(f"lacks {c} ({t})" for c, t in missing.items()), *(f"has {c} ({t})" for c, t in extra.items())]))
@@ -212,23 +206,12 @@ def _adopt(lake: Lake, spec: PipelineSpec, run_id: str) -> RecordedSpec:
     return target
 
 
-def _spec_tables(spec: PipelineSpec, tables: PipelineTables) -> list[tuple[str, str]]:
-    out = [("state", tables.stream_state), ("partials", tables.partials), ("aggregates", tables.aggregates),
-           ("changelog", tables.changelog)]
-    return out + [(r.table, tables.rollup(r.name)) for r in spec.rollups]
-
-
-def _rollup(spec: PipelineSpec, table: str) -> Any:
-    return next((r for r in spec.rollups if r.table == table), None)
-
-
 class _Migration:
     """Each spec-shaped table brought to the target version, skipping those already there."""
 
     def __init__(self, lake: Lake, spec: PipelineSpec, target: RecordedSpec, diff: Diff, tables: PipelineTables,
                  run_id: str, spark: SparkSession | None) -> None:
-        self.lake, self.spec, self.target, self.diff, self.tables = lake, spec, target, diff, tables
-        self.run_id, self.spark = run_id, spark
+        self.lake, self.spec, self.diff, self.tables, self.run_id, self.spark = lake, spec, diff, tables, run_id, spark
         self.version = target.version
         self.written: dict[str, int | None] = {}
         # the partials this run merged and wrote (version, rows with values): the reduce starts from them
@@ -250,24 +233,24 @@ class _Migration:
         t = self.tables
         steps: list[tuple[str, str, Callable[[str, int | None], int | None]]] = [
             ("state", t.stream_state, self._state), ("partials", t.partials, self._partials),
-            ("aggregates", t.aggregates, self._aggregates), ("changelog", t.changelog, self._changelog)]
+            ("aggregates", t.aggregates, self._aggregates),
+            # a log keeps the columns of what was dropped; a layout change adds the new keys' columns
+            ("changelog", t.changelog, lambda path, _: self._add_columns(path, "changelog"))]
         for name, path, step in steps:
-            if not is_table(path):
-                continue
-            at = table_spec_version(path, self.spec.name)
-            if at is not None and at >= self.version:
-                continue  # done by an earlier run of this apply
-            self.written[name] = retry_conflicts(lambda attempt, s=step, p=path: s(p, self.lake.version(p)),  # type: ignore[misc]
-                                                 what=f"apply to {name}")
+            self._step(name, path, step)
         for name in self.diff.rollups_removed:
             storage.delete_tree(t.rollup(name))
         for rollup in self.spec.rollups:
-            path = t.rollup(rollup.name)
-            if is_table(path) and (table_spec_version(path, self.spec.name) or 0) < self.version:
-                self.written[rollup.table] = retry_conflicts(
-                    lambda attempt, r=rollup, p=path: self._rollup(r, p, self.lake.version(p)),  # type: ignore[misc]
-                    what=f"apply to {rollup.table}")
+            self._step(rollup.table, t.rollup(rollup.name), partial(self._rollup, rollup))
         return self.written
+
+    def _step(self, name: str, path: str, step: Callable[[str, int | None], int | None]) -> None:
+        if not is_table(path):
+            return
+        at = table_spec_version(path, self.spec.name)
+        if at is None or at < self.version:  # else done by an earlier run of this apply
+            self.written[name] = retry_conflicts(lambda attempt: step(path, self.lake.version(path)),
+                                                 what=f"apply to {name}")
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -281,103 +264,111 @@ class _Migration:
         """Rows merge (keys dropped, windows coarsened or removed), not only columns dropped."""
         return bool(self.diff.dropped_keys or self.diff.coarsened or self.diff.window_removed)
 
-    def _add_columns(self, path: str, schema: pa.Schema) -> int | None:
-        return self.lake.add_columns(path, self._new_fields(path, schema), app_txns=[self._txn]).version
-
-    def _new_fields(self, path: str, schema: pa.Schema) -> list[pa.Field]:
+    def _add_columns(self, path: str, table: str, rollup: RollupSpec | None = None,
+                     txns: tuple[AppTxn, ...] = ()) -> int | None:
         have = set((self.lake.schema(path) or pa.schema([])).names)
-        return [f for f in schema if f.name not in have]
+        fields = [f for f in table_schema(self.spec, table, rollup) if f.name not in have]
+        return self.lake.add_columns(path, fields, app_txns=txns or [self._txn]).version
 
-    def _rollup_stands(self, rollup: Any, path: str, read: int | None) -> bool:
+    def _rollup_stands(self, rollup: RollupSpec, path: str, read: int | None) -> bool:
         """Whether a rollup's rows are those it would be rebuilt with: its grain and keys are unchanged, so each
         row merges the same events whatever the windows and keys of ``aggregates`` (coarsened, or a key it does not
         group by dropped), and it had merged the ``aggregates`` that had merged every partial (nothing pending
         that the rewritten ``aggregates`` now holds)."""
-        if self.diff.reset or self.diff.window_removed or self.aggregates_read is None or read is None:
-            return False
-        if any(c.field == f"rollups[{rollup.name}]" for c in self.diff.changes):
+        changed = any(c.field == f"rollups[{rollup.name}]" for c in self.diff.changes)
+        if changed or self.diff.reset or self.diff.window_removed or self.aggregates_read is None or read is None:
             return False
         return self.lake.txn_version(path, rollup_app_id(self.spec, rollup), read) == self.aggregates_read
 
     def _rewrite(self, rows: pa.Table | DataFrame, path: str, read: int | None, *, partition_by: tuple[str, ...] = (),
-                 extra: tuple[AppTxn, ...] = (), sort_by: list[str] | None = None) -> int | None:
-        return self.lake.rewrite(rows, path, partition_by=partition_by, read_version=read,
+                 extra: tuple[AppTxn, ...] = (), sort_by: list[str] | None = None,
+                 cluster: Cluster | None = None) -> int | None:
+        return self.lake.rewrite(rows, path, partition_by=partition_by, read_version=read, cluster=cluster,
                                  app_txns=[self._txn, *extra], metadata=self.meta, sort_by=sort_by or []).version
 
     def _empty(self, table: str) -> pa.Table:
         return table_schema(self.spec, table).empty_table()
 
-    def _conform(self, rows: pa.Table, table: str, rollup: Any = None) -> pa.Table:
+    def _read(self, path: str, version: int | None) -> pa.Table | DataFrame:
+        """A table's rows: in Spark when this apply merges there, else in Arrow."""
+        return open_table(path, version).read() if self.spark is None else self.lake.read(path, version=version)
+
+    def _conform(self, rows: _Rows, table: str, rollup: RollupSpec | None = None) -> _Rows:
         """``rows`` with ``table``'s columns in the new spec: added or changed aggregates' columns NULL."""
         schema = table_schema(self.spec, table, rollup)
-        columns = [rows.column(f.name).cast(f.type) if f.name in rows.column_names and f.name not in self.fresh
-                   else pa.nulls(rows.num_rows, f.type) for f in schema]
-        return pa.Table.from_arrays(columns, schema=schema)
+        if isinstance(rows, pa.Table):
+            kept = set(rows.column_names) - self.fresh
+            return pa.Table.from_arrays([rows.column(f.name).cast(f.type) if f.name in kept
+                                         else pa.nulls(rows.num_rows, f.type) for f in schema], schema=schema)
+        from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import from_arrow_type
+
+        kept = set(rows.columns) - self.fresh
+        return rows.select(*((F.col(f.name) if f.name in kept else F.lit(None)).cast(from_arrow_type(f.type))
+                             .alias(f.name) for f in schema))
 
     # ------------------------------------------------------------------- tables
     def _state(self, path: str, read: int | None) -> int | None:
         if self.diff.reset:
             return self._rewrite(self._empty("state"), path, read)
         if not self._rewrites():
-            return self._add_columns(path, table_schema(self.spec, "state"))
-        rebuild = self.diff.coarsened or self.diff.window_removed  # the state held only the open fine windows
-        if self.spark is not None:
-            return self._rewrite(self._state_spark(path, read, rebuild), path, read, sort_by=[DAY, *self.spec.key_columns])
-        old = self.lake_table(path, read)
-        high = pc.max(old.column("max_event_time")).as_py() if old.num_rows else None
-        source = self._stream_partials(path, read) if rebuild else old
-        rows = self._merged(source, extra_keys=[DAY], extra=[("max_event_time", "max")] if not rebuild else [])
-        if rebuild:
-            rows = rows.append_column("max_event_time", pa.array([high] * rows.num_rows, TS))
-            rows = self._open(rows, high)
+            return self._add_columns(path, "state")
+        old = self._read(path, read)
+        if self.diff.coarsened or self.diff.window_removed:  # the state held only the open fine windows
+            rows = self._rebuilt_state(path, read, old)
+        else:
+            rows = self._merged(old, extra_keys=[DAY], extra=[("max_event_time", "max")])
         if self.spec.source.op_column is not None:
-            rows = rows.filter(pc.not_equal(rows.column("n_rows"), 0))
+            rows = rows.filter(pc.not_equal(rows.column("n_rows"), 0)) if isinstance(rows, pa.Table) else rows.where(
+                "n_rows != 0")
         return self._rewrite(self._conform(rows, "state"), path, read, sort_by=[DAY, *self.spec.key_columns])
 
-    def _open(self, rows: pa.Table, high: dt.datetime | None) -> pa.Table:
-        """The rows of windows still open at the stream's watermark."""
-        if high is None:
-            return rows
-        watermark = high - dt.timedelta(seconds=self.spec.stream.watermark.seconds)
-        return rows.filter(self.spec.window.is_open_arrow(rows, watermark))
+    def _rebuilt_state(self, path: str, read: int | None, old: _Rows) -> _Rows:
+        """The new windows still open at the stream's watermark, merged from the stream's partials of the
+        mini-batches the state holds (a batch committed to partials but not to the state is replayed by the
+        stream, so it is left out)."""
+        done = self.lake.txn_version(path, stream_app_id(self.spec), read)
+        done = -1 if done is None else done
+        lag = dt.timedelta(seconds=self.spec.stream.watermark.seconds)
+        if isinstance(old, pa.Table):
+            high = pc.max(old.column("max_event_time")).as_py() if old.num_rows else None
+            partials = open_table(self.tables.partials).read(filter=pc.field("source") == STREAM)
+            ids = pc.cast(pc.utf8_slice_codeunits(partials.column("batch"), len("stream-")), pa.int64())
+            rows = self._merged(partials.filter(pc.less_equal(ids, done)), extra_keys=[DAY], extra=[])
+            rows = rows.append_column("max_event_time", pa.array([high] * rows.num_rows, TS))
+            return rows if high is None else rows.filter(self.spec.window.is_open_arrow(rows, high - lag))
+        from pyspark.sql import functions as F
 
-    def _stream_partials(self, state_path: str, state_read: int | None) -> pa.Table:
-        """The stream's partial rows of the mini-batches the state holds (a batch committed to partials but
-        not to the state is replayed by the stream, so it is left out)."""
-        done = self.lake.txn_version(state_path, stream_app_id(self.spec), state_read)
-        table = open_table(self.tables.partials).read(filter=pc.field("source") == STREAM)
-        if done is None:
-            return table.slice(0, 0)
-        ids = pc.cast(pc.utf8_slice_codeunits(table.column("batch"), len("stream-")), pa.int64())
-        return table.filter(pc.less_equal(ids, done))
+        top = old.agg(F.max("max_event_time")).first()
+        high = top[0] if top is not None else None
+        stream = self.lake.read(self.tables.partials).where(F.col("source") == STREAM)
+        ids = F.substring(F.col("batch"), len("stream-") + 1, 20).cast("bigint")
+        merged = self._merged(stream.where(ids <= F.lit(done)), extra_keys=[DAY], extra=[])
+        merged = merged.withColumn("max_event_time", F.lit(high).cast("timestamp"))
+        return merged if high is None else merged.where(self.spec.window.is_open(high - lag))
 
     def _partials(self, path: str, read: int | None) -> int | None:
         if self.diff.reset:
             return self._rewrite(self._empty("partials"), path, read, partition_by=PARTIALS_PARTITIONS)
         if not self._rewrites():
-            return self._add_columns(path, table_schema(self.spec, "partials"))
-        if self.spark is not None:
-            rows_df = self._merged_spark(self.lake.read(path, version=read), extra_keys=["batch", "source", DAY],
-                                         extra=[("run_id", "min"), ("created_at", "max")])
-            return self._rewrite(self._conform_spark(rows_df, "partials"), path, read, partition_by=PARTIALS_PARTITIONS)
-        snapshot = open_table(path, read)
-        if not self._merges() or snapshot.reader_features:
-            rows = self._merged(snapshot.read(), extra_keys=["batch", "source", DAY],
-                                extra=[("run_id", "min"), ("created_at", "max")])
+            return self._add_columns(path, "partials")
+        snapshot = open_table(path, read) if self.spark is None else None
+        if snapshot is None or not self._merges() or snapshot.reader_features:
+            source = self.lake.read(path, version=read) if snapshot is None else snapshot.read()
+            rows = self._merged(source, extra_keys=_PARTIAL_KEYS, extra=_PARTIAL_EXTRA)
             return self._rewrite(self._conform(rows, "partials"), path, read, partition_by=PARTIALS_PARTITIONS)
         schema = snapshot.schema()
         chunks = forked_map(lambda files: self._merged_files(path, files, schema),
                             _balanced(self.lake.files(path, read), 4 * cores()))
-        rows = pa.concat_tables(chunks) if chunks else self._merged_files(path, [], schema)
-        version = self._rewrite(self._conform(rows, "partials"), path, read, partition_by=PARTIALS_PARTITIONS)
-        self.merged_partials = (version, rows)
+        merged = pa.concat_tables(chunks) if chunks else self._merged_files(path, [], schema)
+        version = self._rewrite(self._conform(merged, "partials"), path, read, partition_by=PARTIALS_PARTITIONS)
+        self.merged_partials = (version, merged)
         return version
 
     def _merged_files(self, path: str, files: list[DataFile], schema: pa.Schema) -> pa.Table:
         """Some data files of ``partials`` (whole partitions) merged, with each aggregate's value per row
         (``__value:<name>``: the reduce takes them when a row is its window's only one)."""
-        rows = read_data_files(path, files, schema)
-        merged, accs = self._merge(rows, extra_keys=["batch", "source", DAY], extra=[("run_id", "min"), ("created_at", "max")])
+        merged, accs = self._merge(read_data_files(path, files, schema), extra_keys=_PARTIAL_KEYS, extra=_PARTIAL_EXTRA)
         assert accs is not None
         out = self._encoded(merged, accs, schema)
         for name, values in value_columns(merged, accs, self.kept.entries, self.kept.coverage).items():
@@ -390,72 +381,68 @@ class _Migration:
         if self.diff.reset:
             return self._rewrite(self._empty("aggregates"), path, read, extra=extra)
         if not self._rewrites():
-            return self._add_columns(path, table_schema(self.spec, "aggregates"))
+            return self._add_columns(path, "aggregates")
         files = self.lake.files(self.tables.partials, partials)
         cluster = window_cluster(self.spec, len({f.partition_values.get(DAY) for f in files}))
-        rows: pa.Table | DataFrame
+        rows: pa.Table | DataFrame | None
         if not self._merges() and not self.diff.reserved:  # only aggregates dropped: the rows stand, without them
-            rows = (self._conform_spark(self.lake.read(path, version=read), "aggregates") if self.spark is not None
-                    else self._conform(self.lake_table(path, read), "aggregates"))
+            rows = self._read(path, read)
             if not self.reduced:  # the reduce it had not run merges the rewritten partials (all of them) next time
                 extra = ()
-        elif self.spark is not None:  # the reduce of the new partials (recorded as merged), as a full reduce merges them
+        elif self.spark is not None:  # the reduce of the new partials (recorded as merged), as a full reduce does
             from spark_jobs.jobs.reduce import reduce
 
             counted = self.lake.read_files(self.tables.partials, list(counted_files(files)), version=partials)
-            rows = self._conform_spark(reduce(counted, self.kept, run_id=self.run_id), "aggregates")
+            rows = reduce(counted, self.kept, run_id=self.run_id)
         else:
-            reduced = self._reduced_merged(partials)
-            rows = self._conform(reduced if reduced is not None else self._reduced(partials), "aggregates")
-        return self.lake.rewrite(rows, path, read_version=read, app_txns=[self._txn, *extra], metadata=self.meta,
-                                 sort_by=sort_keys(self.spec), cluster=cluster).version
+            rows = self._reduced_merged(partials)
+            rows = self._reduced(partials) if rows is None else rows
+        return self._rewrite(self._conform(rows, "aggregates"), path, read, extra=extra, sort_by=sort_keys(self.spec),
+                             cluster=cluster)
 
-    def _changelog(self, path: str, read: int | None) -> int | None:
-        # a log keeps the columns of what was dropped; a layout change adds the new keys' columns
-        return self._add_columns(path, table_schema(self.spec, "changelog"))
-
-    def _rollup(self, rollup: Any, path: str, read: int | None) -> int | None:
+    def _rollup(self, rollup: RollupSpec, path: str, read: int | None) -> int | None:
         if not (self._rewrites() or self.diff.added):
-            return self._add_columns(path, table_schema(self.spec, rollup.table, rollup))
+            return self._add_columns(path, rollup.table, rollup)
+        sort_by = ["window_start", *rollup.by]
         if self._rollup_stands(rollup, path, read):
             # the same events per bucket and rollup key: its rows stand, recorded as merged from the new aggregates
             merged = self.lake.version(self.tables.aggregates)
             assert merged is not None  # the rollup had merged a version of it
-            txns = [self._txn, AppTxn(rollup_app_id(self.spec, rollup), merged)]
+            app = AppTxn(rollup_app_id(self.spec, rollup), merged)
             if not self.diff.dropped:
-                return self.lake.add_columns(path, self._new_fields(path, table_schema(self.spec, rollup.table, rollup)),
-                                             app_txns=txns).version
-            rows = self._conform(self.lake_table(path, read), rollup.table, rollup)
-            return self.lake.rewrite(rows, path, read_version=read, metadata=self.meta, app_txns=txns,
-                                     sort_by=["window_start", *rollup.by]).version
+                return self._add_columns(path, rollup.table, rollup, (self._txn, app))
+            rows = self._conform(open_table(path, read).read(), rollup.table, rollup)
+            return self._rewrite(rows, path, read, extra=(app,), sort_by=sort_by)
         source = open_table(self.tables.aggregates)
-        rows = self._conform(rollups.rollup_rows(source, self.compiled, rollup, None, run_id=self.run_id),
-                             rollup.table, rollup)
-        return self.lake.rewrite(rows, path, read_version=read, metadata=self.meta, sort_by=["window_start", *rollup.by],
-                                 app_txns=[self._txn, AppTxn(rollup_app_id(self.spec, rollup), source.version())]).version
+        rows = rollups.rollup_rows(source, self.compiled, rollup, None, run_id=self.run_id)
+        return self._rewrite(self._conform(rows, rollup.table, rollup), path, read, sort_by=sort_by,
+                             extra=(AppTxn(rollup_app_id(self.spec, rollup), source.version()),))
 
-    # ------------------------------------------------------------ Arrow merges
-    def lake_table(self, path: str, version: int | None) -> pa.Table:
-        return open_table(path, version).read()
-
-    def _windowed(self, rows: pa.Table) -> pa.Table:
-        """Rows with the new spec's window bounds (coarser windows, or none)."""
-        if self.diff.window_removed:
-            return rows.drop_columns(["window_start", "window_end"])
-        if not self.diff.coarsened or rows.num_rows == 0:
-            return rows
-        return self.spec.window.coarsen_arrow(rows)
-
-    def _merged(self, rows: pa.Table, *, extra_keys: list[str], extra: list[tuple[str, str]]) -> pa.Table:
+    # ------------------------------------------------------------ merges
+    def _merged(self, rows: _Rows, *, extra_keys: list[str], extra: list[tuple[str, str]]) -> _Rows:
         """The kept aggregates' accumulators merged per ``extra_keys`` and the new keys and windows."""
-        merged, accs = self._merge(rows, extra_keys=extra_keys, extra=extra)
-        return self._encoded(merged, accs, rows.schema)
+        if isinstance(rows, pa.Table):
+            merged, accs = self._merge(rows, extra_keys=extra_keys, extra=extra)
+            return self._encoded(merged, accs, rows.schema)
+        from pyspark.sql import functions as F
+
+        if self.diff.window_removed:
+            rows = rows.drop("window_start", "window_end")
+        elif self.diff.coarsened:
+            rows = self.spec.window.coarsen(rows)
+        if not self._merges():
+            return rows
+        aggs = [getattr(F, how)(F.col(c)).alias(c) for c, how in extra]
+        return final_aggregate(rows, self.kept, extra_keys=extra_keys, extra_aggs=aggs).drop(*self.kept.value_names)
 
     def _merge(self, rows: pa.Table, *, extra_keys: list[str],
                extra: list[tuple[str, str]]) -> tuple[pa.Table, Merged | None]:
         """:func:`merge_groups` of ``rows`` in the new windows per ``extra_keys`` and the new keys; no merge
         (None) when only columns were dropped: the rows stand as they are."""
-        rows = self._windowed(rows)
+        if self.diff.window_removed:
+            rows = rows.drop_columns(["window_start", "window_end"])
+        elif self.diff.coarsened and rows.num_rows:
+            rows = self.spec.window.coarsen_arrow(rows)
         if not self._merges():
             return rows, None
         return merge_groups(rows, [*extra_keys, *self.spec.key_columns], self.kept.entries, extra)
@@ -463,9 +450,8 @@ class _Migration:
     def _encoded(self, merged: pa.Table, accs: Merged | None, schema: pa.Schema) -> pa.Table:
         if accs is None:
             return merged
-        out = {c: merged.column(c) for c in merged.column_names}
-        out.update(encoded_columns(merged, accs, self.kept.entries, schema, self.kept.coverage))
-        return pa.table(out)
+        return pa.table({**dict(zip(merged.column_names, merged.columns, strict=True)),
+                         **encoded_columns(merged, accs, self.kept.entries, schema, self.kept.coverage)})
 
     def _reduced_merged(self, partials: int | None) -> pa.Table | None:
         """The reduce from the partials this run merged (version ``partials``), when each key's window has one
@@ -482,16 +468,11 @@ class _Migration:
         keys = list(self.spec.key_columns)
         if rows.select(keys).group_by(keys, use_threads=False).aggregate([]).num_rows != rows.num_rows:
             return None
-        now = pa.scalar(dt.datetime.now(dt.UTC), TS)
-        out = {c.removeprefix(_VALUE): rows.column(c) for c in rows.column_names}
-        out["updated_at"] = pa.repeat(now, rows.num_rows)
-        out["run_id"] = pa.repeat(pa.scalar(self.run_id), rows.num_rows)
-        return pa.table(out)
+        return self._stamped({c.removeprefix(_VALUE): rows.column(c) for c in rows.column_names}, rows.num_rows)
 
     def _reduced(self, partials: int | None) -> pa.Table:
         """``aggregates`` rows from the partials that count (the hybrid rule): the reduce, in Arrow."""
-        days = sorted(dt.date.fromisoformat(d) for f in self.lake.files(self.tables.partials, partials)
-                      if f.partition_values.get("source") == BATCH and (d := f.partition_values.get(DAY)))
+        days = sorted(dt.date.fromisoformat(d) for d in batch_days(self.lake.files(self.tables.partials, partials)))
         counted = (pc.field("source") == BATCH) | ~pc.field(DAY).isin(pa.array(days, pa.date32()))
         rows = open_table(self.tables.partials, partials).read(filter=counted if days else None)
         entries = self.kept.entries
@@ -499,61 +480,17 @@ class _Migration:
         if self.spec.source.op_column is not None:
             keep = pc.not_equal(merged.column("n_rows"), 0)
             merged = merged.filter(keep)
-            accs = {k: v.filter(keep) if isinstance(v, Stored) else [a for a, ok in zip(v, keep.to_pylist(), strict=True) if ok]
-                    for k, v in accs.items()}
+            accs = {k: v.filter(keep) if isinstance(v, Stored)
+                    else [a for a, ok in zip(v, keep.to_pylist(), strict=True) if ok] for k, v in accs.items()}
+        return self._stamped({**dict(zip(merged.column_names, merged.columns, strict=True)),
+                              **value_columns(merged, accs, entries, self.kept.coverage),
+                              **encoded_columns(merged, accs, entries, rows.schema, self.kept.coverage)},
+                             merged.num_rows)
+
+    def _stamped(self, columns: dict[str, Any], n: int) -> pa.Table:
+        """``aggregates`` rows of ``columns``, stamped with the time and this run."""
         now = pa.scalar(dt.datetime.now(dt.UTC), TS)
-        out = {c: merged.column(c) for c in merged.column_names}
-        out.update(value_columns(merged, accs, entries, self.kept.coverage))
-        out.update(encoded_columns(merged, accs, entries, rows.schema, self.kept.coverage))
-        out["updated_at"] = pa.repeat(now, merged.num_rows)
-        out["run_id"] = pa.repeat(pa.scalar(self.run_id), merged.num_rows)
-        return pa.table(out)
-
-    # ------------------------------------------------------------ Spark merges
-    def _windowed_spark(self, rows: DataFrame) -> DataFrame:
-        if self.diff.window_removed:
-            return rows.drop("window_start", "window_end")
-        return self.spec.window.coarsen(rows) if self.diff.coarsened else rows
-
-    def _merged_spark(self, rows: DataFrame, *, extra_keys: list[str], extra: list[tuple[str, str]]) -> DataFrame:
-        from pyspark.sql import functions as F
-
-        rows = self._windowed_spark(rows)
-        if not self._merges():
-            return rows
-        aggs = [getattr(F, how)(F.col(c)).alias(c) for c, how in extra]
-        merged = final_aggregate(rows, self.kept, extra_keys=extra_keys, extra_aggs=aggs)
-        return merged.drop(*self.kept.value_names)
-
-    def _state_spark(self, path: str, read: int | None, rebuild: bool) -> DataFrame:
-        from pyspark.sql import functions as F
-
-        old = self.lake.read(path, version=read)
-        top = old.agg(F.max("max_event_time")).first()
-        high = top[0] if top is not None else None
-        if rebuild:
-            done = self.lake.txn_version(path, stream_app_id(self.spec), read)
-            source = self.lake.read(self.tables.partials).where(F.col("source") == STREAM)
-            source = source.where(F.substring(F.col("batch"), len("stream-") + 1, 20).cast("bigint")
-                                  <= F.lit(-1 if done is None else done))
-            rows = self._merged_spark(source, extra_keys=[DAY], extra=[]).withColumn(
-                "max_event_time", F.lit(high).cast("timestamp"))
-            if high is not None:
-                rows = rows.where(self.spec.window.is_open(high - dt.timedelta(seconds=self.spec.stream.watermark.seconds)))
-        else:
-            rows = self._merged_spark(old, extra_keys=[DAY], extra=[("max_event_time", "max")])
-        if self.spec.source.op_column is not None:
-            rows = rows.where(F.col("n_rows") != 0)
-        return self._conform_spark(rows, "state")
-
-    def _conform_spark(self, rows: DataFrame, table: str) -> DataFrame:
-        from pyspark.sql import functions as F
-        from pyspark.sql.pandas.types import from_arrow_type
-
-        return rows.select(*(F.col(f.name).cast(from_arrow_type(f.type)).alias(f.name)
-                             if f.name in rows.columns and f.name not in self.fresh
-                             else F.lit(None).cast(from_arrow_type(f.type)).alias(f.name)
-                             for f in table_schema(self.spec, table)))
+        return pa.table({**columns, "updated_at": pa.repeat(now, n), "run_id": pa.repeat(pa.scalar(self.run_id), n)})
 
 
 def _balanced(files: list[DataFile], chunks: int) -> list[list[DataFile]]:
