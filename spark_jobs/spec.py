@@ -21,18 +21,8 @@ from spark_jobs.durations import Duration, parse_duration
 from spark_jobs.errors import SpecError
 from spark_jobs.windows import Unwindowed, WindowKind, parse_window
 
-__all__ = [
-    "AggregateSpec",
-    "Duration",
-    "PipelineSpec",
-    "RollupSpec",
-    "SourceSpec",
-    "StreamSpec",
-    "WindowKind",
-    "load_spec",
-    "parse_duration",
-    "parse_spec",
-]
+__all__ = ["AggregateSpec", "Duration", "PipelineSpec", "RollupSpec", "SourceSpec", "StreamSpec", "WindowKind",
+           "load_spec", "parse_duration", "parse_spec"]
 
 SourceFormat = Literal["parquet", "json", "csv"]
 FORMATS: tuple[str, ...] = ("parquet", "json", "csv")
@@ -40,43 +30,16 @@ BadFilePolicy = Literal["quarantine", "fail"]
 BAD_FILE_POLICIES: tuple[str, ...] = ("quarantine", "fail")
 
 # spec type name -> Spark SQL type name
-TYPES: dict[str, str] = {
-    "string": "string",
-    "int": "int",
-    "integer": "int",
-    "long": "bigint",
-    "bigint": "bigint",
-    "float": "float",
-    "double": "double",
-    "boolean": "boolean",
-    "date": "date",
-    "timestamp": "timestamp",
-}
-NUMERIC_TYPES = frozenset({"int", "bigint", "float", "double"})
-
+TYPES: dict[str, str] = {"string": "string", "int": "int", "integer": "int", "long": "bigint", "bigint": "bigint",
+                         "float": "float", "double": "double", "boolean": "boolean", "date": "date",
+                         "timestamp": "timestamp"}
 # Columns the tables own; aggregates and group keys may not take these names.
-RESERVED_COLUMNS = frozenset(
-    {
-        "batch",
-        "source",
-        "event_date",
-        "window_start",
-        "window_end",
-        "n_rows",
-        "run_id",
-        "created_at",
-        "updated_at",
-        "op",
-        "batch_id",
-        "seq",
-    }
-)
+RESERVED_COLUMNS = frozenset({"batch", "source", "event_date", "window_start", "window_end", "n_rows", "run_id",
+                              "created_at", "updated_at", "op", "batch_id", "seq"})
 PARTITION_COLUMN = "event_date"
+OPS = ("+I", "-U", "+U", "-D")  # a changelog source's row kinds; -U and -D retract
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-
-
-OPS = ("+I", "-U", "+U", "-D")  # a changelog source's row kinds; -U and -D retract
 
 
 @dataclass(frozen=True)
@@ -212,14 +175,16 @@ class _Checker:
     def add(self, field: str, message: str) -> None:
         self.problems.append(f"{field}: {message}")
 
-    def mapping(self, value: Any, field: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    def mapping(self, value: Any, field: str, allowed: tuple[str, ...],
+                required: tuple[str, ...] = ()) -> dict[str, Any]:
         if not isinstance(value, Mapping):
             self.add(field, f"expected a mapping with keys {', '.join(allowed)}, got {type(value).__name__} {value!r}")
             return {}
         for key in value:
             if key not in allowed:
                 shown = key if isinstance(key, str) and _NAME.match(key) else repr(key)
-                self.add(f"{field}.{shown}" if field else shown, f"unknown field; allowed fields are {', '.join(allowed)}")
+                self.add(f"{field}.{shown}" if field else shown,
+                         f"unknown field; allowed fields are {', '.join(allowed)}")
         for key in required:
             if key not in value or value[key] is None:
                 self.add(f"{field}.{key}" if field else key, "is required")
@@ -227,57 +192,44 @@ class _Checker:
 
 
 def parse_spec(raw: Any, *, origin: str = "<memory>", base_dir: Path | None = None) -> PipelineSpec:
-    """Validate a spec mapping (as loaded from YAML) into a :class:`PipelineSpec`.
-
-    Each section has its own ``_check_*`` helper; all of them add to one :class:`_Checker`, in
-    the order below, so every problem of the spec is reported at once.
-    """
+    """Validate a spec mapping (as loaded from YAML) into a :class:`PipelineSpec`: each section's ``_check_*``
+    helper adds to one :class:`_Checker`, so every problem of the spec is reported at once."""
     c = _Checker()
     if raw is None or (isinstance(raw, str) and not raw.strip()):
-        raise SpecError(origin, ["spec: the file is empty; a spec is a YAML mapping with name, source, group_by, window, "
-                                 "aggregates and lake (start from pipelines/page_views.yaml)"])
+        raise SpecError(origin, ["spec: the file is empty; a spec is a YAML mapping with name, source, group_by, "
+                                 "window, aggregates and lake (start from pipelines/page_views.yaml)"])
     if not isinstance(raw, Mapping):
         raise SpecError(origin, [f"spec: expected a YAML mapping with name, source, group_by, window, aggregates and "
                                  f"lake, got {type(raw).__name__} {str(raw)[:80]!r}"])
     top = c.mapping(raw, "", ("name", "source", "group_by", "window", "aggregates", "stream", "rollups", "lake"),
                     ("name", "source", "group_by", "aggregates", "lake"))
     name = top.get("name")
-    _check_name(c, name)
+    if name is not None and (not isinstance(name, str) or not _NAME.match(name)):
+        c.add("name", f"bad name {name!r}; use lower-case letters, digits and '_', starting with a letter, e.g. "
+                      "page_views")
     src, schema = _check_source(c, top.get("source", {}))
     op_column = src.get("op_column")
     keys = _check_group_by(c, top.get("group_by"), schema)
-    window = _check_window(c, top.get("window"), op_column)
+    window, problems = parse_window(top.get("window"), retracting=op_column is not None)
+    for where, message in problems:
+        c.add(where, message)
     aggregates = _check_aggregates(c, top.get("aggregates"), schema, op_column)
     stream = _check_stream(c, top.get("stream"))
     rollups = _check_rollups(c, top.get("rollups"), keys, window)
     lake = top.get("lake")
-    _check_paths(c, lake=lake, source_path=src.get("path"))
+    for field, value in (("lake", lake), ("source.path", src.get("path"))):
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            c.add(field, f"expected a path, got {value!r}")
 
     if c.problems:
         raise SpecError(origin, c.problems)
-    return PipelineSpec(
-        name=cast(str, name),
-        source=SourceSpec(
-            path=_abs(src["path"], base_dir),
-            format=cast(SourceFormat, src.get("format", "parquet")),
-            event_time=cast(str, src.get("event_time")),
-            schema=tuple(schema.items()),
-            op_column=cast(str | None, op_column),
-            on_bad_file=cast(BadFilePolicy, src.get("on_bad_file", "quarantine")),
-        ),
-        group_by=keys,
-        aggregates=tuple(aggregates),
-        lake=_abs(cast(str, lake), base_dir),
-        window=cast(WindowKind, window),
-        stream=stream,
-        rollups=tuple(rollups),
-        origin=origin,
-    )
-
-
-def _check_name(c: _Checker, name: Any) -> None:
-    if name is not None and (not isinstance(name, str) or not _NAME.match(name)):
-        c.add("name", f"bad name {name!r}; use lower-case letters, digits and '_', starting with a letter, e.g. page_views")
+    source = SourceSpec(path=_abs(src["path"], base_dir), format=cast(SourceFormat, src.get("format", "parquet")),
+                        event_time=cast(str, src.get("event_time")), schema=tuple(schema.items()),
+                        op_column=cast(str | None, op_column),
+                        on_bad_file=cast(BadFilePolicy, src.get("on_bad_file", "quarantine")))
+    return PipelineSpec(name=cast(str, name), source=source, group_by=keys, aggregates=tuple(aggregates),
+                        lake=_abs(cast(str, lake), base_dir), window=cast(WindowKind, window), stream=stream,
+                        rollups=tuple(rollups), origin=origin)
 
 
 def _check_source(c: _Checker, raw: Any) -> tuple[dict[str, Any], dict[str, str]]:
@@ -306,7 +258,8 @@ def _check_schema(c: _Checker, raw_schema: Any) -> dict[str, str]:
     if raw_schema is not None and not isinstance(raw_schema, Mapping):
         c.add("source.schema", "expected a mapping of column: type, e.g. {event_time: timestamp, page: string}")
     elif raw_schema is not None and not raw_schema:
-        c.add("source.schema", "is empty; declare each column the jobs read, e.g. {event_time: timestamp, page: string}")
+        c.add("source.schema", "is empty; declare each column the jobs read, e.g. {event_time: timestamp, "
+                               "page: string}")
     elif raw_schema:
         for col, typ in raw_schema.items():
             if not isinstance(col, str) or not _NAME.match(col):
@@ -325,11 +278,9 @@ def _check_typed_column(c: _Checker, field: str, column: Any, schema: dict[str, 
         return
     if not isinstance(column, str):
         c.add(field, f"expected a column name, got {type(column).__name__} {column!r}; e.g. {field.split('.')[-1]}: ts")
-    elif not schema:
-        return
-    elif column not in schema:
+    elif schema and column not in schema:
         c.add(field, f"column {column!r} is not in source.schema; add it as {column}: {type_}")
-    elif schema[column] != type_:
+    elif schema and schema[column] != type_:
         c.add(field, f"column {column!r} has type {schema[column]}; declare it as {type_}{hint}")
 
 
@@ -346,13 +297,6 @@ def _check_group_by(c: _Checker, group_by: Any, schema: dict[str, str]) -> tuple
     if len(set(keys)) != len(keys):
         c.add("group_by", f"duplicate columns in {list(keys)}; list each column once")
     return keys
-
-
-def _check_window(c: _Checker, raw: Any, op_column: str | None) -> WindowKind | None:
-    kind, problems = parse_window(raw, retracting=op_column is not None)
-    for where, message in problems:
-        c.add(where, message)
-    return kind
 
 
 def _check_aggregates(c: _Checker, raw_aggs: Any, schema: dict[str, str], op_column: str | None) -> list[AggregateSpec]:
@@ -375,17 +319,16 @@ def _check_aggregates(c: _Checker, raw_aggs: Any, schema: dict[str, str], op_col
 
 def _check_aggregate_entry(c: _Checker, field: str, item: Any, schema: dict[str, str],
                            seen: set[str]) -> AggregateSpec | None:
-    """One ``aggregates[i]`` mapping as an :class:`AggregateSpec`; None when it has no usable ``fn``.
-
-    Adds the entry's name to ``seen``, so a later entry with the same name is reported.
-    """
+    """One ``aggregates[i]`` mapping as an :class:`AggregateSpec`; None when it has no usable ``fn``. Adds its
+    name to ``seen``, so a later entry with the same name is reported."""
     a = c.mapping(item, field, ("name", "fn", "column", "columns", "args"), ("name", "fn"))
     agg_name = a.get("name")
     if agg_name is not None:
         if not isinstance(agg_name, str) or not _NAME.match(agg_name) or "__" in agg_name:
             c.add(f"{field}.name", f"bad name {agg_name!r}; use lower-case letters, digits and single '_'")
         elif agg_name in RESERVED_COLUMNS or agg_name in schema or agg_name in seen:
-            c.add(f"{field}.name", f"name {agg_name!r} clashes with a column or another aggregate; choose a unique name")
+            c.add(f"{field}.name", f"name {agg_name!r} clashes with a column or another aggregate; choose a unique "
+                                   "name")
         seen.add(str(agg_name))
     if "column" in a and "columns" in a:
         c.add(field, "'column' and 'columns' are mutually exclusive; define only one")
@@ -474,9 +417,3 @@ def _check_rollups(c: _Checker, raw: Any, keys: tuple[str, ...], window: WindowK
         if isinstance(name, str) and _NAME.match(name) and grain is not None:
             out.append(RollupSpec(name, grain, tuple(by)))
     return out
-
-
-def _check_paths(c: _Checker, *, lake: Any, source_path: Any) -> None:
-    for field, value in (("lake", lake), ("source.path", source_path)):
-        if value is not None and (not isinstance(value, str) or not value.strip()):
-            c.add(field, f"expected a path, got {value!r}")
