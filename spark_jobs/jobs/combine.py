@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from spark_jobs.errors import InputError, PipelineError, UsageError
+from spark_jobs.errors import InputError, UsageError
 from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.jobs.landing import classify, read_landing, read_one, screen_partition, spark_read_error
 from spark_jobs.jobs.landing_files import BadFile, Screen, file_columns, file_rows, isolate_unreadable
@@ -50,11 +50,9 @@ def batch_columns(partials: DataFrame, *, batch: str, source: str, event_date: C
     """Lay out partial rows as the ``partials`` table stores them."""
     from pyspark.sql import functions as F
 
-    return partials.select(
-        F.lit(batch).alias("batch"), F.lit(source).alias("source"), event_date.alias("event_date"),
-        *(c for c in partials.columns if c not in ("event_date", SPEC_VERSION)), F.lit(run_id).alias("run_id"),
-        F.current_timestamp().alias("created_at"), SPEC_VERSION,
-    )
+    return partials.select(F.lit(batch).alias("batch"), F.lit(source).alias("source"), event_date.alias("event_date"),
+                           *(c for c in partials.columns if c not in ("event_date", SPEC_VERSION)),
+                           F.lit(run_id).alias("run_id"), F.current_timestamp().alias("created_at"), SPEC_VERSION)
 
 
 def combine(rows: DataFrame, spec: PipelineSpec, compiled: CompiledAggregates, *, date: str,
@@ -121,8 +119,7 @@ def run(spark: SparkSession, spec: PipelineSpec, date: str, *, lake: Lake | None
     tables = PipelineTables(spec.lake, spec.name)
     compiled = CompiledAggregates(spec, ensure_applied(lake, spec, run_id=run_id or ""))
     with recorded_run(lake, tables, job="combine", batch=date, run_id=run_id) as record:
-        source = spec.source.partition_path(date)
-        record.inputs = [source]
+        record.inputs = [spec.source.partition_path(date)]
         found = screen_partition(spec, date)
         found.check(spec, f"combine of {date}")
         try:
@@ -181,8 +178,6 @@ def _combine(spark: SparkSession, spec: PipelineSpec, compiled: CompiledAggregat
         record.rows_aggregated = record.rows_in - record.rows_rejected  # each row is one or the other
         try:
             retry_conflicts(commit, what=f"combine of {date}", recheck=lambda: ensure_applied(lake, spec))
-        except PipelineError:
-            raise
         except spark_errors() as exc:
             raise InputError(f"combine of {date} failed reading {source}: {spark_read_error(exc)}") from exc
     finally:

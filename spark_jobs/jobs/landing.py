@@ -8,6 +8,7 @@ original record in ``_raw``; the job sends those rows to ``dead_letter``.
 from __future__ import annotations
 
 import dataclasses
+from functools import reduce
 from typing import TYPE_CHECKING
 
 from spark_jobs.errors import InputError, SchemaMismatchError
@@ -23,15 +24,11 @@ if TYPE_CHECKING:
 __all__ = ["CORRUPT", "classify", "read_landing", "read_one", "screen_partition", "spark_read_error", "with_raw"]
 
 CORRUPT = "_corrupt_record"
+_INTS = {"int", "smallint", "tinyint", "bigint", "string"}
 _CASTABLE = {  # spec type -> Parquet/Spark types that convert to it without losing meaning
-    "string": {"string"},
-    "int": {"int", "smallint", "tinyint", "bigint", "string"},
-    "bigint": {"int", "smallint", "tinyint", "bigint", "string"},
-    "float": {"float", "double", "int", "bigint", "string"},
-    "double": {"float", "double", "int", "bigint", "decimal", "string"},
-    "boolean": {"boolean", "string"},
-    "date": {"date", "timestamp", "string"},
-    "timestamp": {"timestamp", "timestamp_ntz", "date", "string"},
+    "string": {"string"}, "int": _INTS, "bigint": _INTS, "float": {"float", "double", "int", "bigint", "string"},
+    "double": {"float", "double", "int", "bigint", "decimal", "string"}, "boolean": {"boolean", "string"},
+    "date": {"date", "timestamp", "string"}, "timestamp": {"timestamp", "timestamp_ntz", "date", "string"},
 }
 
 
@@ -39,10 +36,8 @@ def screen_partition(spec: PipelineSpec, date: str) -> Screen:
     """One landing day's files, sorted into readable, unreadable and empty (no data page read)."""
     path = spec.source.partition_path(date)
     if not storage.is_dir(path):
-        raise InputError(
-            f"no landing partition {path}; check --date, or land the day's files there "
-            f"(python -m spark_jobs generate writes sample data)"
-        )
+        raise InputError(f"no landing partition {path}; check --date, or land the day's files there "
+                         "(python -m spark_jobs generate writes sample data)")
     names = storage.list_dir(path)
     if not names:
         raise InputError(f"landing partition {path} has no data files; land the day's files first")
@@ -78,10 +73,7 @@ def read_landing(spark: SparkSession, spec: PipelineSpec, found: Screen) -> Data
         by_header.setdefault(found.headers.get(path) or tuple(c for c, _ in spec.source.schema), []).append(path)
     frames = [with_raw(reader.schema(_text_schema(list(header))).option("header", True).option("enforceSchema", False)
                        .csv(group), spec, DAY) for header, group in by_header.items()]
-    out = frames[0]
-    for frame in frames[1:]:
-        out = out.unionByName(frame)
-    return out
+    return reduce(lambda out, frame: out.unionByName(frame), frames)
 
 
 def read_one(spark: SparkSession, spec: PipelineSpec, found: Screen, path: str) -> None:
@@ -128,28 +120,19 @@ def _check_parquet_schema(df: DataFrame, spec: PipelineSpec, path: str) -> None:
     found = {f.name: f.dataType.simpleString() for f in df.schema.fields}
     missing = [c for c, _ in spec.source.schema if c not in found]
     if missing:
-        raise SchemaMismatchError(
-            f"landing partition {path} lacks columns {missing} that source.schema declares "
-            f"(files have {sorted(found)}); fix the files or the spec's source.schema"
-        )
-    wrong = []
-    for col, typ in spec.source.schema:
-        have = found[col].split("(")[0]
-        if have not in _CASTABLE[typ]:
-            wrong.append(f"{col} is {found[col]}, spec says {typ}")
+        raise SchemaMismatchError(f"landing partition {path} lacks columns {missing} that source.schema declares "
+                                  f"(files have {sorted(found)}); fix the files or the spec's source.schema")
+    wrong = [f"{col} is {found[col]}, spec says {typ}" for col, typ in spec.source.schema
+             if found[col].split("(")[0] not in _CASTABLE[typ]]
     if wrong:
-        raise SchemaMismatchError(
-            f"landing partition {path} has column types that cannot be read as the spec's: "
-            f"{'; '.join(wrong)}; fix the files or the spec's source.schema"
-        )
+        raise SchemaMismatchError(f"landing partition {path} has column types that cannot be read as the spec's: "
+                                  f"{'; '.join(wrong)}; fix the files or the spec's source.schema")
 
 
 def classify(raw: DataFrame, spec: PipelineSpec, date: str | Column | None, *keep: str) -> DataFrame:
-    """Typed spec columns plus ``_reason`` (NULL for valid rows), ``_raw``, ``_file`` and ``keep``.
-
-    ``date`` is the landing partition's date (a literal, or a column when rows of many
-    partitions arrive together, as in the stream); rows outside it are rejected.
-    """
+    """Typed spec columns plus ``_reason`` (NULL for valid rows), ``_raw``, ``_file`` and ``keep``. ``date`` is
+    the landing partition's date (a literal, or a column when rows of many partitions arrive together, as in the
+    stream); rows outside it are rejected."""
     from pyspark.sql import functions as F
 
     checks: list[tuple[Column, Column]] = []  # (row fails, why): the message is built for failing rows only
@@ -186,7 +169,6 @@ def classify(raw: DataFrame, spec: PipelineSpec, date: str | Column | None, *kee
 
 def _reasons(checks: list[tuple[Column, Column]]) -> Column:
     """The failing checks' messages joined by '; ', or NULL when every check passes."""
-    from functools import reduce
     from operator import or_
 
     from pyspark.sql import functions as F

@@ -1,15 +1,14 @@
 """Landing files that cannot be read, found before their rows are counted: a file counts all or nothing.
 
-An interrupted upload (a truncated Parquet file), a text file named ``.parquet`` or a file whose
-column holds another type would otherwise fail Spark's read of the whole batch, and the stream,
-whose next batch is that file again, could never get past it. Each file is screened on the driver
-(its size, and for Parquet its footer and column types: no data pages are read), and a read that
-fails anyway is narrowed down to its file by reading the batch's files one at a time.
+An interrupted upload (a truncated Parquet file), a text file named ``.parquet`` or a file whose column holds
+another type would otherwise fail Spark's read of the whole batch, and the stream, whose next batch is that file
+again, could never get past it. Each file is screened on the driver (its size, and for Parquet its footer and column
+types: no data pages are read), and a read that fails anyway is narrowed down to its file by reading the batch's
+files one at a time.
 
-``source.on_bad_file`` says what follows: ``quarantine`` (default) records each such file in
-``dead_letter`` (path, size, reason, job and run) and the batch goes on without it; ``fail`` stops
-the job naming the files, the tables untouched. A zero-byte file has no rows: it is skipped and
-counted (``runs.files_skipped``), never quarantined.
+``source.on_bad_file`` says what follows: ``quarantine`` (default) records each such file in ``dead_letter`` (path,
+size, reason, job and run) and the batch goes on without it; ``fail`` stops the job naming the files, the tables
+untouched. A zero-byte file has no rows: it is skipped and counted (``runs.files_skipped``), never quarantined.
 """
 
 from __future__ import annotations
@@ -35,8 +34,6 @@ QUARANTINED = "file quarantined"
 _ARROW_TO_SPARK = {"int8": "tinyint", "int16": "smallint", "int32": "int", "int64": "bigint", "float": "float",
                    "double": "double", "string": "string", "large_string": "string", "bool": "boolean",
                    "date32": "date", "timestamp": "timestamp"}
-
-
 _SPARK_TYPES = {*_ARROW_TO_SPARK.values(), "decimal"}
 
 
@@ -51,8 +48,8 @@ def spark_type(arrow_type: str) -> str:
 # the type itself and the widenings Spark's Parquet reader makes
 _READS_AS = {
     "int8": {"int", "bigint", "double"}, "int16": {"int", "bigint", "double"}, "int32": {"int", "bigint", "double"},
-    "int64": {"bigint"}, "float": {"float", "double"}, "double": {"double"},
-    "string": {"string"}, "large_string": {"string"}, "bool": {"boolean"}, "date32": {"date", "timestamp"},
+    "int64": {"bigint"}, "float": {"float", "double"}, "double": {"double"}, "string": {"string"},
+    "large_string": {"string"}, "bool": {"boolean"}, "date32": {"date", "timestamp"}, "timestamp": {"timestamp"},
 }
 
 
@@ -79,9 +76,7 @@ class Screen:
 
     def readable_rows(self) -> int | None:
         """The readable files' rows, when their footers tell (Parquet): an upper bound before any is read."""
-        if any(p not in self.rows for p in self.readable):
-            return None
-        return sum(self.rows[p] for p in self.readable)
+        return None if any(p not in self.rows for p in self.readable) else sum(self.rows[p] for p in self.readable)
 
     def check(self, spec: PipelineSpec, what: str) -> None:
         """With ``on_bad_file: fail``, stop before anything is written, naming every bad file."""
@@ -96,16 +91,10 @@ class Screen:
         self.bad.extend(bad)
 
 
-def _arrow_type(typ: object) -> str:
-    import pyarrow as pa
-
-    if pa.types.is_timestamp(typ):  # type: ignore[arg-type]
-        return "timestamp"
-    return str(typ)
-
-
 def _footer(path: str) -> tuple[dict[str, str] | None, int, str | None]:
-    """A Parquet file's column types (Arrow names) and row count, or why its footer cannot be read."""
+    """A Parquet file's column types (Arrow names, every timestamp's ``timestamp``) and row count, or why its
+    footer cannot be read."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
@@ -113,12 +102,7 @@ def _footer(path: str) -> tuple[dict[str, str] | None, int, str | None]:
             schema, rows = file.schema_arrow, file.metadata.num_rows
     except (OSError, ValueError) as exc:  # ArrowInvalid is a ValueError: an interrupted upload, or not Parquet
         return None, 0, f"not a readable Parquet file ({str(exc).splitlines()[0][:200]})"
-    return {f.name: _arrow_type(f.type) for f in schema}, rows, None
-
-
-def _reads_as(have: str, want: str) -> bool:
-    """Whether Spark reads a Parquet column of ``have`` with the spec's type ``want`` as its read schema."""
-    return (have == want == "timestamp") or want in _READS_AS.get(have, ())
+    return {f.name: "timestamp" if pa.types.is_timestamp(f.type) else str(f.type) for f in schema}, rows, None
 
 
 def screen(paths: Sequence[str], spec: PipelineSpec, *, exact: bool = True) -> Screen:
@@ -154,8 +138,7 @@ def screen(paths: Sequence[str], spec: PipelineSpec, *, exact: bool = True) -> S
             out.types[col] = spark_type(next(iter(held)))  # it does not cast, the day's schema is refused)
         elif held:
             out.types[col] = want
-    spec_columns = {c for c, _ in spec.source.schema}
-    for col in sorted({c for types in footers.values() for c in types} - spec_columns):
+    for col in sorted({c for types in footers.values() for c in types} - set(spec.source.columns)):
         held = {types[col] for types in footers.values() if col in types}
         if len(held) == 1:  # other columns are kept in a rejected row's raw record
             out.types[col] = spark_type(next(iter(held)))
@@ -163,7 +146,7 @@ def screen(paths: Sequence[str], spec: PipelineSpec, *, exact: bool = True) -> S
         out.types = {}  # a nested type: read with the files' own schema, which the job then refuses
     for path, types in footers.items():
         wrong = [f"column {col} holds {types[col]}, the spec reads {want}" for col, want in spec.source.schema
-                 if col in types and col in out.types and out.types[col] == want and not _reads_as(types[col], want)]
+                 if col in types and out.types.get(col) == want and want not in _READS_AS.get(types[col], ())]
         if wrong:
             out.bad.append(BadFile(path, storage.size(path), "; ".join(wrong) + "; fix the file or source.schema"))
         else:
@@ -218,9 +201,8 @@ def file_columns(bad: Sequence[BadFile]) -> dict[str, list[str]]:
 
 def spark_read_error(exc: BaseException) -> str:
     """Spark's own reason for a failure (and its cause), without the JVM stack or py4j wrapper."""
-    lines = [line.strip() for line in str(exc).splitlines()]
     found: list[str] = []
-    for line in lines:
+    for line in (raw.strip() for raw in str(exc).splitlines()):
         if not line or line.startswith(("at ", "...", "JVM stacktrace", "Traceback", "An error occurred while")):
             continue
         if line.startswith("Caused by:"):
