@@ -1,12 +1,10 @@
-"""Rollups from the stored accumulators: any range of whole windows, any subset of keys, no raw data.
+"""Rollups from the stored accumulators: any range of whole windows, any subset of keys, no raw data, no Spark.
 
-``aggregates`` keeps every key's and window's accumulators (counts, sums, HLL and KLL sketches),
-so "distinct users per page over a week" is a merge of hourly sketches, not a recomputation.
-This reads the windows inside [start, end) with delta-rs (statistics prune the files), groups
-them by the chosen keys and a time grain, and merges each aggregate's accumulators with
-:mod:`spark_jobs.phases.arrow_merge`. When a declared rollup table is as fresh as ``aggregates`` and
-its buckets tile the request, it reads that instead: a day's rows rather than 24 hours'. No
-Spark runs.
+``aggregates`` keeps every key's and window's accumulators (counts, sums, HLL and KLL sketches), so "distinct users
+per page over a week" is a merge of hourly sketches, not a recomputation. This reads the windows inside [start, end)
+with delta-rs (statistics prune the files), groups them by the chosen keys and a time grain, and merges each
+aggregate's accumulators with :mod:`spark_jobs.phases.arrow_merge`. When a declared rollup table is as fresh as
+``aggregates`` and its buckets tile the request, it reads that instead: a day's rows rather than 24 hours'.
 """
 
 from __future__ import annotations
@@ -76,7 +74,8 @@ def _check(spec: PipelineSpec, request: Rollup) -> int:
         raise InspectError(f"pipeline {spec.name} ({spec.window} windows): {spec.window.rollup_refusal}")
     size = tile.seconds
     if request.end <= request.start:
-        raise InspectError(f"--to {request.end:%Y-%m-%d %H:%M:%S} is not after --from {request.start:%Y-%m-%d %H:%M:%S}")
+        raise InspectError(f"--to {request.end:%Y-%m-%d %H:%M:%S} is not after --from "
+                           f"{request.start:%Y-%m-%d %H:%M:%S}")
     for flag, t in (("--from", request.start), ("--to", request.end)):
         offset = _offset(t, size, EPOCH)
         if offset:
@@ -106,10 +105,9 @@ def rollup(table: Snapshot, spec: PipelineSpec, request: Rollup, *, declared: bo
            record: RecordedSpec | None = None) -> pa.Table:
     """Every aggregate's value per ``by`` keys and bucket, merged from the stored accumulators.
 
-    Columns: the ``by`` keys, ``start`` and ``end`` of the bucket (clipped to the range), one column
-    per aggregate, and ``n_rows``. An aggregate a spec change added (``record``) is NULL in a bucket
-    holding windows that predate it. Raises :class:`InspectError` for a request the windows cannot answer.
-    """
+    Columns: the ``by`` keys, ``start`` and ``end`` of the bucket (clipped to the range), one column per aggregate,
+    and ``n_rows``. An aggregate a spec change added (``record``) is NULL in a bucket holding windows that predate
+    it. Raises :class:`InspectError` for a request the windows cannot answer."""
     _check(spec, request)
     compiled = CompiledAggregates(spec, record)
     entries = compiled.entries
@@ -145,9 +143,8 @@ def rollup(table: Snapshot, spec: PipelineSpec, request: Rollup, *, declared: bo
 
 
 def _declared_source(aggregates: Snapshot, spec: PipelineSpec, request: Rollup) -> Snapshot | None:
-    """The coarsest declared rollup table that answers ``request`` exactly: it keeps the request's keys
-    (and those its ``where`` names), its buckets tile the range and the grain, and it reflects this
-    very ``aggregates`` version."""
+    """The coarsest declared rollup table that answers ``request`` exactly: it keeps the request's keys (and those its
+    ``where`` names), its buckets tile the range and the grain, and it reflects this very ``aggregates`` version."""
     for declared in sorted(spec.rollups, key=lambda r: -r.grain.seconds):
         if not _tiles(declared, request):
             continue
@@ -167,9 +164,7 @@ def _declared_source(aggregates: Snapshot, spec: PipelineSpec, request: Rollup) 
 
 def _tiles(declared: RollupSpec, request: Rollup) -> bool:
     grain, origin = declared.grain.seconds, bucket_origin(declared.grain.seconds)
-    if not set(request.by) <= set(declared.by) or _offset(request.start, grain, origin) or _offset(
-            request.end, grain, origin):
-        return False
-    return request.grain_s is None or (request.grain_s % grain == 0
-                                       and not _offset(bucket_origin(request.grain_s), grain, origin))
+    aligned = not (_offset(request.start, grain, origin) or _offset(request.end, grain, origin))
+    return set(request.by) <= set(declared.by) and aligned and (request.grain_s is None or (
+        request.grain_s % grain == 0 and not _offset(bucket_origin(request.grain_s), grain, origin)))
 

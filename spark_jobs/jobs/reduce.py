@@ -1,10 +1,9 @@
 """reduce-group: merge partial accumulators into the serving ``aggregates`` table, exactly once.
 
-The last ``partials`` version merged is recorded as a Delta app transaction on
-``aggregates`` (app id ``<pipeline>.reduce``). A run compares the partial files that count
-now with those that counted at that version; only the keys in files added or removed since
-are re-merged (from all their current partials) and rewritten, in one commit. A rerun after
-a crash either finds its commit (a no-op) or recomputes the same keys.
+The last ``partials`` version merged is recorded as a Delta app transaction on ``aggregates`` (app id
+``<pipeline>.reduce``). A run compares the partial files that count now with those that counted at that version;
+only the keys in files added or removed since are re-merged (from all their current partials) and rewritten, in one
+commit. A rerun after a crash either finds its commit (a no-op) or recomputes the same keys.
 
 Which partial files count is the hybrid rule of :mod:`spark_jobs.lake.table_rules`.
 """
@@ -51,11 +50,9 @@ def served_rows(merged: DataFrame, *, run_id: str) -> DataFrame:
 
 def run(spark: SparkSession, spec: PipelineSpec, *, lake: Lake | None = None, run_id: str | None = None,
         full: bool = False) -> RunRecord:
-    """Merge what changed in ``partials`` since the last reduce into ``aggregates``.
-
-    A commit that loses a race to another writer of ``aggregates`` (the stream, another reduce)
-    re-plans from the new snapshot: it may find its work done, or other keys to merge.
-    """
+    """Merge what changed in ``partials`` since the last reduce into ``aggregates``. A commit that loses a race
+    to another writer of ``aggregates`` (the stream, another reduce) re-plans from the new snapshot: it may find
+    its work done, or other keys to merge."""
     lake = lake or open_lake(spark)
     tables = PipelineTables(spec.lake, spec.name)
     compiled = CompiledAggregates(spec, ensure_applied(lake, spec, run_id=run_id or ""))
@@ -103,9 +100,9 @@ def _merge(lake: Lake, spec: PipelineSpec, tables: PipelineTables, compiled: Com
         inputs = inputs.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         rows = reduce(inputs, compiled, run_id=record.run_id)
-        commit = lake.replace_keys(rows, tables.aggregates, keys=list(spec.key_columns),
-                                   touched=reach.touched if reach else None, app_txn=AppTxn(reduce_app_id(spec), version),
-                                   sort_by=sort_keys(spec), prune=reach.prune if reach else None, read_version=planned,
+        commit = lake.replace_keys(rows, tables.aggregates, keys=list(spec.key_columns), sort_by=sort_keys(spec),
+                                   touched=reach.touched if reach else None, prune=reach.prune if reach else None,
+                                   app_txn=AppTxn(reduce_app_id(spec), version), read_version=planned,
                                    cluster=window_cluster(spec, len({now[p].partition_values.get(DAY) for p in paths})),
                                    metadata={"run_id": record.run_id, "job": "reduce",
                                              "partials_version": version, "partials_consumed": consumed})
@@ -141,14 +138,14 @@ def _stored(lake: Lake, spec: PipelineSpec, tables: PipelineTables, now: dict[st
     day_of = {p: dt.date.fromisoformat(d) for p, f in now.items() if (d := f.partition_values.get(DAY))}
 
     def read(lo: dt.date | None, hi: dt.date | None, keys: DataFrame | None) -> DataFrame:
-        paths = [p for p in now if p not in day_of or ((lo is None or lo <= day_of[p]) and (hi is None or day_of[p] <= hi))]
+        paths = [p for p in now
+                 if p not in day_of or ((lo is None or lo <= day_of[p]) and (hi is None or day_of[p] <= hi))]
         rows = lake.read_files(tables.partials, paths)
         return rows if keys is None else rows.join(keys, list(spec.group_by), "left_semi")
 
     def served() -> tuple[DataFrame | None, int | None]:
-        if planned is None:
-            return None, None
-        return lake.read(tables.aggregates, version=planned).select(*spec.key_columns), planned
+        return (None, None) if planned is None else (
+            lake.read(tables.aggregates, version=planned).select(*spec.key_columns), planned)
 
     days = (min(day_of.values()), max(day_of.values())) if day_of else None
     return Stored(read, days, served)

@@ -1,9 +1,8 @@
 """Declared rollups: ``aggregates`` merged into coarser buckets, kept up to date by reduce and the stream.
 
-A rollup table (``rollup_<name>``) holds, per ``by`` keys and bucket of ``grain``, the merge of
-the stored accumulators of every window in the bucket, and the values, as ``aggregates`` holds
-them per key and window. It is derived from ``aggregates`` alone, so the hybrid rule holds in it
-as it holds there.
+A rollup table (``rollup_<name>``) holds, per ``by`` keys and bucket of ``grain``, the merge of the stored
+accumulators of every window in the bucket, and the values, as ``aggregates`` holds them per key and window. It is
+derived from ``aggregates`` alone, so the hybrid rule holds in it as it holds there.
 
 Exactly once: the app transaction ``<pipeline>.rollup_<name>:<grain>s:<keys>`` on the rollup table records the
 ``aggregates`` version it reflects. A refresh compares the ``aggregates`` files of that version
@@ -17,8 +16,9 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import operator
 from collections.abc import Iterable
-from functools import partial
+from functools import partial, reduce
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -54,11 +54,8 @@ MAX_FILES = 64  # files a refresh lays its rows out in: about one per bucket, so
 def refresh(lake: Lake, compiled: CompiledAggregates, *, run_id: str) -> dict[str, int | None]:
     """Bring every declared rollup up to the latest ``aggregates`` version; their versions written
     (None for a rollup that was already up to date)."""
-    written: dict[str, int | None] = {}
-    for rollup in compiled.spec.rollups:
-        written[rollup.table] = retry_conflicts(partial(_attempt, lake, compiled, rollup, run_id),
-                                                what=f"rollup {rollup.name}")
-    return written
+    return {r.table: retry_conflicts(partial(_attempt, lake, compiled, r, run_id), what=f"rollup {r.name}")
+            for r in compiled.spec.rollups}
 
 
 def _attempt(lake: Lake, compiled: CompiledAggregates, rollup: RollupSpec, run_id: str, attempt: int) -> int | None:
@@ -118,9 +115,8 @@ def changed_buckets(aggregates: Snapshot, since: int, grain_s: int) -> list[tupl
 
 def rollup_rows(aggregates: Snapshot, compiled: CompiledAggregates, rollup: RollupSpec,
                 ranges: list[tuple[dt.datetime, dt.datetime]] | None, *, run_id: str) -> pa.Table:
-    """The rollup table's rows for the buckets in ``ranges`` (all when None), from ``aggregates``,
-    with its column order and types (``by`` keys, bucket bounds, values, ``n_rows``, accumulators,
-    ``spec_version``)."""
+    """The rollup table's rows for the buckets in ``ranges`` (all when None), from ``aggregates``, with its column order
+    and types (``by`` keys, bucket bounds, values, ``n_rows``, accumulators, ``spec_version``)."""
     entries = compiled.entries
     schema = aggregates.schema()
     acc = [c for e in entries for c in e.acc_columns]
@@ -152,15 +148,10 @@ def _rolled(rows: pa.Table, compiled: CompiledAggregates, rollup: RollupSpec, sc
 
 
 def _in_ranges(ranges: Iterable[tuple[dt.datetime, dt.datetime]]) -> pc.Expression:
-    ts = pa.timestamp("us", tz="UTC")
-    terms = [(pc.field("window_start") >= pa.scalar(lo, ts)) & (pc.field("window_start") < pa.scalar(hi, ts))
+    terms = [(pc.field("window_start") >= pa.scalar(lo, TS)) & (pc.field("window_start") < pa.scalar(hi, TS))
              for lo, hi in ranges]
-    if not terms:  # the commits since changed no data file: nothing to recompute, the version to record
-        return pc.scalar(False)
-    expr = terms[0]
-    for term in terms[1:]:
-        expr = expr | term
-    return expr
+    # no term: the commits since changed no data file, nothing to recompute, the version to record
+    return reduce(operator.or_, terms) if terms else pc.scalar(False)
 
 
 def _union(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
