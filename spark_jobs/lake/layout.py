@@ -10,17 +10,18 @@ the value is NULL, never a partial one (:class:`spark_jobs.phases.CompiledAggreg
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from spark_jobs.aggregates import create
+from spark_jobs.aggregates import AggregateFunction, create
 from spark_jobs.aggregates.builtins import ARROW_TYPES
 
 if TYPE_CHECKING:
     from spark_jobs.spec import PipelineSpec, RollupSpec
 
-__all__ = ["ADOPTED", "SPEC_VERSION", "TS", "accumulator_fields", "key_fields", "table_schema", "value_fields"]
+__all__ = ["ADOPTED", "SPEC_VERSION", "TS", "accumulator_fields", "key_fields", "table_schema",
+           "value_fields"]
 
 SPEC_VERSION = "spec_version"
 # The spec version of rows written before the lake recorded its spec (NULL in ``spec_version``): the spec
@@ -32,40 +33,32 @@ TS = pa.timestamp("us", tz="UTC")
 def key_fields(spec: PipelineSpec, keys: tuple[str, ...] | None = None) -> list[pa.Field]:
     """The group keys (``keys``, default all) and, with a window, its bounds."""
     types = spec.source.columns
-    fields = [pa.field(k, ARROW_TYPES[types[k]]) for k in (spec.group_by if keys is None else keys)]
-    fields += [pa.field(bound, TS) for bound in spec.window.bounds]
-    return fields
+    return [*(pa.field(k, ARROW_TYPES[types[k]]) for k in (spec.group_by if keys is None else keys)),
+            *(pa.field(bound, TS) for bound in spec.window.bounds)]
 
 
-def _functions(spec: PipelineSpec) -> list[tuple[str, tuple[str, ...], object]]:
-    schema = spec.source.columns
-    retracting = spec.source.op_column is not None
-    return [(agg.name, agg.columns, create(agg.fn, name=agg.name, columns=agg.columns, args=dict(agg.args),
-                                           input_type=schema.get(agg.columns[0]) if agg.columns else None,
-                                           retracting=retracting)) for agg in spec.aggregates]
+def _functions(spec: PipelineSpec) -> list[tuple[str, AggregateFunction[Any, Any]]]:
+    schema, retracting = spec.source.columns, spec.source.op_column is not None
+    return [(agg.name, create(agg.fn, name=agg.name, columns=agg.columns, args=dict(agg.args),
+                              input_type=schema.get(agg.columns[0]) if agg.columns else None, retracting=retracting))
+            for agg in spec.aggregates]
 
 
-def accumulator_fields(spec: PipelineSpec, names: set[str] | None = None) -> list[pa.Field]:
-    """Each aggregate's stored accumulator columns (``<name>__<field>``), of ``names`` only when given."""
-    out: list[pa.Field] = []
-    for name, _, fn in _functions(spec):
-        if names is None or name in names:
-            out += [pa.field(f"{name}__{f}", t) for f, t in zip(fn.acc_fields, fn.acc_types(), strict=True)]  # type: ignore[attr-defined]
-    return out
+def accumulator_fields(spec: PipelineSpec) -> list[pa.Field]:
+    """Each aggregate's stored accumulator columns (``<name>__<field>``)."""
+    return [pa.field(f"{name}__{f}", t) for name, fn in _functions(spec)
+            for f, t in zip(fn.acc_fields, fn.acc_types(), strict=True)]
 
 
-def value_fields(spec: PipelineSpec, names: set[str] | None = None) -> list[pa.Field]:
-    """One column per aggregate, its value (of ``names`` only when given)."""
-    return [pa.field(name, fn.value_type()) for name, _, fn in _functions(spec)  # type: ignore[attr-defined]
-            if names is None or name in names]
+def value_fields(spec: PipelineSpec) -> list[pa.Field]:
+    """One column per aggregate, its value."""
+    return [pa.field(name, fn.value_type()) for name, fn in _functions(spec)]
 
 
 def table_schema(spec: PipelineSpec, table: str, rollup: RollupSpec | None = None) -> pa.Schema:
     """The columns of ``partials``, ``aggregates``, ``changelog``, ``state`` (the stream's) or a rollup table."""
-    keys = key_fields(spec)
-    accs = accumulator_fields(spec)
-    n_rows = pa.field("n_rows", pa.int64())
-    version = pa.field(SPEC_VERSION, pa.int64())
+    keys, accs = key_fields(spec), accumulator_fields(spec)
+    n_rows, version = pa.field("n_rows", pa.int64()), pa.field(SPEC_VERSION, pa.int64())
     if table == "partials":
         fields = [pa.field("batch", pa.string()), pa.field("source", pa.string()), pa.field("event_date", pa.date32()),
                   *keys, n_rows, *accs, pa.field("run_id", pa.string()), pa.field("created_at", TS), version]
@@ -73,8 +66,8 @@ def table_schema(spec: PipelineSpec, table: str, rollup: RollupSpec | None = Non
         if table != "aggregates":
             assert rollup is not None, "a rollup table's columns depend on its declaration"
             keys = key_fields(spec, rollup.by)
-        fields = [*keys, *value_fields(spec), n_rows, *accs, pa.field("updated_at", TS), pa.field("run_id", pa.string()),
-                  version]
+        fields = [*keys, *value_fields(spec), n_rows, *accs, pa.field("updated_at", TS),
+                  pa.field("run_id", pa.string()), version]
     elif table == "changelog":
         fields = [pa.field("op", pa.string()), *keys, *value_fields(spec), pa.field("batch_id", pa.int64()),
                   pa.field("seq", pa.int64())]

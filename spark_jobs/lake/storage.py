@@ -16,8 +16,8 @@ from urllib.parse import unquote, urlparse
 
 import pyarrow.fs as pafs
 
-__all__ = ["delete_file", "delete_tree", "exists", "first_line", "is_dir", "is_remote", "list_dir", "local_path", "modified", "open_input",
-           "read_bytes", "size", "write_whole"]
+__all__ = ["delete_file", "delete_tree", "first_line", "is_dir", "is_remote", "list_dir", "local_path", "modified",
+           "open_input", "read_bytes", "size", "write_whole"]
 
 
 def is_remote(path: str) -> bool:
@@ -40,10 +40,6 @@ def _info(path: str) -> pafs.FileInfo:
     return fs.get_file_info(where)
 
 
-def exists(path: str) -> bool:
-    return _info(path).type != pafs.FileType.NotFound
-
-
 def is_dir(path: str) -> bool:
     return _info(path).type == pafs.FileType.Directory
 
@@ -59,8 +55,7 @@ def size(path: str) -> int:
 
 def modified(path: str) -> float:
     """A file's modification time, in seconds since the epoch."""
-    info = _info(path)
-    return (info.mtime_ns or 0) / 1e9
+    return (_info(path).mtime_ns or 0) / 1e9
 
 
 def list_dir(directory: str, *, dirs: bool = False) -> list[str]:

@@ -16,11 +16,9 @@ from spark_jobs.lake._types import Cluster, DataFile
 if TYPE_CHECKING:
     from spark_jobs.spec import PipelineSpec, RollupSpec
 
-__all__ = [
-    "BATCH", "DAY", "DAY_MARGIN", "DEAD_LETTER_PARTITIONS", "PARTIALS_PARTITIONS", "STREAM", "STREAM_FILE_ROWS", "batch_days",
-    "batch_files_in", "counted_files", "day_bounds", "in_days", "is_batch", "reduce_app_id", "rollup_app_id", "sort_keys",
-    "stream_app_id", "stream_layout", "window_cluster",
-]
+__all__ = ["BATCH", "DAY", "DAY_MARGIN", "DEAD_LETTER_PARTITIONS", "PARTIALS_PARTITIONS", "STREAM", "STREAM_FILE_ROWS",
+           "batch_days", "batch_files_in", "counted_files", "day_bounds", "in_days", "is_batch", "reduce_app_id",
+           "rollup_app_id", "sort_keys", "stream_app_id", "stream_layout", "window_cluster"]
 
 DAY = "event_date"
 BATCH, STREAM = "batch", "stream"  # the ``source`` partition of ``partials``
@@ -38,9 +36,8 @@ def reduce_app_id(spec: PipelineSpec) -> str:
 
 
 def rollup_app_id(spec: PipelineSpec, rollup: RollupSpec) -> str:
-    """The app transaction on a rollup table: the ``aggregates`` version it reflects. It names the grain
-    and keys, so a table built for another declaration counts as never refreshed: it is rebuilt, and
-    never read as this one."""
+    """The app transaction on a rollup table: the ``aggregates`` version it reflects. It names the grain and keys, so a
+    table built for another declaration counts as never refreshed: it is rebuilt, and never read as this one."""
     return f"{spec.name}.{rollup.table}:{rollup.grain.seconds}s:{','.join(rollup.by)}"
 
 
@@ -93,12 +90,11 @@ def batch_files_in(files: Iterable[DataFile], bounds: tuple[dt.date, dt.date] | 
 
 def stream_layout(spec: PipelineSpec, span: tuple[dt.datetime, dt.datetime], rows: int | None = None
                   ) -> tuple[tuple[str, dt.datetime, dt.datetime] | None, Cluster | None]:
-    """How a mini-batch rewrites ``aggregates``: the window starts it can touch, and about a file
-    per window, so the next batch rewrites only the files of its own windows; but no file of fewer than
-    ``STREAM_FILE_ROWS`` of the batch's ``rows`` (a backlog's batch spans days of windows: a file per
-    hour would be many small files, whose writing and reading cost more than the boundary file's rewrite).
-    Windows without a grid of starts (sessions: a heavy user's may have started weeks ago) are laid out about a
-    file per day of the batch, and every file may hold a touched one."""
+    """How a mini-batch rewrites ``aggregates``: the window starts it can touch, and about a file per window, so the
+    next batch rewrites only the files of its own windows; but no file of fewer than ``STREAM_FILE_ROWS`` of the batch's
+    ``rows`` (a backlog's batch spans days of windows: a file per hour would be many small files, whose writing and
+    reading cost more than the boundary file's rewrite). Windows without a grid of starts (sessions: a heavy user's may
+    have started weeks ago) are laid out about a file per day of the batch, and every file may hold a touched one."""
     window = spec.window
     starts = window.starts_between(*span)
     step = window.start_step

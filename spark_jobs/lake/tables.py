@@ -50,7 +50,6 @@ class PipelineTables:
         specs: ClassVar[str]
 
     def rollup(self, name: str) -> str:
-        """A declared rollup's table, ``rollup_<name>``."""
         return self.path(f"rollup_{name}")
 
     @property
