@@ -1,20 +1,11 @@
 """A spec change on a live lake: what changed, what each change costs, and what ``apply`` does for it.
 
-:func:`compare` sorts the differences between the lake's recorded spec and a new one into four kinds,
-as sqlmesh's ``plan`` sorts changes into breaking and non-breaking:
-
-- ``settings``: nothing to rewrite (stream trigger, batch size, watermark, bad-file policy, key or
-  aggregate order, a rollup added);
-- ``stored``: re-derived from the stored accumulators, no raw data read (an aggregate dropped, a tumbling
-  window coarsened to a whole multiple or removed, a group key dropped, a rollup's grain or keys changed
-  or a rollup removed): partials merge into coarser rows, as a reduce merges them;
-- ``raw``: needs the landing files (an aggregate added or its fn, columns or args changed, a key added, a
-  window refined, shifted or made hopping, a source change). The new columns are NULL until the days are
-  recombined; a change of the rows' layout (a key, the window, the source's typing) drops the old partials;
-- ``refused``: cannot be applied to this lake, with the reason and the way out.
-
-:func:`make_plan` adds what the lake holds (rows per table, the days to recombine and their landing rows,
-the commands that recombine them). Nothing here starts Spark or writes.
+:func:`compare` sorts the differences between the lake's recorded spec and a new one into four kinds, as sqlmesh's
+``plan`` sorts changes: ``settings`` (nothing to rewrite), ``stored`` (re-derived from the stored accumulators, no
+raw data read), ``raw`` (needs the landing files; a change of the rows' layout drops the old partials) and
+``refused`` (with the reason and the way out); docs/evolution.md lists which change is which. A window change is
+its kind's to judge (``WindowKind.change_to``). :func:`make_plan` adds what the lake holds (rows per table, the
+days to recombine and their landing rows, the commands that recombine them). Nothing here starts Spark or writes.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """Landing files that cannot be read, found before their rows are counted: a file counts all or nothing.
 
-An interrupted upload (a truncated Parquet file), a text file named ``.parquet`` or a file whose column holds
-another type would otherwise fail Spark's read of the whole batch, and the stream, whose next batch is that file
-again, could never get past it. Each file is screened on the driver (its size, and for Parquet its footer and column
-types: no data pages are read), and a read that fails anyway is narrowed down to its file by reading the batch's
-files one at a time.
-
-``source.on_bad_file`` says what follows: ``quarantine`` (default) records each such file in ``dead_letter`` (path,
-size, reason, job and run) and the batch goes on without it; ``fail`` stops the job naming the files, the tables
-untouched. A zero-byte file has no rows: it is skipped and counted (``runs.files_skipped``), never quarantined.
+An interrupted upload, a text file named ``.parquet`` or a column of another type would otherwise fail Spark's read
+of the whole batch, and the stream, whose next batch is that file again, could never get past it. Each file is
+screened on the driver (size; Parquet footer and column types; CSV header), and a read that fails anyway is narrowed
+down to its file by reading the files one at a time. ``source.on_bad_file`` says what follows: ``quarantine``
+(default) records the file in ``dead_letter`` and goes on without it; ``fail`` stops the job naming the files. A
+zero-byte file has no rows: it is skipped and counted (``runs.files_skipped``), never quarantined.
 """
 
 from __future__ import annotations

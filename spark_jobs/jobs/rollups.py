@@ -1,15 +1,11 @@
 """Declared rollups: ``aggregates`` merged into coarser buckets, kept up to date by reduce and the stream.
 
 A rollup table (``rollup_<name>``) holds, per ``by`` keys and bucket of ``grain``, the merge of the stored
-accumulators of every window in the bucket, and the values, as ``aggregates`` holds them per key and window. It is
-derived from ``aggregates`` alone, so the hybrid rule holds in it as it holds there.
-
-Exactly once: the app transaction ``<pipeline>.rollup_<name>:<grain>s:<keys>`` on the rollup table records the
-``aggregates`` version it reflects. A refresh compares the ``aggregates`` files of that version
-with those of the latest: the window statistics of every file added or removed since say which
-buckets changed, and those buckets are recomputed from the latest version's rows, in one commit.
-Recomputing is idempotent, so a crash between the ``aggregates`` commit and the rollup's leaves
-the rollup behind only until the next reduce or mini-batch refreshes it.
+accumulators of the served rows that tile the bucket, derived from ``aggregates`` alone (so the hybrid rule holds
+in it as there). Exactly once: the app transaction ``<pipeline>.rollup_<name>:<grain>s:<keys>`` records the
+``aggregates`` version it reflects; a refresh recomputes, in one commit, the buckets that the window statistics of
+the files added or removed since then name. Recomputing is idempotent: a crash between the ``aggregates`` commit
+and the rollup's leaves the rollup behind only until the next refresh.
 """
 
 from __future__ import annotations
