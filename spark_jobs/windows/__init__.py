@@ -1,10 +1,7 @@
 """Window kinds, one module each behind one protocol (:class:`WindowKind`): tumbling, hopping, cumulative, sessions,
-and none.
-
-Every question a job asks of a window (how rows are assigned, what ``partials`` store, how stored rows merge
-into served ones, which served rows a change reaches, when a window closes, how a spec change re-derives
-them, how rollups bucket them) is a method of the kind; :func:`parse_window` is the only place that reads
-which kind a spec declares.
+and none. Every question a job asks of a window (how rows are assigned, what ``partials`` store, how stored rows
+merge into served ones, which served rows a change reaches, when a window closes, how a spec change re-derives them,
+how rollups bucket them) is a method of the kind; :func:`parse_window` alone reads which kind a spec declares.
 """
 
 from __future__ import annotations

@@ -1,16 +1,16 @@
 """The questions every window kind answers, so that no job asks which kind it holds (Flink's ``SliceAssigner``).
 
-Two layouts meet here. *Stored* rows are what ``partials`` and the stream's state hold per key and batch:
-a window (tumbling, hopping), a step-sized slice (cumulative), a partial session, or a key's rows of a
-day (no window). *Served* rows are what ``aggregates`` holds per key: :meth:`WindowKind.serve` turns stored
-rows into served ones (as they are, exploded into the windows a slice belongs to, or merged into
-sessions), and rows of one key and served window then merge. Each question has its Spark form (over
-DataFrames) and, where the driver needs it, its Arrow form beside it.
+*Stored* rows are what ``partials`` and the stream's state hold per key and batch: a window (tumbling, hopping), a
+step-sized slice (cumulative), a partial session, or a key's rows of a day (no window). *Served* rows are what
+``aggregates`` holds per key: :meth:`WindowKind.serve` turns stored rows into served ones (as they are, exploded into
+the windows a slice is in, or merged into sessions). Each question has its Spark form (over DataFrames) and, where
+the driver needs it, its Arrow form beside it.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import importlib
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -26,8 +26,17 @@ from spark_jobs.key_match import key_mask
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
+    from pyspark.sql import functions as F
+else:  # a DAG file's parse reads the window kinds, never pyspark: its functions are imported at their first use
 
-__all__ = ["BOUNDS", "TS", "Grouped", "Reach", "SizedWindows", "Stored", "WindowChange", "WindowKind", "floor_micros", "floor_ticks", "ticks"]
+    class _SparkFunctions:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(importlib.import_module("pyspark.sql.functions"), name)
+
+    F = _SparkFunctions()
+
+__all__ = ["BOUNDS", "TS", "F", "Grouped", "Reach", "SizedWindows", "Stored", "WindowChange", "WindowKind",
+           "floor_micros", "floor_ticks", "ticks"]
 
 BOUNDS = ("window_start", "window_end")
 TS = pa.timestamp("us", tz="UTC")
@@ -51,8 +60,7 @@ class WindowChange:
 class Stored:
     """The lake's side of a reach: the counted stored rows by event day, and the served keys."""
 
-    read: Callable[[dt.date | None, dt.date | None, DataFrame | None], DataFrame]  # days [lo, hi] (None: open),
-    # of the keys in a frame when one is given
+    read: Callable[[dt.date | None, dt.date | None, DataFrame | None], DataFrame]  # days [lo, hi], of a frame's keys
     days: tuple[dt.date, dt.date] | None  # the first and last event day with stored rows
     served: Callable[[], tuple[DataFrame | None, int | None]]  # served key columns, and the version read
 
@@ -78,8 +86,7 @@ class WindowKind(ABC):
     serves_stored = True  # served rows are the stored rows as they are
     cut_per_key = False  # stored rows are cut per key: dropping a key cannot merge them
     changelog_values: tuple[str, ...] = ()  # bounds that are values, not identity, in the changelog
-
-    scope: tuple[str, ...] = BOUNDS  # the bounds within which stored rows of a key merge with each other or serve together
+    scope: tuple[str, ...] = BOUNDS  # the bounds within which a key's stored rows merge or serve together
     state_covers_reach = True  # the stored rows a non-late event reaches are all open, so in the stream's state
     closes = True  # windows close at the watermark (late rows are rejected, closed stored rows leave state)
 
@@ -139,14 +146,10 @@ class WindowKind(ABC):
 
     def count_once(self, event_time: str) -> Column:
         """The rows of a group of stored rows, each event once (an aggregate's ``count(*)``)."""
-        from pyspark.sql import functions as F
-
         return F.count(F.lit(1))
 
     def is_open(self, watermark: dt.datetime) -> Column:
         """Whether a stored row still belongs to a window the watermark has not closed (one ending after it)."""
-        from pyspark.sql import functions as F
-
         return F.col("window_end") > F.lit(watermark)
 
     def touched(self, changed: DataFrame, keys: Sequence[str]) -> DataFrame:
@@ -162,8 +165,6 @@ class WindowKind(ABC):
 
     def reach_of(self, changed: DataFrame, stored: Stored, keys: Sequence[str]) -> Reach:
         """The served rows a change of the stored ``changed`` rows reaches, and the stored rows they merge."""
-        from pyspark.sql import functions as F
-
         touched = self.touched(changed, keys)
         prune, days = None, None
         if self.bounds:
@@ -174,28 +175,23 @@ class WindowKind(ABC):
         rows = stored.read(days[0] if days else None, days[1] if days else None, None)
         return Reach(self.within(rows, changed, keys), touched, prune, days)
 
-    # ------------------------------------------------------------------ Arrow and driver forms
+    # ------------------------------------------------------------------ Arrow and driver forms of the above
     def serve_arrow(self, rows: pa.Table) -> pa.Table:
         return rows
 
     def touched_arrow(self, changed: pa.Table, keys: Sequence[str]) -> pa.Table:
-        """:meth:`touched` of a table on the driver."""
-        columns = [*keys, *self.bounds]
-        return changed.select(columns).group_by(columns, use_threads=False).aggregate([]) if columns else \
-            changed.select([])  # one global key: any row matches every row
+        columns = [*keys, *self.bounds]  # none: one global key, any row matches every row
+        rows = changed.select(columns)
+        return rows.group_by(columns, use_threads=False).aggregate([]) if columns else rows
 
-    def within_arrow(self, stored: pa.Table, changed: pa.Table, keys: Sequence[str], *, anti: bool = False
-                     ) -> pa.Table:
-        """:meth:`within` of tables on the driver (``anti``: the rows it leaves out)."""
+    def within_arrow(self, stored: pa.Table, changed: pa.Table, keys: Sequence[str], *, anti: bool = False) -> pa.Table:
         hit = key_mask(stored, [*keys, *self.scope], changed)
         return stored.filter(pa.array(~hit if anti else hit))
 
     def serve_rows(self, rows: Iterable[Mapping[str, Any]], keys: Sequence[str]) -> Grouped:
-        """:meth:`serve` of rows on the driver: each served row (its key and bound values) and the rows it merges."""
         return self.merge_stored_rows(rows, keys)
 
     def merge_stored_rows(self, rows: Iterable[Mapping[str, Any]], keys: Sequence[str]) -> Grouped:
-        """:meth:`merge_stored` of rows on the driver: each stored row (key and bound values) and its rows."""
         columns = [*keys, *self.bounds]
         out: Grouped = defaultdict(list)
         for row in rows:
@@ -246,8 +242,6 @@ _DAY = dt.timedelta(days=1)  # windows reach at most a day past their events' da
 
 def floor_micros(micros: Column, step: Duration) -> Column:
     """The start of the ``step`` that holds ``micros``, counted from the epoch as Spark counts windows."""
-    from pyspark.sql import functions as F
-
     return micros - F.pmod(micros, F.lit(step.micros))
 
 

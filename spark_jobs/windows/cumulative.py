@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from spark_jobs.durations import Duration
 from spark_jobs.key_match import key_mask
-from spark_jobs.windows.base import EPOCH, TS, Grouped, floor_micros, floor_ticks, ticks
+from spark_jobs.windows.base import EPOCH, TS, F, Grouped, floor_micros, floor_ticks, ticks
 from spark_jobs.windows.tumbling import TiledWindows
 
 if TYPE_CHECKING:
@@ -71,31 +71,23 @@ class Cumulative(TiledWindows):
     # ------------------------------------------------------------------ Spark forms
     def serve(self, rows: DataFrame, keys: Sequence[str]) -> DataFrame:
         """Each slice in every window of its bucket that ends at or after it."""
-        from pyspark.sql import functions as F
-
-        bucket = floor_micros(F.unix_micros(F.col("window_start")), self.size)
-        first = ((F.unix_micros(F.col("window_end")) - bucket) / F.lit(self.step.micros)).cast("long")
+        first = ((F.unix_micros(F.col("window_end")) - F.col(_BUCKET)) / F.lit(self.step.micros)).cast("long")
         k = F.explode(F.sequence(first, F.lit(self.windows).cast("long")))
-        return (rows.withColumn(_BUCKET, bucket).withColumn("_k", k)
+        return (self._bucketed(rows).withColumn("_k", k)
                 .withColumns({"window_start": F.timestamp_micros(F.col(_BUCKET)),
                               "window_end": F.timestamp_micros(F.col(_BUCKET) + F.col("_k") * self.step.micros)})
                 .drop(_BUCKET, "_k"))
 
     def is_open(self, watermark: dt.datetime) -> Column:
-        from pyspark.sql import functions as F
-
         bucket_end = floor_micros(F.unix_micros(F.col("window_start")), self.size) + F.lit(self.size.micros)
         return bucket_end > F.lit(int((watermark - EPOCH) / dt.timedelta(microseconds=1)))
 
     def touched(self, changed: DataFrame, keys: Sequence[str]) -> DataFrame:
-        """Every window of the buckets a change holds a slice of."""
-        from pyspark.sql import functions as F
-
-        buckets = self._bucketed(changed).select(*keys, _BUCKET).distinct()
-        k = F.explode(F.sequence(F.lit(1).cast("long"), F.lit(self.windows).cast("long")))
-        return buckets.withColumn("_k", k).select(
-            *keys, F.timestamp_micros(F.col(_BUCKET)).alias("window_start"),
-            F.timestamp_micros(F.col(_BUCKET) + F.col("_k") * self.step.micros).alias("window_end"))
+        """Every window of the buckets a change holds a slice of: those its bucket's first slice is served in."""
+        bucket = F.col(_BUCKET)
+        first = self._bucketed(changed).select(*keys, F.timestamp_micros(bucket).alias("window_start"),
+                                               F.timestamp_micros(bucket + self.step.micros).alias("window_end"))
+        return self.serve(first.distinct(), keys)
 
     def within(self, stored: DataFrame, changed: DataFrame, keys: Sequence[str], *, anti: bool = False) -> DataFrame:
         """The slices of the buckets the changed slices are in (``anti``: of the other buckets)."""
@@ -103,8 +95,6 @@ class Cumulative(TiledWindows):
         return self._bucketed(stored).join(scope, [*keys, _BUCKET], "left_anti" if anti else "left_semi").drop(_BUCKET)
 
     def _bucketed(self, rows: DataFrame) -> DataFrame:
-        from pyspark.sql import functions as F
-
         return rows.withColumn(_BUCKET, floor_micros(F.unix_micros(F.col("window_start")), self.size))
 
     # ------------------------------------------------------------------ Arrow and driver forms
@@ -124,15 +114,11 @@ class Cumulative(TiledWindows):
 
     def touched_arrow(self, changed: pa.Table, keys: Sequence[str]) -> pa.Table:
         buckets = self._bucketed_arrow(changed, keys).group_by([*keys, _BUCKET], use_threads=False).aggregate([])
-        at = np.repeat(np.arange(buckets.num_rows), self.windows)
-        k = np.tile(np.arange(1, self.windows + 1), buckets.num_rows)
-        start = buckets.column(_BUCKET).to_numpy()[at]
-        return buckets.select(list(keys)).take(pa.array(at)).append_column(
-            "window_start", pa.array(start).cast(TS)).append_column(
-            "window_end", pa.array(start + k * self.step.micros).cast(TS))
+        start = buckets.column(_BUCKET).to_numpy()
+        return self.serve_arrow(buckets.select(list(keys)).append_column("window_start", pa.array(start).cast(TS))
+                                .append_column("window_end", pa.array(start + self.step.micros).cast(TS)))
 
-    def within_arrow(self, stored: pa.Table, changed: pa.Table, keys: Sequence[str], *, anti: bool = False
-                     ) -> pa.Table:
+    def within_arrow(self, stored: pa.Table, changed: pa.Table, keys: Sequence[str], *, anti: bool = False) -> pa.Table:
         hit = key_mask(self._bucketed_arrow(stored, keys), [*keys, _BUCKET], self._bucketed_arrow(changed, keys))
         return stored.filter(pa.array(~hit if anti else hit))
 

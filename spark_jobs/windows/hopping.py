@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from spark_jobs.durations import Duration
-from spark_jobs.windows.base import SizedWindows, WindowChange, WindowKind
+from spark_jobs.windows.base import F, SizedWindows, WindowChange, WindowKind
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -43,15 +43,11 @@ class Hopping(SizedWindows):
         return self.slide
 
     def assign(self, rows: DataFrame, *, event_time: str, keys: Sequence[str]) -> DataFrame:
-        from pyspark.sql import functions as F
-
         window = F.window(F.col(event_time), self.size.spark, self.slide.spark)
         return rows.withColumns({"window_start": window.start, "window_end": window.end})
 
     def count_once(self, event_time: str) -> Column:
         """An event's copies count in its last window only: the one it entered less than a slide after the start."""
-        from pyspark.sql import functions as F
-
         since_start = F.unix_micros(F.col(event_time)) - F.unix_micros(F.col("window_start"))
         return F.count(F.when(since_start < F.lit(self.slide.micros), 1))
 

@@ -9,6 +9,7 @@ intervals is exact: each partial holds a run of events less than ``gap`` apart.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs.durations import Duration, utc
-from spark_jobs.windows.base import TS, Grouped, Reach, Stored, WindowChange, WindowKind
+from spark_jobs.windows.base import TS, F, Grouped, Reach, Stored, WindowChange, WindowKind
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -76,7 +77,6 @@ class Sessions(WindowKind):
         """Each row's session among these rows: a new one per key when an event is more than ``gap`` after the
         one before it (gaps and islands)."""
         from pyspark.sql import Window
-        from pyspark.sql import functions as F
 
         gap = F.lit(self.gap.micros)
         t = F.unix_micros(F.col(event_time))
@@ -94,7 +94,6 @@ class Sessions(WindowKind):
         """Partial sessions relabelled with the session they belong to: per key, sorted by start, a partial joins
         the one before it when it starts at or before the latest end so far."""
         from pyspark.sql import Window
-        from pyspark.sql import functions as F
 
         by_key = Window.partitionBy(*keys).orderBy("window_start", "window_end")
         latest = F.max("window_end").over(by_key.rowsBetween(Window.unboundedPreceding, -1))
@@ -106,13 +105,10 @@ class Sessions(WindowKind):
                 .withColumn("window_end", F.max("window_end").over(session))
                 .drop("_new", "_session"))
 
-    def merge_stored(self, rows: DataFrame, keys: Sequence[str]) -> DataFrame:
-        return self.serve(rows, keys)
+    merge_stored = serve
 
     def is_open(self, watermark: dt.datetime) -> Column:
         """An event at the watermark still joins a session ending there."""
-        from pyspark.sql import functions as F
-
         return F.col("window_end") >= F.lit(watermark)
 
     def reach_of(self, changed: DataFrame, stored: Stored, keys: Sequence[str]) -> Reach:
@@ -123,13 +119,10 @@ class Sessions(WindowKind):
         a later one); otherwise the days widen, for the keys of those sessions only, and they merge again (a heavy
         user's session may span every day). Sessions that hold no changed partial are the same after the change:
         they are neither read whole nor rewritten."""
-        from pyspark.sql import functions as F
-
         group = list(keys)
         span = changed.agg(F.min("window_start").alias("lo"), F.max("window_end").alias("hi")).first()
         if span is None or span["lo"] is None:
-            empty = changed.select(*group, *self.bounds).limit(0)
-            return Reach(changed.limit(0), empty, read_version=None)
+            return Reach(changed.limit(0), changed.select(*group, *self.bounds).limit(0))
         widen = _Widening(self, group, changed, stored, (utc(span["lo"]).date(), utc(span["hi"]).date()))
         reached, read = widen.run()
         known = read if read is not None else changed.limit(0)
@@ -182,8 +175,6 @@ class _Widening:
 
     def __init__(self, kind: Sessions, group: list[str], changed: DataFrame, stored: Stored,
                  days: tuple[dt.date, dt.date]) -> None:
-        from pyspark.sql import functions as F
-
         self.kind, self.group, self.stored = kind, group, stored
         self.gap = dt.timedelta(seconds=kind.gap.seconds)
         self.spans = changed.select(*group, "window_start", "window_end", F.lit(True).alias("_live"))
@@ -193,8 +184,6 @@ class _Widening:
 
     def run(self) -> tuple[DataFrame, DataFrame | None]:
         """The reached sessions (key columns, ``_lo``, ``_hi``) and the stored partials read (None: none)."""
-        from pyspark.sql import functions as F
-
         known: DataFrame | None = None
         done: tuple[dt.date, dt.date] | None = None  # the days read so far for the pending keys
         while True:
@@ -216,27 +205,17 @@ class _Widening:
                 self.hi = max(self.hi + dt.timedelta(days=1), last.date())
 
     def _read(self, done: tuple[dt.date, dt.date] | None) -> DataFrame | None:
-        from pyspark.sql import functions as F
-
-        parts = [(self.lo, self.hi)] if done is None else [
-            (a, b) for a, b in ((self.lo, done[0] - dt.timedelta(days=1)), (done[1] + dt.timedelta(days=1), self.hi))
-            if a <= b]
         if self.stored.days is None:  # nothing stored yet
             return None
+        parts = [(self.lo, self.hi)] if done is None else [
+            (self.lo, done[0] - dt.timedelta(days=1)), (done[1] + dt.timedelta(days=1), self.hi)]
         first, last = self.stored.days
-        parts = [(max(a, first), min(b, last)) for a, b in parts if a <= last and b >= first]
-        frames = [self.stored.read(a, b, F.broadcast(self.pending) if self.group else None) for a, b in parts]
-        if not frames:
-            return None
-        out = frames[0]
-        for frame in frames[1:]:
-            out = out.unionByName(frame)
-        return out
+        frames = [self.stored.read(max(a, first), min(b, last), F.broadcast(self.pending) if self.group else None)
+                  for a, b in parts if a <= b and a <= last and b >= first]
+        return functools.reduce(lambda a, b: a.unionByName(b), frames) if frames else None
 
     def _reached(self, known: DataFrame) -> DataFrame:
         """The sessions (key, ``_lo``, ``_hi``) of the known and changed partials that hold a changed one."""
-        from pyspark.sql import functions as F
-
         from_known = known.select(*self.group, "window_start", "window_end", F.lit(False).alias("_live"))
         sessions = self.kind.serve(from_known.unionByName(self.spans), self.group)
         reached = (sessions.groupBy(*self.group, "window_start", "window_end").agg(F.max("_live").alias("_live"))
@@ -247,8 +226,6 @@ class _Widening:
 
     def _short(self, reached: DataFrame) -> DataFrame:
         """The reached sessions of pending keys that may reach stored partials of days not read yet."""
-        from pyspark.sql import functions as F
-
         first, last = self.stored.days or (self.lo, self.hi)
         earlier = (F.col("_lo") < F.lit(_midnight(self.lo) + self.gap)) if self.lo > first else F.lit(False)
         later = (F.col("_hi") >= F.lit(_midnight(self.hi + dt.timedelta(days=1)))) if self.hi < last else F.lit(False)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from spark_jobs.durations import Duration
-from spark_jobs.windows.base import TS, SizedWindows, WindowChange, WindowKind, floor_micros, floor_ticks, ticks
+from spark_jobs.windows.base import TS, F, SizedWindows, WindowChange, WindowKind, floor_micros, floor_ticks, ticks
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -23,30 +23,19 @@ __all__ = ["Tumbling", "TiledWindows"]
 class TiledWindows(SizedWindows):
     """Windows over a grid of tiles from the epoch (tumbling, and the slices of cumulative windows)."""
 
-    @property
-    def grid(self) -> Duration:
-        """The stored rows' tile: an event's stored window is the tile that holds it."""
-        return self.size
-
     unit = "window"  # what a stored tile is called
 
     @property
     def tile(self) -> Duration:
         return self.size
 
-    @property
-    def start_step(self) -> Duration:
-        return self.size
+    grid = start_step = tile  # grid: the stored rows' tile (an event's stored window is the tile that holds it)
 
     def assign(self, rows: DataFrame, *, event_time: str, keys: Sequence[str]) -> DataFrame:
-        from pyspark.sql import functions as F
-
         window = F.window(F.col(event_time), self.grid.spark)
         return rows.withColumns({"window_start": window.start, "window_end": window.end})
 
     def coarsen(self, rows: DataFrame) -> DataFrame:
-        from pyspark.sql import functions as F
-
         start = floor_micros(F.unix_micros(F.col("window_start")), self.grid)
         return rows.withColumns({"window_start": F.timestamp_micros(start),
                                  "window_end": F.timestamp_micros(start + F.lit(self.grid.micros))})

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from spark_jobs.windows.base import WindowChange, WindowKind
+from spark_jobs.windows.base import F, WindowChange, WindowKind
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
@@ -36,8 +36,6 @@ class Unwindowed(WindowKind):
                 "declare a window without a slide, e.g. {size: 1 hour}")
 
     def is_open(self, watermark: dt.datetime) -> Column:
-        from pyspark.sql import functions as F
-
         return F.lit(True)
 
     def is_open_arrow(self, rows: pa.Table, watermark: dt.datetime) -> pa.Array:
