@@ -1,12 +1,8 @@
-"""The stream's driver merge engine: a small mini-batch merged with the aggregates' Python algebra, Arrow in,
-Arrow out, no Spark job but the window kind's reach over ``partials`` where the state does not cover it.
-
-Planning and scheduling a merge's Spark jobs costs seconds, merging a few thousand keys milliseconds; the
-state stays in memory between batches. The rules are those of :mod:`spark_jobs.stream.spark_engine` (a test
-holds the two to the same tables): each stored row the batch touches is merged once with the batch's rows;
-the served rows the batch reaches give their values before and after, and the changelog between them. Most
-of a batch's keys at a realistic spread are new windows alone in the batch: those take a column-wise path
-(no accumulator decoded, merged or encoded in Python).
+"""The stream's driver merge engine: a small mini-batch merged with the aggregates' Python algebra, Arrow in, Arrow
+out, no Spark job (but the window kind's reach over ``partials`` where the state does not cover it): planning a
+merge's Spark jobs costs seconds, merging a few thousand keys milliseconds; the state stays in memory between batches.
+Its rules are :mod:`spark_jobs.stream.spark_engine`'s (a test holds the two to the same tables). Keys alone in a batch
+(at a realistic spread, most of them) take a column-wise path, no accumulator decoded in Python.
 """
 
 from __future__ import annotations
@@ -73,13 +69,14 @@ def merge_on_driver(groups: pa.Table, state: pa.Table, local: LocalAggregates, *
         new_state = new_state.filter(merge.kind.is_open_arrow(new_state, closes))
     if local.compiled.retracting:
         new_state = new_state.filter(pc.not_equal(new_state.column("n_rows"), 0))
-    after_values, quick_rows = merge.alone_values(alone)
+    quick_values, quick_rows = merge.alone_values(alone)
+    after_values, after_rows = merge.aggregates(after)
     first_seen = groups.group_by(merge.group, use_threads=False).aggregate([(FIRST_SEEN, "min")]).rename_columns(
         [*merge.group, FIRST_SEEN])
     return BatchOutputs(
-        aggregates=pa.concat_tables([merge.aggregates(after), quick_rows]),
+        aggregates=pa.concat_tables([after_rows, quick_rows]),
         touched=reached.touched.cast(pa.schema([schemas["aggregates"].field(k) for k in merge.keys])),
-        changelog=merge.rule.arrow(merge.values(before), pa.concat_tables([merge.values(after), after_values]),
+        changelog=merge.rule.arrow(merge.values(before), pa.concat_tables([after_values, quick_values]),
                                    first_seen, batch_id, schemas["changelog"]),
         partials=partial_rows(groups, schemas["partials"], batch=f"stream-{batch_id}", run_id=run_id, now=now),
         state=new_state, read_version=reached.read_version)
@@ -124,8 +121,12 @@ class _DriverMerge:
             groups, self.keys, stored)
 
     def alone_values(self, alone: pa.Table) -> tuple[pa.Table, pa.Table]:
-        """The served values of rows alone (for the changelog) and their ``aggregates`` rows, column-wise."""
-        rows = _versioned(alone)
+        """The served values of rows alone (for the changelog) and their ``aggregates`` rows, column-wise; a row
+        without a spec version counts as adopted."""
+        rows = alone if SPEC_VERSION in alone.column_names else alone.append_column(
+            SPEC_VERSION, pa.nulls(alone.num_rows, pa.int64()))
+        rows = rows.set_column(rows.schema.get_field_index(SPEC_VERSION), SPEC_VERSION,
+                               pc.fill_null(rows.column(SPEC_VERSION), ADOPTED))
         entries, coverage = self.local.compiled.entries, self.local.compiled.coverage
         values = value_columns(rows, {}, entries, coverage)
         served = {**{k: rows.column(k) for k in self.keys}, **values, "n_rows": rows.column("n_rows")}
@@ -138,31 +139,30 @@ class _DriverMerge:
 
     def served(self, rows: list[Row]) -> dict[tuple[Any, ...], tuple[list[Any], int, int]]:
         """Each served row the stored ``rows`` merge into: merged accumulators, row count, spec version."""
-        out = {}
-        for key, members in self.kind.serve_rows(rows, self.group).items():
-            out[key] = (self.local.merge_rows(members), sum(r["n_rows"] for r in members), self.local.version(members))
-        return out
+        return {key: (self.local.merge_rows(members), sum(r["n_rows"] for r in members), self.local.version(members))
+                for key, members in self.kind.serve_rows(rows, self.group).items()}
 
     def values(self, served: Mapping[tuple[Any, ...], tuple[list[Any], int, int]]) -> pa.Table:
         rows = [{**dict(zip(self.keys, key, strict=True)), **self.local.values(accs, version), "n_rows": n}
                 for key, (accs, n, version) in served.items()]
         return pa.Table.from_pylist(rows, schema=self.value_schema)
 
-    def aggregates(self, served: Mapping[tuple[Any, ...], tuple[list[Any], int, int]]) -> pa.Table:
-        retracting = self.local.compiled.retracting
+    def aggregates(self, served: Mapping[tuple[Any, ...], tuple[list[Any], int, int]]) -> tuple[pa.Table, pa.Table]:
+        """The served rows' values (for the changelog) and their ``aggregates`` rows (those that exist), each value
+        read once."""
         rows = [{**dict(zip(self.keys, key, strict=True)), **self.local.values(accs, version), "n_rows": n,
                  **self.local.encode(accs, version), "updated_at": self.now, "run_id": self.run_id,
-                 SPEC_VERSION: version}
-                for key, (accs, n, version) in served.items() if not (retracting and n == 0)]
-        return pa.Table.from_pylist(rows, schema=self.schemas["aggregates"])
+                 SPEC_VERSION: version} for key, (accs, n, version) in served.items()]
+        table = pa.Table.from_pylist(rows, schema=self.schemas["aggregates"])
+        exists = table.filter(pc.not_equal(table.column("n_rows"), 0)) if self.local.compiled.retracting else table
+        return table.select(self.value_schema.names).cast(self.value_schema), exists
 
     def state(self, state: pa.Table, rest: pa.Table) -> pa.Table:
         """The state without the stored rows ``rest`` touches, and those merged with ``rest`` once."""
         day_keys = [DAY, *self.group]
-        touched = self.kind.within_arrow(state, rest, day_keys)
-        merged = []
-        for members in self.kind.merge_stored_rows([*touched.to_pylist(), *rest.to_pylist()], day_keys).values():
-            merged.append(self._stored_row(members, state.column_names))
+        touched = self.kind.within_arrow(state, rest, day_keys).to_pylist()
+        merged = [self._stored_row(members, state.column_names)
+                  for members in self.kind.merge_stored_rows([*touched, *rest.to_pylist()], day_keys).values()]
         kept = self.kind.within_arrow(state, rest, day_keys, anti=True)
         return pa.concat_tables([kept, pa.Table.from_pylist(merged, schema=state.schema)])
 
@@ -173,7 +173,8 @@ class _DriverMerge:
         version = self.local.version(members)
         return {**{c: members[0][c] for c in (DAY, *self.group)},
                 **{b: f(r[b] for r in members) for b, f in zip(self.kind.bounds, (min, max), strict=False)},
-                "n_rows": sum(r["n_rows"] for r in members), **self.local.encode(self.local.merge_rows(members), version),
+                "n_rows": sum(r["n_rows"] for r in members),
+                **self.local.encode(self.local.merge_rows(members), version),
                 "max_event_time": max(times) if times else None, SPEC_VERSION: version}
 
 
@@ -181,14 +182,6 @@ def _in_days(table: pa.Table, days: Set[dt.date]) -> pa.Array:
     if not days:
         return pa.array(np.zeros(table.num_rows, dtype=bool))
     return pc.fill_null(pc.is_in(table.column(DAY), pa.array(sorted(days), pa.date32())), False)
-
-
-def _versioned(rows: pa.Table) -> pa.Table:
-    """``rows`` with the spec version a row without one is counted as."""
-    if SPEC_VERSION not in rows.column_names:
-        return rows.append_column(SPEC_VERSION, pa.repeat(pa.scalar(ADOPTED, pa.int64()), rows.num_rows))
-    at = rows.schema.get_field_index(SPEC_VERSION)
-    return rows.set_column(at, SPEC_VERSION, pc.fill_null(rows.column(SPEC_VERSION), ADOPTED))
 
 
 def partial_rows(groups: pa.Table, schema: pa.Schema, *, batch: str, run_id: str, now: dt.datetime) -> pa.Table:
@@ -222,13 +215,14 @@ class ArrowEngine:
 
     def merge(self, batch: MiniBatch) -> BatchOutputs:
         schemas = self._schemas()
-        groups = _groups(batch, schemas["state"])
-        batch_rows = None
-        if batch.batch_files:
-            batch_rows = self.lake.read_files(self.tables.partials, list(batch.batch_files)).select(
-                *self.partial_columns).toArrow()
+        stored = schemas["state"]
+        rows = batch.collected if batch.collected is not None else batch.groups.toArrow()
+        groups = rows.select([*stored.names, FIRST_SEEN]).cast(pa.schema([*stored, pa.field(
+            FIRST_SEEN, stored.field("max_event_time").type)]))
+        batch_rows = self.lake.read_files(self.tables.partials, list(batch.batch_files)).select(
+            *self.partial_columns).toArrow() if batch.batch_files else None
         reached = None if self.kind.state_covers_reach else self._reach_in_partials(batch, groups, schemas)
-        return merge_on_driver(groups, self._state(schemas["state"]), self.local, schemas=schemas,
+        return merge_on_driver(groups, self._state(stored), self.local, schemas=schemas,
                                batch_id=batch.batch_id, closes=batch.closes, run_id=batch.run_id,
                                now=dt.datetime.now(dt.UTC), batch_days=batch.batch_days, batch_rows=batch_rows,
                                reached=reached)
@@ -267,9 +261,3 @@ class ArrowEngine:
         if self._held is None or self._held[0] != version:
             self._held = (version, self.lake.read(self.tables.stream_state).toArrow().select(schema.names).cast(schema))
         return self._held[1]
-
-
-def _groups(batch: MiniBatch, state_schema: pa.Schema) -> pa.Table:
-    first_seen = pa.field(FIRST_SEEN, state_schema.field("max_event_time").type)
-    rows = batch.collected if batch.collected is not None else batch.groups.toArrow()
-    return rows.select([*state_schema.names, FIRST_SEEN]).cast(pa.schema([*state_schema, first_seen]))

@@ -9,6 +9,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from spark_jobs.durations import utc
 from spark_jobs.errors import InputError
@@ -21,6 +22,7 @@ from spark_jobs.phases import CompiledAggregates, partial_aggregate
 from spark_jobs.spark_failures import spark_errors
 from spark_jobs.spec import PipelineSpec
 from spark_jobs.stream.outputs import Rows
+from spark_jobs.windows.base import F
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -40,17 +42,14 @@ class BatchReader:
         self._groups_per_row: float | None = None  # a batch's groups over its footers' bound: the largest seen
 
     def read(self, found: Screen, watermark: dt.datetime | None, batch_id: int) -> BatchRead:
-        """The pass. A batch that fits the driver engine, by its files' row counts or by the groups per row of the
-        batches before it, comes to the driver in that same Spark job; another is cached and counted first. A file
-        unreadable past its footer fails here (InputError)."""
+        """The pass. A batch comes to the driver in that same Spark job when its files' footers bound it under the
+        driver's limit, or when twice the groups per row of the densest batch yet would fit; another is cached and
+        counted first. A file unreadable past its footer fails here (InputError)."""
         from pyspark import StorageLevel
-        from pyspark.sql import functions as F
 
         combined = self._combined(found, watermark)
         bound = found.readable_rows()
         groups = None if bound is None else bound * self.spec.window.windows_per_row  # at most, per row and window
-        # to the driver in the pass itself when the footers bound the batch under the driver's limit, or when twice
-        # the groups per row of the densest batch yet would fit; else cached and counted first
         fits = groups is not None and groups <= self.driver_max_keys
         expected = fits or (groups is not None and self._groups_per_row is not None
                             and 2 * self._groups_per_row * groups <= self.driver_max_keys)
@@ -60,11 +59,10 @@ class BatchReader:
                 combined.persist(StorageLevel.MEMORY_AND_DISK)
                 valid = F.col(_BAD).isNull()
                 read.counted(combined.agg(
-                    F.sum(F.when(valid, F.col("_rows"))).alias("rows"),
-                    F.min(F.when(valid, F.col("_first_seen"))).alias("low"),
-                    F.max(F.when(valid, F.col("max_event_time"))).alias("high"), F.count(F.when(valid, 1)).alias("keys"),
-                    F.count(F.when(~valid, 1)).alias("rejected"), F.count(F.when(F.col("_reject._late"), 1)).alias("late"),
-                ).first())
+                    F.sum(F.when(valid, F.col("_rows"))).alias("rows"), F.count(F.when(~valid, 1)).alias("rejected"),
+                    F.min(F.when(valid, F.col("_first_seen"))).alias("low"), F.count(F.when(valid, 1)).alias("keys"),
+                    F.max(F.when(valid, F.col("max_event_time"))).alias("high"),
+                    F.count(F.when(F.col("_reject._late"), 1)).alias("late")).first())
         except spark_errors() as exc:
             read.combined.unpersist()
             raise InputError(f"mini-batch {batch_id} failed reading {self.spec.source.path}: "
@@ -75,8 +73,6 @@ class BatchReader:
 
     def _combined(self, found: Screen, watermark: dt.datetime | None) -> DataFrame:
         """The batch's groups and rejects in one frame (see :func:`_rejects_apart`)."""
-        from pyspark.sql import functions as F
-
         spec, window = self.spec, self.spec.window
         et = F.col(spec.source.event_time)
         rows = classify(read_landing(self.spark, spec, found), spec, F.col(DAY), DAY)
@@ -106,8 +102,6 @@ def _rejects_apart(rows: DataFrame, spec: PipelineSpec) -> DataFrame:
     yields both. ``_bad``, a grouping key, is a row id for a reject (NULL for a valid row), ``_reject`` its
     reason, record, file and lateness; a reject's group keys are NULL (never those of a valid row) and its
     event time a constant, so that it falls in windows no valid row shares."""
-    from pyspark.sql import functions as F
-
     bad = F.col("_reason").isNotNull()
     # Parquet is read with the spec's types, so its record is its typed columns: written out here, for the
     # rejects alone (a ``_raw`` column would be computed for every row before the branch)
@@ -144,8 +138,6 @@ class BatchRead:
     def collect(self, *, bounded: bool = True) -> bool:
         """Bring the groups and rejects to the driver. An estimated batch (not ``bounded``) whose result outgrows
         ``spark.driver.maxResultSize`` is not collected (False): it is counted and merged in Spark instead."""
-        import pyarrow.compute as pc
-
         try:
             table = self.combined.toArrow()
         except spark_errors() as exc:
@@ -164,13 +156,9 @@ class BatchRead:
         return True
 
     def groups(self) -> DataFrame:
-        from pyspark.sql import functions as F
-
         return self.combined.where(F.col(_BAD).isNull()).drop(_BAD, "_reject", "_rows")
 
     def rejects(self) -> Rows:
-        from pyspark.sql import functions as F
-
         if self._rejects is not None:
             return self._rejects
         return self.combined.where(F.col(_BAD).isNotNull()).select("_reject.*")

@@ -1,13 +1,12 @@
 """The changelog rule, once, in its Spark and Arrow forms (a property test holds the two equal).
 
-Each served row's values before and after a mini-batch give its change, as Flink's retracting group
-aggregation emits them: a new row ``+I`` (new values); a changed row ``-U`` (old values) then ``+U`` (new
-values); a row whose row count falls to zero, or that is gone, ``-D`` (old values); an unchanged row nothing.
-A row that is missing or has a row count of zero does not exist. A served row is named by the window kind's
-identity columns (a session by its key and start: one that grew keeps its name, ``-U`` with its old end and
-``+U`` with its new one; one absorbed by another, or whose start a merge moved, is deleted and the merged one
-inserted or updated under its own start). ``seq`` orders the rows within the batch: by the first event of
-their group key in the batch, then by identity, ``-U`` before ``+U``.
+Each served row's values before and after a mini-batch give its change, as Flink's retracting group aggregation emits
+them: a new row ``+I`` (new values); a changed row ``-U`` (old values) then ``+U`` (new values); a row whose row count
+falls to zero, or that is gone, ``-D`` (old values); an unchanged row nothing. A row that is missing or has a row count
+of zero does not exist. A served row is named by the window kind's identity columns (a session by its key and start: one
+that grew keeps its name, ``-U`` with its old end and ``+U`` with its new one; one absorbed by another, or whose start a
+merge moved, is deleted and the merged one inserted or updated under its own start). ``seq`` orders the rows within the
+batch: by the first event of their group key in the batch, then by identity, ``-U`` before ``+U``.
 """
 
 from __future__ import annotations

@@ -29,9 +29,8 @@ class Handoffs:
 
     def pending(self, done: int | None) -> list[tuple[int, list[str]]]:
         """The recorded batches after ``done`` (the state's last batch), in batch order."""
-        found = [(batch_id, list(json.loads(storage.read_bytes(self._path(batch_id)))["files"]))
-                 for batch_id in self._ids() if done is None or batch_id > done]
-        return sorted(found)
+        return sorted((batch_id, list(json.loads(storage.read_bytes(self._path(batch_id)))["files"]))
+                      for batch_id in self._ids() if done is None or batch_id > done)
 
     def forget(self, through: int | None) -> None:
         """Remove the records of batches up to ``through``: the state has their commits."""

@@ -1,26 +1,12 @@
-"""One mini-batch, from its files to its five commits: the ``foreachBatch`` function of the stream.
+"""One mini-batch, from its files to its commits: the ``foreachBatch`` function of the stream.
 
-A mini-batch commits, in this order, each as one Delta commit carrying the app transaction
-(``<pipeline>.stream``, batch id):
-1. rejected and late rows to ``dead_letter``;
-2. the served rows it reaches to ``aggregates`` (first: that is what readers wait for);
-3. the changes to ``changelog``;
-4. the batch's partial accumulators to ``partials`` (source ``stream``);
-5. the new state.
-State goes last: a batch with a state commit is complete. A replay skips every table that
-already has its commit, so after a kill -9 anywhere, a restart gives the tables of an
-uninterrupted run. Declared rollups are then refreshed from ``aggregates`` in the background,
-while the next batch reads its files (the stream's start and end wait for them).
-
-A batch that came to the driver in its read is handed off (where the lake commits on the driver): its file list
-recorded, its merge and commits run on a commit thread while Spark reads the next batch, whose merge waits for
-them (:mod:`spark_jobs.stream.handoff`: Spark marks the batch done before they land, so a restart replays the
-record).
-
-Watermark: the largest event time in state minus ``stream.watermark``, as of the batch's
-start. Rows older than it go to ``dead_letter`` as ``late``. Stored rows whose windows end at or before
-it are closed and leave state (the window kind says which). Without a window, state is unbounded group
-aggregation.
+Its commits, in this order, each one Delta commit carrying the app transaction (``<pipeline>.stream``, batch id):
+rejected and late rows to ``dead_letter``; the served rows it reaches to ``aggregates`` (what readers wait for);
+the changes to ``changelog``; its partial accumulators to ``partials``; the new state, last, so a batch with a
+state commit is complete and a replay skips every table that has its commit: after a kill -9 anywhere, a restart
+gives the tables of an uninterrupted run. A batch that came to the driver is handed off where the lake commits on the
+driver (:mod:`spark_jobs.stream.handoff`). The watermark is the largest event time in state minus
+``stream.watermark``, as of the batch's start; rows older go to ``dead_letter`` as late.
 """
 
 from __future__ import annotations
@@ -85,8 +71,7 @@ class MiniBatchAggregator:
 
     def __init__(self, spark: SparkSession, spec: PipelineSpec, lake: Lake, run_id: str,
                  driver_max_keys: int = DRIVER_MAX_KEYS) -> None:
-        self.spark, self.spec, self.lake, self.run_id = spark, spec, lake, run_id
-        self.driver_max_keys = driver_max_keys
+        self.spark, self.spec, self.lake, self.run_id, self.driver_max_keys = spark, spec, lake, run_id, driver_max_keys
         self.tables = PipelineTables(spec.lake, spec.name)
         # the spec the lake records; each mini-batch checks it again (an ``apply`` stops the stream)
         self.record = ensure_applied(lake, spec, run_id=run_id)
@@ -199,12 +184,11 @@ class MiniBatchAggregator:
     def _load_high(self) -> dt.datetime | None:
         from pyspark.sql import functions as F
 
-        if not self._high_loaded:
-            t = self.tables
-            row = (self.lake.read(t.stream_state).agg(F.max("max_event_time").alias("m")).first()
-                   if self.lake.version(t.stream_state) is not None else None)
-            self._high = utc(row["m"]) if row is not None and row["m"] is not None else None
-            self._high_loaded = True
+        state = self.tables.stream_state
+        if not self._high_loaded and self.lake.version(state) is not None:
+            row = self.lake.read(state).agg(F.max("max_event_time").alias("m")).first()
+            self._high = utc(row["m"]) if row is not None else None
+        self._high_loaded = True
         return self._high
 
     # ------------------------------------------------------------------ batch
@@ -250,18 +234,12 @@ class MiniBatchAggregator:
                 with phase("collect"):  # small enough for the driver: one transfer of its groups and rejects
                     read.collect()
             record.files_quarantined, record.files_skipped = outcome.files_quarantined, outcome.files_skipped
-            outcome.rows_rejected, outcome.rows_late = read.rejected, read.late
-            outcome.rows_aggregated = read.rows
-            outcome.rows_in = outcome.rows_aggregated + outcome.rows_rejected
-            record.rows_in, record.rows_rejected = outcome.rows_in, outcome.rows_rejected
-            record.rows_aggregated = outcome.rows_aggregated
+            outcome.rows_rejected, outcome.rows_late, outcome.rows_aggregated = read.rejected, read.late, read.rows
+            outcome.rows_in = record.rows_in = read.rows + read.rejected
+            record.rows_rejected, record.rows_aggregated = read.rejected, read.rows
             if outcome.rows_aggregated:  # the next batch's watermark: its read need not wait for this commit
                 self._high = max(h for h in (self._high, read.high) if h is not None)
             return _Begun(files, found, read, outcome, record, phase, self._high, recorded.pop_all())
-
-    def engine_for(self, keys: int) -> MergeEngine:
-        """The driver merges a batch of ``keys`` pre-aggregated rows when it fits there; Spark merges the others."""
-        return self.arrow if self.arrow.fits(keys) else self.spark_engine
 
     def finish(self, begun: _Begun) -> BatchOutcome:
         """The batch's merge and commits (the run record closes with them)."""
@@ -276,14 +254,15 @@ class MiniBatchAggregator:
                 """Merge and commit; after a lost race, again from the tables as they are now (the
                 hybrid rule may have changed) while the tables that have the batch's commit skip it."""
                 record.attempts = attempt
-                batch, out, engine = None, None, None
+                batch, out = None, None
+                engine: MergeEngine | None = None
                 if outcome.rows_aggregated:
                     assert read.low is not None and read.high is not None
                     with phase("merge"):
                         batch = MiniBatch(batch_id, record.run_id, read.groups(), (read.low, read.high),
                                           self._watermark(high), *self._counted_batch_partials((read.low, read.high)),
                                           collected=read.collected)
-                        engine = self.engine_for(read.keys)
+                        engine = self.arrow if self.arrow.fits(read.keys) else self.spark_engine
                         outcome.on_driver = engine is self.arrow
                         out = engine.merge(batch)
                 commits = commit_outputs(lake, spec, txn, run_id=record.run_id, rejects=read.rejects(),
@@ -299,8 +278,7 @@ class MiniBatchAggregator:
                     self.refresh_rollups(run_id=record.run_id)
             read.combined.unpersist()
             outcome.state_writes, outcome.changes = commits.state_writes, commits.changes
-            outcome.visible_at = commits.visible_at
-            record.versions_written = commits.written
+            outcome.visible_at, record.versions_written = commits.visible_at, commits.written
             watermark = outcome.watermark
             record.message = (f"mini-batch {batch_id}: {outcome.state_writes} state writes, {outcome.changes} "
                               f"changelog rows, {outcome.rows_late} late"
@@ -320,7 +298,6 @@ class MiniBatchAggregator:
         return days, tuple(f.path for f in files)
 
 
-
 @dataclass
 class _Begun:
     """A mini-batch read, its merge and commits to come; ``recorded`` holds its open run record."""
@@ -337,5 +314,3 @@ class _Begun:
 
 class Stopped(Exception):
     """Raised into Spark when a stop was requested before a mini-batch started."""
-
-

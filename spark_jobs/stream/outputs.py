@@ -1,10 +1,6 @@
-"""One mini-batch step: what a merge engine starts from, what it produces, and the one commit.
-
-The stream has two merge engines (Spark for large batches, the driver's Python algebra for
-small ones). Both start from the same :class:`MiniBatch`, apply the same hybrid rule, and
-return the same :class:`BatchOutputs`, which :func:`commit_outputs` commits in one order, each
-table once per batch id; a test holds the engines to byte-identical tables.
-"""
+"""What a merge engine starts from (:class:`MiniBatch`), what it gives (:class:`BatchOutputs`), and the one routine
+that commits it, each table once per batch id. Both engines apply the same hybrid rule; a test holds them to
+byte-identical tables."""
 
 from __future__ import annotations
 
@@ -36,8 +32,7 @@ class MiniBatch:
 
     batch_id: int
     run_id: str
-    groups: DataFrame  # its pre-aggregated rows, one per (event day, key, stored window): state columns and
-    # ``_first_seen``
+    groups: DataFrame  # one row per (event day, key, stored window): state columns and ``_first_seen``
     span: tuple[dt.datetime, dt.datetime]  # event times of its valid rows
     closes: dt.datetime | None  # windows ending at or before it leave state
     batch_days: frozenset[dt.date] = frozenset()  # touched days with a batch combine (the hybrid rule) ...
@@ -89,14 +84,12 @@ def pending(lake: Lake, path: str, txn: AppTxn) -> bool:
 def commit_outputs(lake: Lake, spec: PipelineSpec, txn: AppTxn, *, run_id: str, rejects: Rows, rejected: int,
                    batch: MiniBatch | None, out: BatchOutputs | None, files: Sequence[BadFile] = (),
                    phase: PhaseTimer | None = None) -> BatchCommits:
-    """Commit a batch: its rejected rows, then (when it aggregated any) its outputs, each as one Delta
-    commit carrying ``txn``. State goes last, so a batch with a state commit is complete and a replay
-    skips every table that has its commit (dead letters, with the quarantined ``files``, are replaced by
-    (job, batch): idempotent)."""
+    """Commit a batch: its rejected rows, then (when it aggregated any) its outputs, each as one Delta commit
+    carrying ``txn``, state last (see :mod:`spark_jobs.stream.minibatch`); dead letters, with the quarantined
+    ``files``, are replaced by (job, batch): idempotent."""
     import pyarrow as pa
 
-    t = PipelineTables(spec.lake, spec.name)
-    done = BatchCommits()
+    t, done = PipelineTables(spec.lake, spec.name), BatchCommits()
     phase = phase or PhaseTimer()
     with phase("commit dead_letter"):
         dead = write_dead_letters(lake, t, rejects, job="stream", batch=f"stream-{txn.version}", run_id=run_id,
@@ -127,15 +120,9 @@ def commit_outputs(lake: Lake, spec: PipelineSpec, txn: AppTxn, *, run_id: str, 
         done.written["partials"] = commit.version
         done.state_writes = commit.rows_added
     else:
-        done.state_writes = _count(out.partials)
+        done.state_writes = out.partials.num_rows if isinstance(out.partials, pa.Table) else int(out.partials.count())
     state_keys = [DAY, *keys]
     with phase("commit state"):
         done.written["stream_state"] = lake.replace_keys(out.state, t.stream_state, keys=state_keys, touched=None,
                                                          app_txn=txn, metadata=meta, sort_by=state_keys).version
     return done
-
-
-def _count(rows: Rows) -> int:
-    import pyarrow as pa
-
-    return rows.num_rows if isinstance(rows, pa.Table) else int(rows.count())

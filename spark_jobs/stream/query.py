@@ -1,14 +1,8 @@
 """stream: windowed mini-batch aggregation with keyed state and a retraction changelog, exactly once.
 
 Spark Structured Streaming tracks new landing files; each micro-batch is a mini-batch in Flink's sense
-(:mod:`spark_jobs.stream.minibatch`), whose files are read as a batch DataFrame (pruned, vectorised) in one pass
-(:mod:`spark_jobs.stream.batch_read`). Its rows are pre-aggregated per (event day, key, stored window) first;
-then each stored row it touches is read once, merged once and written once, by one of two engines handed the
-window kind: the driver's (:mod:`spark_jobs.stream.arrow_engine`) for a batch that fits it, Spark's
-(:mod:`spark_jobs.stream.spark_engine`) for the others; both apply one changelog rule
-(:mod:`spark_jobs.stream.changelog`) and give the same tables. State is a Delta table of the stored rows of open
-windows (``_stream/state``). Spark's checkpoint (``_stream/checkpoint``) fixes which files each batch id holds, so
-a replayed batch sees the same rows.
+(:mod:`spark_jobs.stream.minibatch`). Spark's checkpoint (``_stream/checkpoint``) fixes which files each batch id
+holds, so a replayed batch sees the same rows. docs/streaming.md tells the whole story.
 """
 
 from __future__ import annotations
@@ -55,13 +49,11 @@ class StreamSummary:
                 f"aggregated, {sum(b.rows_rejected for b in done):,} rejected ({sum(b.rows_late for b in done):,} "
                 f"late), {sum(b.state_writes for b in done):,} state writes, {sum(b.changes for b in done):,} "
                 f"changelog rows; {sum(b.on_driver for b in done)} of the batches merged on the driver")
-        quarantined, empty = sum(b.files_quarantined for b in done), sum(b.files_skipped for b in done)
-        if quarantined:
+        if quarantined := sum(b.files_quarantined for b in done):
             text += f"; {quarantined} landing file(s) quarantined (see dead_letter)"
-        if empty:
+        if empty := sum(b.files_skipped for b in done):
             text += f"; {empty} empty file(s) skipped"
-        skipped = len(self.batches) - len(done)
-        if skipped:
+        if skipped := len(self.batches) - len(done):
             text += f"; {skipped} replayed batches were already committed"
         return text + ("; stopped by signal at a batch boundary" if self.stopped_by_signal else "")
 
@@ -139,7 +131,8 @@ def run(spark: SparkSession, spec: PipelineSpec, *, available_now: bool = False,
     rollups.refresh(lake, aggregator.compiled, run_id=run_id or "stream-start")  # after a crash between commits
     writer = (source_stream(spark, spec).writeStream.foreachBatch(aggregator)
               .option("checkpointLocation", tables.stream_checkpoint).queryName(f"{spec.name}_stream"))
-    writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=spec.stream.trigger.spark)
+    writer = (writer.trigger(availableNow=True) if available_now
+              else writer.trigger(processingTime=spec.stream.trigger.spark))
     stop = stop or threading.Event()
     summary = StreamSummary(aggregator.outcomes)
     conf = {**_SMALL_BATCH_CONF, "spark.sql.shuffle.partitions": str(spark.sparkContext.defaultParallelism)}

@@ -1,8 +1,6 @@
 """The stream's Spark merge engine, for batches too large for the driver: the window kind's rules as DataFrames.
-
-Each stored row the batch touches is read from the state once, merged once with the batch's pre-aggregated
-rows and written once; the served rows the batch reaches (the window kind's reach, over the state or over
-``partials``) give their values before and after in one aggregation, and the changelog between them.
+Each stored row the batch touches is read from the state once, merged once with the batch's rows and written once;
+the served rows the batch reaches give their values before and after in one aggregation, and the changelog between.
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ from spark_jobs.phases import CompiledAggregates, final_aggregate
 from spark_jobs.stream.changelog import FIRST_SEEN, ChangelogRule
 from spark_jobs.stream.outputs import BatchOutputs, MiniBatch
 from spark_jobs.windows import Reach, Stored
+from spark_jobs.windows.base import F
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -43,8 +42,6 @@ class SparkEngine:
         self._cached: list[DataFrame] = []
 
     def merge(self, batch: MiniBatch) -> BatchOutputs:
-        from pyspark.sql import functions as F
-
         groups = batch.groups
         state = (self.lake.read(self.tables.stream_state) if self.lake.version(self.tables.stream_state) is not None
                  else self.spark.createDataFrame([], groups.select(*self.state_columns).schema))
@@ -76,7 +73,6 @@ class SparkEngine:
     def _values(self, reach: Reach, live: DataFrame) -> DataFrame:
         """The served rows the batch reaches, before (``_after`` false) and after it, in one aggregation."""
         from pyspark import StorageLevel
-        from pyspark.sql import functions as F
 
         before = reach.stored.select(*self.partial_columns)
         sides = before.withColumn("_after", F.lit(False)).unionByName(
@@ -89,12 +85,11 @@ class SparkEngine:
     def _state(self, state: DataFrame, groups: DataFrame, closes: dt.datetime | None) -> DataFrame:
         """The new state: the stored rows the batch touches merged with its rows once; closed windows leave."""
         from pyspark import StorageLevel
-        from pyspark.sql import functions as F
 
         touched = self.kind.within(state, groups, self.day_keys).select(*self.state_columns)
-        merged = final_aggregate(self.kind.merge_stored(touched.unionByName(groups.select(*self.state_columns)),
-                                                        self.day_keys),
-                                 self.compiled, extra_keys=[DAY], extra_aggs=[F.max("max_event_time").alias("max_event_time")])
+        stored = self.kind.merge_stored(touched.unionByName(groups.select(*self.state_columns)), self.day_keys)
+        merged = final_aggregate(stored, self.compiled, extra_keys=[DAY],
+                                 extra_aggs=[F.max("max_event_time").alias("max_event_time")])
         merged = merged.select(*self.state_columns).persist(StorageLevel.MEMORY_AND_DISK)
         self._cached.append(merged)
         new_state = self.kind.within(state, groups, self.day_keys, anti=True).select(*self.state_columns)
@@ -109,8 +104,6 @@ class SparkEngine:
 def state_in_reach(lake: Lake, tables: PipelineTables, batch: MiniBatch, state: DataFrame) -> Stored:
     """The stored rows that count, from the stream's state: its rows of days without a batch combine, and the
     batch partials of days with one (the hybrid rule)."""
-    from pyspark.sql import functions as F
-
     counted = state.where(~F.col(DAY).isin(sorted(batch.batch_days))) if batch.batch_days else state
     if batch.batch_files:
         counted = counted.drop("max_event_time").unionByName(
@@ -126,8 +119,6 @@ def state_in_reach(lake: Lake, tables: PipelineTables, batch: MiniBatch, state: 
 def partials_in_reach(lake: Lake, tables: PipelineTables, batch: MiniBatch) -> Stored:
     """The stored rows that count, from ``partials`` (the hybrid rule: its counted files), without the batch's own
     rows (a replay finds them committed), and the served keys of ``aggregates`` as they are now."""
-    from pyspark.sql import functions as F
-
     files = counted_files(lake.files(tables.partials)) if lake.version(tables.partials) is not None else {}
     day_of = {p: dt.date.fromisoformat(d) for p, f in files.items() if (d := f.partition_values.get(DAY))}
     def read(lo: dt.date | None, hi: dt.date | None, keys: DataFrame | None) -> DataFrame:
