@@ -60,6 +60,7 @@ class Diff:
     recount: bool = False  # the rows counted may differ (source columns): every day is recombined
     rollups_removed: tuple[str, ...] = ()
     reserved: bool = False  # the served windows change and are re-derived from the stored rows
+    null_keys_grouped: bool = False  # rows rejected for a NULL group key count from now on
 
     @property
     def refused(self) -> list[Change]:
@@ -87,6 +88,7 @@ def compare(old: PipelineSpec, new: PipelineSpec) -> Diff:
         changes.append(Change("refused", "name", f"name {old.name} -> {new.name}", f"a pipeline's name names its "
                               f"tables; keep {old.name!r}, or start a new pipeline in another lake"))
     reset, recount = _source_changes(old, new, changes)
+    grouped = _null_key_change(old, new, changes)
     keys = _key_changes(old, new, changes)
     window = old.window.change_to(new.window) if old.window != new.window else None
     if window is not None:
@@ -106,7 +108,7 @@ def compare(old: PipelineSpec, new: PipelineSpec) -> Diff:
     return Diff(tuple(changes), tuple(added), tuple(dropped),
                 () if reset else tuple(k for k in old.group_by if k not in new.group_by),
                 stored and window is not None and window.retile, stored and window is not None and window.unwindow,
-                reset, recount, removed, reserved=stored)
+                reset, recount or grouped is False, removed, reserved=stored, null_keys_grouped=bool(grouped))
 
 
 def _source_changes(old: PipelineSpec, new: PipelineSpec, changes: list[Change]) -> tuple[bool, bool]:
@@ -133,10 +135,25 @@ def _source_changes(old: PipelineSpec, new: PipelineSpec, changes: list[Change])
         changes.append(Change("raw", f"source.schema.{col}", f"column {col} removed",
                               "rows rejected only for that column count from now on; recombine to count every day so"))
     for key in sorted(set(o_src) | set(n_src)):
-        if key not in ("format", "event_time", "op_column", "schema") and o_src.get(key) != n_src.get(key):
+        if key not in ("format", "event_time", "op_column", "schema", "null_keys") and o_src.get(key) != n_src.get(key):
             changes.append(Change("settings", f"source.{key}", f"source.{key} {o_src.get(key)} -> {n_src.get(key)}",
                                   "applies to the next runs"))
     return reset, recount
+
+
+def _null_key_change(old: PipelineSpec, new: PipelineSpec, changes: list[Change]) -> bool | None:
+    """``source.null_keys``: True when NULL keys group from now on, False when they are rejected, None: unchanged."""
+    before, after = old.source.null_keys, new.source.null_keys
+    if before == after:
+        return None
+    what = f"source.null_keys {before} -> {after}"
+    if after == "group":
+        changes.append(Change("raw", "source.null_keys", what, "rows rejected for a NULL group key form groups from "
+                              "now on: the days whose dead letters hold them are recombined"))
+        return True
+    changes.append(Change("raw", "source.null_keys", what, "rows with a NULL group key are rejected from now on: "
+                          "every day is recombined"))
+    return False
 
 
 def _key_changes(old: PipelineSpec, new: PipelineSpec, changes: list[Change]) -> Kind | None:
@@ -360,6 +377,8 @@ def make_plan(spec: PipelineSpec, records: Sequence[RecordedSpec]) -> Plan:
         days |= set(day_versions(tables.partials))
     if diff.dropped_keys:  # rows rejected only for lacking a dropped key count under the new spec
         days |= rejected_only_for(tables.dead_letter, [f"group key {k} is missing" for k in diff.dropped_keys])
+    if diff.null_keys_grouped:  # and so do rows rejected only for a NULL key, once NULL keys group
+        days |= rejected_only_for(tables.dead_letter, [f"group key {k} is missing" for k in old.group_by])
     plan.days = [DayCost(d, *landing_rows(spec, d)) for d in sorted(days)]
     return plan
 

@@ -36,7 +36,8 @@ ALL_AGGREGATES: list[dict[str, Any]] = [
 
 def make_spec(root: Path, *, name: str = "views", window: dict[str, str] | None = None,
               group_by: list[str] | None = None, aggregates: list[dict[str, Any]] | None = None,
-              fmt: str = "parquet", rollups: list[dict[str, Any]] | None = None) -> PipelineSpec:
+              fmt: str = "parquet", rollups: list[dict[str, Any]] | None = None,
+              null_keys: str | None = None) -> PipelineSpec:
     raw: dict[str, Any] = {
         "name": name,
         "source": {"path": str(root / "landing"), "format": fmt, "event_time": "event_time", "schema": SCHEMA},
@@ -44,6 +45,8 @@ def make_spec(root: Path, *, name: str = "views", window: dict[str, str] | None 
         "aggregates": ALL_AGGREGATES if aggregates is None else aggregates,
         "lake": str(root / "lake"),
     }
+    if null_keys is not None:
+        raw["source"]["null_keys"] = null_keys
     if window is not None:
         raw["window"] = window
     if rollups is not None:
@@ -82,7 +85,7 @@ FAST_AGGREGATES: list[dict[str, Any]] = [a for a in ALL_AGGREGATES if ":" not in
 
 def day_events(date: str, n: int, *, seed: int = 0, pages: tuple[str, ...] = ("/a", "/b", "/c"),
                rejected: int = 0) -> pa.Table:
-    """``n`` deterministic events spread over ``date`` (UTC), plus ``rejected`` rows without a page."""
+    """``n`` deterministic events spread over ``date`` (UTC), plus ``rejected`` rows without an event time."""
     import datetime as dt
     import random
 
@@ -94,8 +97,8 @@ def day_events(date: str, n: int, *, seed: int = 0, pages: tuple[str, ...] = ("/
         ms = None if rng.random() < 0.1 else rng.randrange(10_000)
         rows.append((at, f"u{rng.randrange(30)}", rng.choice(pages), ms, rng.choice([0.5, 1.0, 2.0]),
                      rng.choice(["DE", "US", "FR", None])))
-    for i in range(rejected):
-        rows.append((midnight + dt.timedelta(hours=i % 24), "u0", None, 1, 1.0, "DE"))
+    for _ in range(rejected):  # rejected whatever source.null_keys says
+        rows.append((None, "u0", "/a", 1, 1.0, "DE"))
     return events(rows)
 
 

@@ -29,12 +29,33 @@ EXACT_SQL = {
 
 
 def valid_rows(raw: pa.Table, spec: PipelineSpec) -> pa.Table:
-    """The rows the pipeline must aggregate: event time and keys present, in their partition's day."""
+    """The rows the pipeline must aggregate: event time present (keys too with ``null_keys: reject``; else a NULL key
+    is a group, as DuckDB's GROUP BY makes it), in their partition's day."""
     con = duckdb.connect()
     con.register("raw", raw)
-    cond = " AND ".join([f"{spec.source.event_time} IS NOT NULL", *(f"{k} IS NOT NULL" for k in spec.group_by),
+    keys = spec.group_by if spec.source.null_keys == "reject" else ()
+    cond = " AND ".join([f"{spec.source.event_time} IS NOT NULL", *(f"{k} IS NOT NULL" for k in keys),
                          f"CAST(timezone('UTC', {spec.source.event_time}) AS DATE) = CAST(event_date AS DATE)"])
     return con.sql(f"SELECT * FROM raw WHERE {cond}").arrow()
+
+
+def live_rows(rows: Any, spec: PipelineSpec) -> Any:
+    """A changelog source's rows live after its retractions: each -U/-D row cancels an +I/+U row of the same values
+    (event time aside), the earliest first; other change kinds are left out, as the jobs reject them. Windowed, the
+    product retracts in the window of the -U/-D row's own event time: a pair must share a window for both to agree.
+    Other sources: ``rows`` as they are."""
+    op, et = spec.source.op_column, spec.source.event_time
+    if op is None:
+        return rows
+    same = ", ".join(c for c, _ in spec.source.schema if c not in (op, et)) or "1"
+    con = duckdb.connect()
+    con.register("rows", rows)
+    return con.sql(
+        f"SELECT * EXCLUDE (_sign, _live, _nth) FROM (SELECT *, sum(_sign) OVER (PARTITION BY {same}) AS _live,"
+        f" row_number() OVER (PARTITION BY {same}, _sign ORDER BY {et} DESC) AS _nth"
+        f" FROM (SELECT *, CASE WHEN {op} IN ('-U', '-D') THEN -1 WHEN {op} IN ('+I', '+U') THEN 1 END"
+        " AS _sign FROM rows))"
+        " WHERE _sign = 1 AND _nth <= _live").arrow().read_all()
 
 
 def read_landing(path: str | Path) -> pa.Table:
@@ -49,7 +70,7 @@ def read_landing(path: str | Path) -> pa.Table:
 
 def expected(raw: pa.Table, spec: PipelineSpec) -> pd.DataFrame:
     """The aggregates table a correct pipeline produces, from the raw rows."""
-    rows = valid_rows(raw, spec)
+    rows = live_rows(valid_rows(raw, spec), spec)
     con = duckdb.connect()
     con.register("rows", rows)
     et = spec.source.event_time
@@ -125,7 +146,7 @@ def _normalise(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     for k in ("window_start", "window_end"):
         if k in df:
             df[k] = pd.to_datetime(df[k], utc=True).dt.tz_convert("UTC")
-    return df.sort_values(keys).reset_index(drop=True) if keys else df
+    return df.sort_values(keys, na_position="first").reset_index(drop=True) if keys else df
 
 
 def actual(path: str, spec: PipelineSpec, version: int | None = None) -> pd.DataFrame:

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 
 from spark_jobs.errors import InspectError, LakeError
 from spark_jobs.inspection.where import TIME_PATTERN, parse_where
+from spark_jobs.key_match import arrow_join
 from spark_jobs.lake import GUARD_PREFIX
 from spark_jobs.lake.reader import READ_ERRORS, CommitChange, Snapshot, commit_time, is_table, open_table
 from spark_jobs.lake.runs_table import dead_letter_rows_by_run, read_runs
@@ -425,7 +426,7 @@ def diff(ref: TableRef, *, from_version: int, to_version: int | None = None, key
     compared = [f.name for f in new_s if f.name in old_s.names and f.name not in key_cols
                 and f.name not in BOOKKEEPING and _plain(f.type) and _plain(old_s.field(f.name).type)]
     old = _side(ref, old_t, from_version, key_cols, compared, "old")
-    joined = old.join(_side(ref, new_t, to_v, key_cols, compared, "new"), key_cols, join_type="full outer")
+    joined = arrow_join(old, _side(ref, new_t, to_v, key_cols, compared, "new"), key_cols, "full outer")
     in_old, in_new = pc.is_valid(joined["_in_old"]), pc.is_valid(joined["_in_new"])
 
     def only(present: pa.ChunkedArray, suffix: str) -> pa.Table:  # the rows of one version only, by key
@@ -532,7 +533,7 @@ class Series:
     def of(cls, rows: pa.Table, *, table: str, version: int, metric: str, keys: Sequence[str], x: str,
            max_lines: int) -> Series:
         """``metric`` over ``x``, a line per ``keys`` combination: the ``max_lines`` with the largest totals."""
-        labels = ([", ".join(f"{k}={v}" for k, v in zip(keys, vals, strict=True))
+        labels = ([", ".join(f"{k}={'NULL' if v is None else v}" for k, v in zip(keys, vals, strict=True))
                    for vals in zip(*(rows[k].to_pylist() for k in keys), strict=True)]
                   if keys else ["all"] * rows.num_rows)
         by_label: dict[str, list[tuple[dt.datetime, float | None]]] = {}

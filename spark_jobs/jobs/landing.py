@@ -150,7 +150,8 @@ def classify(raw: DataFrame, spec: PipelineSpec, date: str | Column | None, *kee
     et = F.col(spec.source.event_time)
     ok = ~F.col("_corrupt")
     missing = [(ok & et.isNull(), F.lit(f"{spec.source.event_time} is missing"))]
-    missing += [(ok & F.col(k).isNull(), F.lit(f"group key {k} is missing")) for k in spec.group_by]
+    if spec.source.null_keys == "reject":
+        missing += [(ok & F.col(k).isNull(), F.lit(f"group key {k} is missing")) for k in spec.group_by]
     op = spec.source.op_column
     if op is not None:
         missing.append((ok & (F.col(op).isNull() | ~F.col(op).isin(*OPS)), F.concat(

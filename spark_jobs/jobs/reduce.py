@@ -18,6 +18,7 @@ from spark_jobs.errors import LakeError
 from spark_jobs.jobs import rollups
 from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.jobs.run_record import RunRecord, recorded_run
+from spark_jobs.key_match import join_on_keys
 from spark_jobs.lake import AppTxn, DataFile, Lake, PipelineTables, open_lake
 from spark_jobs.lake.layout import SPEC_VERSION
 from spark_jobs.lake.spec_record import ensure_applied
@@ -141,7 +142,7 @@ def _stored(lake: Lake, spec: PipelineSpec, tables: PipelineTables, now: dict[st
         paths = [p for p in now
                  if p not in day_of or ((lo is None or lo <= day_of[p]) and (hi is None or day_of[p] <= hi))]
         rows = lake.read_files(tables.partials, paths)
-        return rows if keys is None else rows.join(keys, list(spec.group_by), "left_semi")
+        return rows if keys is None else join_on_keys(rows, keys, spec.group_by, "left_semi")
 
     def served() -> tuple[DataFrame | None, int | None]:
         return (None, None) if planned is None else (

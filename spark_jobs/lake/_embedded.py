@@ -41,6 +41,7 @@ from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Tra
 from spark_jobs._failpoints import failpoint
 from spark_jobs.durations import utc
 from spark_jobs.errors import ConflictError, LakeError, SpecChangedError
+from spark_jobs.key_match import join_on_keys
 from spark_jobs.lake._types import GUARD_PREFIX, AppTxn, Cluster, Commit, DataFile
 from spark_jobs.lake.arrow import key_mask, split_by, split_rows
 from spark_jobs.lake.tables import is_spec_shaped
@@ -368,12 +369,12 @@ class EmbeddedLake:
         if affected is None:
             current = self.read_files(path, files, version=version).select(
                 *keys, F.col("_metadata.file_path").alias("_file"))
-            hit = [r["_file"] for r in current.join(touched, keys, "left_semi").select("_file").distinct().collect()]
+            hit = [r["_file"] for r in join_on_keys(current, touched, keys, "left_semi").select("_file").distinct().collect()]
             root = Path(_local(path)).resolve()
             affected = [os.path.relpath(_local(unquote(uri)), root) for uri in hit]
         if not affected:
             return affected, rows
-        kept = self.read_files(path, affected, version=version).join(touched, keys, "left_anti")
+        kept = join_on_keys(self.read_files(path, affected, version=version), touched, keys, "left_anti")
         return affected, kept.select(*rows.columns).unionByName(rows)
 
     def append_rows(self, table: pa.Table, path: str, *, metadata: Mapping[str, Any] | None = None) -> Commit:

@@ -20,6 +20,7 @@ from pyspark.errors import PySparkException
 
 from spark_jobs._failpoints import failpoint
 from spark_jobs.errors import ConflictError
+from spark_jobs.key_match import join_on_keys
 from spark_jobs.lake._embedded import EmbeddedLake
 from spark_jobs.lake._types import AppTxn, Cluster, Commit
 from spark_jobs.lake.tables import is_spec_shaped
@@ -177,7 +178,7 @@ class SparkDeltaLake(EmbeddedLake):
         if touched is None:
             return self._save(self._writer(rows, "overwrite", (), app_txn, metadata), path)
         touched = self._df(touched)
-        source = touched.select(*keys).distinct().join(rows.withColumn("_present", F.lit(True)), list(keys), "left")
+        source = join_on_keys(touched.select(*keys).distinct(), rows.withColumn("_present", F.lit(True)), keys, "left")
         cond = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in keys)
         columns: dict[str, str | Column] = {c: f"s.`{c}`" for c in rows.columns}
         conf = self.spark.conf

@@ -14,6 +14,7 @@ from spark_jobs.aggregates import create
 from spark_jobs.aggregates.base import BoundAggregate
 from spark_jobs.aggregates.builtins import Builtin
 from spark_jobs.aggregates.vectorized import udaf_merge, udaf_partials
+from spark_jobs.key_match import join_on_keys
 from spark_jobs.lake.layout import ADOPTED, SPEC_VERSION
 from spark_jobs.spec import PipelineSpec
 
@@ -68,21 +69,6 @@ class CompiledAggregates:
                 if isinstance(b.function, Builtin) else F.col(b.name) for b in self.entries]
 
 
-def _join(left: DataFrame, right: DataFrame, keys: list[str], how: str = "inner") -> DataFrame:
-    """Join on ``keys``, NULL matching NULL: the stream groups by a key that is NULL for every valid row."""
-    from functools import reduce
-    from operator import and_
-
-    from pyspark.sql import functions as F
-
-    if not keys:
-        return left.join(right, F.lit(True), how)
-    renamed = {k: f"_right_{k}" for k in keys}  # both sides come from the same rows: names, not lineage
-    right = right.withColumnsRenamed(renamed)
-    on = reduce(and_, (F.col(k).eqNullSafe(F.col(r)) for k, r in renamed.items()))
-    return left.join(right, on, how).drop(*renamed.values())
-
-
 SIGN = "_sign"
 
 
@@ -116,9 +102,9 @@ def partial_aggregate(rows: DataFrame, compiled: CompiledAggregates, *, extra_ke
     out = rows.groupBy(*keys).agg(*exprs, *extra_aggs)
     for b, impl in compiled.native:
         if impl.map_view:
-            out = _join(out, impl.spark_partial_frame(rows, keys, SIGN, b.acc_columns[0]), keys, "left")
+            out = join_on_keys(out, impl.spark_partial_frame(rows, keys, SIGN, b.acc_columns[0]), keys, "left")
     if compiled.udafs:
-        out = _join(out, udaf_partials(rows, keys, compiled.udafs, sign=SIGN if sign is not None else None), keys)
+        out = join_on_keys(out, udaf_partials(rows, keys, compiled.udafs, sign=SIGN if sign is not None else None), keys)
     known = {*keys, "n_rows", *compiled.acc_columns}
     version = F.lit(compiled.spec_version).cast("bigint").alias(SPEC_VERSION)
     return out.select(*keys, "n_rows", *compiled.acc_columns, *(c for c in out.columns if c not in known), version)
@@ -142,9 +128,9 @@ def final_aggregate(partials: DataFrame, compiled: CompiledAggregates, *, extra_
         merged = merged.where(F.col("n_rows") != 0)
     for b, impl in compiled.native:
         if impl.map_view:
-            merged = _join(merged, impl.spark_merge_frame(partials, keys, b.acc_columns[0]), keys, "left")
+            merged = join_on_keys(merged, impl.spark_merge_frame(partials, keys, b.acc_columns[0]), keys, "left")
     if compiled.udafs:
-        merged = _join(merged, udaf_merge(partials, keys, compiled.udafs, with_value=True), keys)
+        merged = join_on_keys(merged, udaf_merge(partials, keys, compiled.udafs, with_value=True), keys)
     known = {*keys, "n_rows", *compiled.acc_columns, *compiled.value_names, SPEC_VERSION}
     out = merged.select(*keys, *compiled.value_columns(), "n_rows", *compiled.acc_columns,
                         *(c for c in merged.columns if c not in known),

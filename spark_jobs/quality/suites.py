@@ -50,7 +50,8 @@ def _between(column: str, rng: Range) -> Expectation:
 
 
 def input_expectations(spec: PipelineSpec, rules: QualityRules, date: str) -> list[Expectation]:
-    """Schema, rows present, few rejects, non-null event time and keys, value ranges, freshness."""
+    """Schema, rows present, few rejects, non-null event time (and keys, with ``null_keys: reject``), value ranges,
+    freshness."""
     import great_expectations.expectations as gxe
 
     pct = f"{rules.max_rejected_fraction:.2%}"
@@ -67,7 +68,7 @@ def input_expectations(spec: PipelineSpec, rules: QualityRules, date: str) -> li
                                                       f"(at most {pct} missing)"),
         *(gxe.ExpectColumnValuesToNotBeNull(column=k, mostly=rules.mostly,
                                             description=f"group key {k} present (at most {pct} missing)")
-          for k in spec.group_by),
+          for k in spec.group_by if spec.source.null_keys == "reject"),  # else a NULL key is a group
         gxe.ExpectColumnValuesToBeInSet(column="_event_day", value_set=[date], mostly=rules.mostly,
                                         description=f"freshness: event times fall on the partition's day {date}"),
         *(_between(col, rng) for col, rng in rules.input_ranges.items() if col in spec.source.columns),
@@ -82,9 +83,10 @@ def output_expectations(spec: PipelineSpec, rules: QualityRules | None, *, recon
     rollup table passes its own ``keys`` and no ``rules``: the bounds are set for one window's values."""
     import great_expectations.expectations as gxe
 
+    grouped = set(spec.group_by) if spec.source.null_keys == "group" else set()  # a NULL key is a group
     out: list[Expectation] = [
         gxe.ExpectColumnValuesToNotBeNull(column=k, description=f"group key {k} present")
-        for k in (spec.key_columns if keys is None else keys)
+        for k in (spec.key_columns if keys is None else keys) if k not in grouped
     ]
     out.append(gxe.ExpectColumnValuesToBeBetween(column="n_rows", min_value=1,
                                                  description="counts: every key aggregates at least one row"))

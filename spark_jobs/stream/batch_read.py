@@ -1,5 +1,6 @@
-"""A mini-batch's one pass over its files: rows read and classified (late ones too), pre-aggregated per (event day,
-key, stored window), each reject a group of its own; a batch that fits the driver comes to it in that same job.
+"""A mini-batch's one pass over its files: rows read and classified (late ones too: a row every window of which has
+closed; a row counts in its open windows), pre-aggregated per (event day, key, stored window), each reject a group of
+its own; a batch that fits the driver comes to it in that same job.
 """
 
 from __future__ import annotations
@@ -76,14 +77,20 @@ class BatchReader:
         spec, window = self.spec, self.spec.window
         et = F.col(spec.source.event_time)
         rows = classify(read_landing(self.spark, spec, found), spec, F.col(DAY), DAY)
-        late = F.col("_reason").isNull() & (et < F.lit(watermark)) if watermark is not None else F.lit(False)
-        rows = rows.withColumn("_late", late).withColumn("_reason", F.coalesce("_reason", F.when(
-            F.col("_late"), F.concat(F.lit("late: "), et.cast("string"), F.lit(
-                f" is older than the watermark {watermark or dt.datetime.min:%Y-%m-%d %H:%M:%S} UTC; the batch "
-                "combine of its day counts it")))))
+        if watermark is None:
+            rows = rows.withColumn("_late", F.lit(False))
+        else:
+            rows = window.with_late(rows, event_time=spec.source.event_time, keys=spec.group_by,
+                                    valid=F.col("_reason").isNull(), watermark=watermark)
+        rows = rows.withColumn("_reason", F.coalesce("_reason", F.when(F.col("_late"), F.concat(
+            F.lit("late: "), et.cast("string"), F.lit(
+                f" is in no window still open at the watermark {watermark or dt.datetime.min:%Y-%m-%d %H:%M:%S} "
+                "UTC; the batch combine of its day counts it")))))
         windowed = window.assign(_rejects_apart(rows.withColumn(DAY, F.col(DAY).cast("date")), spec),
                                  event_time=spec.source.event_time, keys=spec.group_by)
         windowed = windowed.withColumns({c: F.when(F.col(_BAD).isNull(), F.col(c)) for c in window.bounds})
+        if watermark is not None:
+            windowed = window.open_only(windowed, watermark)
         combined = partial_aggregate(windowed, self.compiled, extra_keys=[DAY, _BAD], extra_aggs=[
             F.max(et).alias("max_event_time"), F.min(et).alias("_first_seen"),
             window.count_once(spec.source.event_time).alias("_rows"), F.first("_reject").alias("_reject")])
@@ -99,9 +106,9 @@ _REJECT = "struct<_reason string, _raw string, _file string, _late boolean>"  # 
 
 def _rejects_apart(rows: DataFrame, spec: PipelineSpec) -> DataFrame:
     """Rejects ride through the pre-aggregation as groups of their own, so that one pass over a batch's files
-    yields both. ``_bad``, a grouping key, is a row id for a reject (NULL for a valid row), ``_reject`` its
-    reason, record, file and lateness; a reject's group keys are NULL (never those of a valid row) and its
-    event time a constant, so that it falls in windows no valid row shares."""
+    yields both. ``_bad``, a grouping key, is a row id for a reject (NULL for a valid row: a reject never
+    shares a group with one), ``_reject`` its reason, record, file and lateness; a reject's group keys are NULL and
+    its event time a constant (the epoch), so that it falls in windows no valid row shares."""
     bad = F.col("_reason").isNotNull()
     # Parquet is read with the spec's types, so its record is its typed columns: written out here, for the
     # rejects alone (a ``_raw`` column would be computed for every row before the branch)

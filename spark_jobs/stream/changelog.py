@@ -20,6 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_jobs.key_match import arrow_join, join_on_keys
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
@@ -58,8 +60,8 @@ class ChangelogRule:
         keys, names = list(self.identity), [*self.values]
         old = before.select(*keys, F.struct(*names, "n_rows").alias("_old"))
         new = after.select(*keys, F.struct(*names, "n_rows").alias("_new"))
-        both = old.join(new, keys, "full_outer") if keys else old.crossJoin(new)
-        both = both.join(first_seen, list(self.group), "left") if self.group else both.crossJoin(first_seen)
+        both = join_on_keys(old, new, keys, "full_outer") if keys else old.crossJoin(new)
+        both = join_on_keys(both, first_seen, self.group, "left") if self.group else both.crossJoin(first_seen)
         same = F.lit(True)
         for name in names:
             same = same & F.col(f"_old.{name}").eqNullSafe(F.col(f"_new.{name}"))
@@ -119,7 +121,7 @@ class ChangelogRule:
             return rows.append_column(FIRST_SEEN, pa.repeat(pa.scalar(seen, first_seen.schema.field(FIRST_SEEN).type),
                                                             rows.num_rows))
         index = rows.append_column("_row", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
-        joined = index.select([*group, "_row"]).join(first_seen, group, join_type="left outer", use_threads=False)
+        joined = arrow_join(index.select([*group, "_row"]), first_seen, group, "left outer")
         order = np.argsort(joined.column("_row").to_numpy())
         return rows.append_column(FIRST_SEEN, joined.column(FIRST_SEEN).take(pa.array(order)))
 
@@ -132,7 +134,7 @@ def _matched(before: pa.Table, after: pa.Table, keys: list[str]) -> pa.Table:
                          "_n": pa.array([0] if after.num_rows else [None], pa.int64())})
     sides = [t.select(keys).append_column(name, pa.array(np.arange(t.num_rows, dtype=np.int64)))
              for t, name in ((before, "_o"), (after, "_n"))]
-    return sides[0].join(sides[1], keys, join_type="full outer", use_threads=False, coalesce_keys=True)
+    return arrow_join(sides[0], sides[1], keys, "full outer", coalesce_keys=True)
 
 
 def _present(side: pa.Table, both: pa.Table, index: str) -> pa.Array:

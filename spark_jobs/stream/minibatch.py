@@ -6,7 +6,8 @@ the changes to ``changelog``; its partial accumulators to ``partials``; the new 
 state commit is complete and a replay skips every table that has its commit: after a kill -9 anywhere, a restart
 gives the tables of an uninterrupted run. A batch that came to the driver is handed off where the lake commits on the
 driver (:mod:`spark_jobs.stream.handoff`). The watermark is the largest event time in state minus
-``stream.watermark``, as of the batch's start; rows older go to ``dead_letter`` as late.
+``stream.watermark``, as of the batch's start. Lateness is per window, as in Flink and Spark: a row counts in every
+window of it the watermark has not closed, and goes to ``dead_letter`` as late only when all of them have closed.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from spark_jobs.jobs.combine import batch_columns
 from spark_jobs.jobs.reduce import served_rows
+from spark_jobs.key_match import join_on_keys
 from spark_jobs.lake import Lake, PipelineTables
 from spark_jobs.lake.layout import SPEC_VERSION
 from spark_jobs.lake.table_rules import DAY, STREAM, counted_files
@@ -111,7 +112,7 @@ def state_in_reach(lake: Lake, tables: PipelineTables, batch: MiniBatch, state: 
 
     def read(lo: dt.date | None, hi: dt.date | None, keys: DataFrame | None) -> DataFrame:
         rows = counted.where(F.col(DAY).between(F.lit(lo), F.lit(hi))) if lo is not None and hi is not None else counted
-        return rows if keys is None else rows.join(keys, list(keys.columns), "left_semi")
+        return rows if keys is None else join_on_keys(rows, keys, keys.columns, "left_semi")
 
     return Stored(read, None, lambda: (None, None))
 
@@ -124,7 +125,7 @@ def partials_in_reach(lake: Lake, tables: PipelineTables, batch: MiniBatch) -> S
     def read(lo: dt.date | None, hi: dt.date | None, keys: DataFrame | None) -> DataFrame:
         paths = [p for p, day in day_of.items() if (lo is None or lo <= day) and (hi is None or day <= hi)]
         rows = lake.read_files(tables.partials, paths).where(F.col("batch") != F.lit(batch.name))
-        return rows if keys is None else rows.join(keys, list(keys.columns), "left_semi")
+        return rows if keys is None else join_on_keys(rows, keys, keys.columns, "left_semi")
 
     def served() -> tuple[DataFrame | None, int | None]:
         version = lake.version(tables.aggregates)

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs.durations import Duration
-from spark_jobs.key_match import key_mask
+from spark_jobs.key_match import join_on_keys, key_mask
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -36,7 +36,7 @@ else:  # a DAG file's parse reads the window kinds, never pyspark: its functions
     F = _SparkFunctions()
 
 __all__ = ["BOUNDS", "TS", "F", "Grouped", "Reach", "SizedWindows", "Stored", "WindowChange", "WindowKind",
-           "floor_micros", "floor_ticks", "ticks"]
+           "epoch_micros", "floor_micros", "floor_ticks", "ticks"]
 
 BOUNDS = ("window_start", "window_end")
 TS = pa.timestamp("us", tz="UTC")
@@ -152,6 +152,18 @@ class WindowKind(ABC):
         """Whether a stored row still belongs to a window the watermark has not closed (one ending after it)."""
         return F.col("window_end") > F.lit(watermark)
 
+    def with_late(self, rows: DataFrame, *, event_time: str, keys: Sequence[str], valid: Column,
+                  watermark: dt.datetime) -> DataFrame:
+        """``rows`` with ``_late``: the ``valid`` rows every window of which the watermark has closed. As in Flink
+        and Spark, lateness is per window: a row is dropped only from its closed windows (:meth:`open_only`) and
+        counts in every open one; only a row with no open window is late (windows that never close: none)."""
+        return rows.withColumn("_late", F.lit(False))
+
+    def open_only(self, rows: DataFrame, watermark: dt.datetime) -> DataFrame:
+        """Assigned rows that are not late, without their windows the watermark closed (a reject's bounds are
+        NULL: it stays). Tumbling windows and sessions: a row that is not late has no closed window."""
+        return rows
+
     def touched(self, changed: DataFrame, keys: Sequence[str]) -> DataFrame:
         """The served key columns a change of the stored ``changed`` rows rewrites."""
         return self.serve(changed, keys).select(*keys, *self.bounds).distinct()
@@ -161,7 +173,7 @@ class WindowKind(ABC):
         columns = [*keys, *self.scope]
         if not columns:  # one global key
             return stored.limit(0) if anti else stored
-        return stored.join(changed.select(*columns).distinct(), columns, "left_anti" if anti else "left_semi")
+        return join_on_keys(stored, changed.select(*columns).distinct(), columns, "left_anti" if anti else "left_semi")
 
     def reach_of(self, changed: DataFrame, stored: Stored, keys: Sequence[str]) -> Reach:
         """The served rows a change of the stored ``changed`` rows reaches, and the stored rows they merge."""
@@ -233,6 +245,14 @@ class SizedWindows(WindowKind):
     def fits(self, start: dt.datetime, end: dt.datetime) -> bool:
         return (end - start).total_seconds() == self.size.seconds
 
+    def with_late(self, rows: DataFrame, *, event_time: str, keys: Sequence[str], valid: Column,
+                  watermark: dt.datetime) -> DataFrame:
+        """Late: the event's last window (the one starting in its ``start_step``) ends at or before the watermark."""
+        step = self.start_step
+        assert step is not None  # every sized kind has a grid of starts
+        last_end = floor_micros(F.unix_micros(F.col(event_time)), step) + F.lit(self.size.micros)
+        return rows.withColumn("_late", valid & (last_end <= F.lit(epoch_micros(watermark))))
+
     def starts_between(self, lo: dt.datetime, hi: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
         return lo - dt.timedelta(seconds=self.size.seconds), hi
 
@@ -248,6 +268,10 @@ def floor_micros(micros: Column, step: Duration) -> Column:
 def ticks(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """Microseconds since the epoch of a timestamp column."""
     return np.asarray(pc.cast(column, TS).cast(pa.int64()).to_numpy(zero_copy_only=False))
+
+
+def epoch_micros(t: dt.datetime) -> int:
+    return (t - EPOCH) // dt.timedelta(microseconds=1)
 
 
 def floor_ticks(values: np.ndarray, step: Duration) -> np.ndarray:

@@ -20,8 +20,8 @@ import numpy as np
 import pyarrow as pa
 
 from spark_jobs.durations import Duration
-from spark_jobs.key_match import key_mask
-from spark_jobs.windows.base import EPOCH, TS, F, Grouped, floor_micros, floor_ticks, ticks
+from spark_jobs.key_match import join_on_keys, key_mask
+from spark_jobs.windows.base import EPOCH, TS, F, Grouped, epoch_micros, floor_micros, floor_ticks, ticks
 from spark_jobs.windows.tumbling import TiledWindows
 
 if TYPE_CHECKING:
@@ -80,7 +80,16 @@ class Cumulative(TiledWindows):
 
     def is_open(self, watermark: dt.datetime) -> Column:
         bucket_end = floor_micros(F.unix_micros(F.col("window_start")), self.size) + F.lit(self.size.micros)
-        return bucket_end > F.lit(int((watermark - EPOCH) / dt.timedelta(microseconds=1)))
+        return bucket_end > F.lit(epoch_micros(watermark))
+
+    def open_only(self, rows: DataFrame, watermark: dt.datetime) -> DataFrame:
+        """A slice whose windows up to its end have closed moves to the first open slice of its bucket, so that it
+        counts in the open windows only (Flink's CUMULATE merges a late row into the first unfired window's slice)."""
+        at = epoch_micros(watermark) // self.step.micros * self.step.micros
+        closed = F.col("window_end") <= F.lit(watermark)
+        return rows.withColumns({"window_start": F.when(closed, F.timestamp_micros(F.lit(at))).otherwise(
+            F.col("window_start")), "window_end": F.when(closed, F.timestamp_micros(F.lit(at + self.step.micros)))
+            .otherwise(F.col("window_end"))})
 
     def touched(self, changed: DataFrame, keys: Sequence[str]) -> DataFrame:
         """Every window of the buckets a change holds a slice of: those its bucket's first slice is served in."""
@@ -92,7 +101,7 @@ class Cumulative(TiledWindows):
     def within(self, stored: DataFrame, changed: DataFrame, keys: Sequence[str], *, anti: bool = False) -> DataFrame:
         """The slices of the buckets the changed slices are in (``anti``: of the other buckets)."""
         scope = self._bucketed(changed).select(*keys, _BUCKET).distinct()
-        return self._bucketed(stored).join(scope, [*keys, _BUCKET], "left_anti" if anti else "left_semi").drop(_BUCKET)
+        return join_on_keys(self._bucketed(stored), scope, [*keys, _BUCKET], "left_anti" if anti else "left_semi").drop(_BUCKET)
 
     def _bucketed(self, rows: DataFrame) -> DataFrame:
         return rows.withColumn(_BUCKET, floor_micros(F.unix_micros(F.col("window_start")), self.size))
@@ -110,7 +119,7 @@ class Cumulative(TiledWindows):
 
     def is_open_arrow(self, rows: pa.Table, watermark: dt.datetime) -> pa.Array:
         ends = floor_ticks(ticks(rows.column("window_start")), self.size) + self.size.micros
-        return pa.array(ends > int((watermark - EPOCH) / dt.timedelta(microseconds=1)))
+        return pa.array(ends > epoch_micros(watermark))
 
     def touched_arrow(self, changed: pa.Table, keys: Sequence[str]) -> pa.Table:
         buckets = self._bucketed_arrow(changed, keys).group_by([*keys, _BUCKET], use_threads=False).aggregate([])

@@ -4,6 +4,7 @@ into a coarser grid."""
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,10 @@ class Hopping(SizedWindows):
         """An event's copies count in its last window only: the one it entered less than a slide after the start."""
         since_start = F.unix_micros(F.col(event_time)) - F.unix_micros(F.col("window_start"))
         return F.count(F.when(since_start < F.lit(self.slide.micros), 1))
+
+    def open_only(self, rows: DataFrame, watermark: dt.datetime) -> DataFrame:
+        """A row's copies in the windows that closed are dropped; it counts in the open ones (Flink's HOP)."""
+        return rows.where(F.col("window_end").isNull() | (F.col("window_end") > F.lit(watermark)))
 
     def change_to(self, new: WindowKind) -> WindowChange:
         if not new.bounds:

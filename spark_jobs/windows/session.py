@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs.durations import Duration, utc
+from spark_jobs.key_match import join_on_keys
 from spark_jobs.windows.base import TS, F, Grouped, Reach, Stored, WindowChange, WindowKind
 
 if TYPE_CHECKING:
@@ -107,6 +108,14 @@ class Sessions(WindowKind):
 
     merge_stored = serve
 
+    def with_late(self, rows: DataFrame, *, event_time: str, keys: Sequence[str], valid: Column,
+                  watermark: dt.datetime) -> DataFrame:
+        """Late: the row's session among the batch's rows ends before the watermark, so it extends no open session
+        (Flink also counts a row whose own session closed when it bridges into an open session of an earlier batch;
+        here the day's batch combine counts that one)."""
+        cut = self.assign(rows.withColumn("_valid", valid), event_time=event_time, keys=[*keys, "_valid"])
+        return cut.withColumn("_late", F.col("_valid") & ~self.is_open(watermark)).drop(*self.bounds, "_valid")
+
     def is_open(self, watermark: dt.datetime) -> Column:
         """An event at the watermark still joins a session ending there."""
         return F.col("window_end") >= F.lit(watermark)
@@ -128,7 +137,7 @@ class Sessions(WindowKind):
         known = read if read is not None else changed.limit(0)
 
         def inside(rows: DataFrame) -> DataFrame:
-            joined = rows.join(reached, group) if group else rows.crossJoin(reached)
+            joined = join_on_keys(rows, reached, group) if group else rows.crossJoin(reached)
             return joined.where((F.col("window_start") <= F.col("_hi")) & (F.col("window_end") >= F.col("_lo"))) \
                 .drop("_lo", "_hi")
 
@@ -229,7 +238,7 @@ class _Widening:
         first, last = self.stored.days or (self.lo, self.hi)
         earlier = (F.col("_lo") < F.lit(_midnight(self.lo) + self.gap)) if self.lo > first else F.lit(False)
         later = (F.col("_hi") >= F.lit(_midnight(self.hi + dt.timedelta(days=1)))) if self.hi < last else F.lit(False)
-        short = reached.join(self.pending, self.group, "left_semi") if self.group else reached
+        short = join_on_keys(reached, self.pending, self.group, "left_semi") if self.group else reached
         short = short.where(earlier | later).persist()
         self.cached.append(short)
         return short

@@ -70,7 +70,7 @@ def test_bad_input_fails_the_gate_leaves_aggregates_unchanged_and_dead_letters_t
     before = DeltaTable(tables.aggregates)
     version, files = before.version(), sorted(before.file_uris())
     partials_version = DeltaTable(tables.partials).version()
-    # day 2: a third of the rows lack their page (a group key): far above the 1% the gate allows
+    # day 2: a third of the rows lack their event time: far above the 1% the gate allows
     write_day(tmp_path / "landing", DAYS[1], day_events(DAYS[1], 200, seed=9, rejected=100))
     proc = af.run("dags", "test", "views_batch", DAYS[1], timeout=900, check=False)
     [run] = af.runs("views_batch")
@@ -85,12 +85,12 @@ def test_bad_input_fails_the_gate_leaves_aggregates_unchanged_and_dead_letters_t
     assert DeltaTable(tables.partials).version() == partials_version
     dead = [d for d in DeltaTable(tables.dead_letter).to_pyarrow_table().to_pylist() if d["batch"] == DAYS[1]]
     assert len(dead) == 100 and {d["job"] for d in dead} == {"validate"}
-    assert {d["reason"] for d in dead} == {"group key page is missing"}
-    assert all(json.loads(d["raw"]).get("page") is None for d in dead)  # to_json leaves NULLs out
+    assert {d["reason"] for d in dead} == {"event_time is missing"}
+    assert all(json.loads(d["raw"]).get("event_time") is None for d in dead)  # to_json leaves NULLs out
     report = json.loads((Path(spec.lake) / "views" / "_quality" / "input" / DAYS[1] / "latest.json").read_text())
     assert report["success"] is False and report["dead_lettered"] == 100
     failed = {c["description"] for c in report["checks"] if not c["success"]}
-    assert "group key page present (at most 1.00% missing)" in failed
+    assert "event time event_time present (at most 1.00% missing)" in failed
     runs = DeltaTable(tables.runs).to_pyarrow_table().to_pylist()
     [gate] = [r for r in runs if r["job"] == "validate" and r["batch"] == DAYS[1]]
     assert gate["status"] == "failed" and gate["message"].startswith("QualityError: views input suite failed")

@@ -117,7 +117,7 @@ def test_parquet_with_a_column_of_an_incompatible_type_is_a_schema_mismatch(spar
 
 # ------------------------------------------------------------------------------------- rows to dead_letter
 def test_bad_json_records_go_to_dead_letter_with_their_reason_and_text(spark, tmp_path):
-    spec = make_spec(tmp_path, aggregates=FAST_AGGREGATES, fmt="json")
+    spec = make_spec(tmp_path, aggregates=FAST_AGGREGATES, fmt="json", null_keys="reject")
     tables = PipelineTables(spec.lake, spec.name)
     good = good_rows(30)
     lines = [json.dumps(as_record(r)) for r in good]

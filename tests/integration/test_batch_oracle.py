@@ -91,7 +91,7 @@ def test_a_global_aggregate_without_keys(spark, tmp_path):
 def test_days_of_only_rejected_rows_aggregate_nothing(spark, tmp_path):
     spec = make_spec(tmp_path)
     write_day(tmp_path / "landing", "2024-03-01", events([(None, "u1", "/a", 1, 1.0, "DE"),
-                                                          (DAY0, "u1", None, 1, 1.0, "DE")]))
+                                                          (DAY0 + dt.timedelta(days=1), "u1", "/a", 1, 1.0, "DE")]))
     record = combine.run(spark, spec, "2024-03-01")
     assert (record.rows_in, record.rows_aggregated, record.rows_rejected) == (2, 0, 2)
     reduce.run(spark, spec)

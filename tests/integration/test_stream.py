@@ -229,7 +229,8 @@ def test_rejects_ride_the_one_pass_into_dead_letter_once_each_as_the_combine_rec
     """Rejects are groups of their own in the pre-aggregation: a hopping window's copies of a row, a session's
     neighbours and identical bad rows must still give one dead letter per rejected row, with the record the
     batch combine writes for it."""
-    spec = with_stream(make_spec(tmp_path, window=window, aggregates=FAST_AGGREGATES), max_files_per_batch=2)
+    spec = with_stream(make_spec(tmp_path, window=window, aggregates=FAST_AGGREGATES, null_keys="reject"),
+                       max_files_per_batch=2)
     landing, date = tmp_path / "landing", "2024-03-01"
     bad = [(None, "u2", "/b", 5, 1.0, "DE"), (T0.replace(hour=2), "u3", None, 7, 1.0, "DE"),
            (T0 + dt.timedelta(days=1, hours=1), "u4", "/a", 1, 1.0, "DE")]
