@@ -28,6 +28,8 @@ SourceFormat = Literal["parquet", "json", "csv"]
 FORMATS: tuple[str, ...] = ("parquet", "json", "csv")
 BadFilePolicy = Literal["quarantine", "fail"]
 BAD_FILE_POLICIES: tuple[str, ...] = ("quarantine", "fail")
+NullKeyPolicy = Literal["group", "reject"]
+NULL_KEY_POLICIES: tuple[str, ...] = ("group", "reject")
 
 # spec type name -> Spark SQL type name
 TYPES: dict[str, str] = {"string": "string", "int": "int", "integer": "int", "long": "bigint", "bigint": "bigint",
@@ -51,6 +53,8 @@ class SourceSpec:
     op_column: str | None = None  # set for a changelog (CDC) source: +I/+U accumulate, -U/-D retract
     # a landing file that cannot be read: recorded in dead_letter and left out (quarantine), or the job stops (fail)
     on_bad_file: BadFilePolicy = "quarantine"
+    # a row whose group key is NULL: a group of its own, as SQL, Flink and Spark group it, or a reject
+    null_keys: NullKeyPolicy = "group"
 
     @property
     def columns(self) -> dict[str, str]:
@@ -226,7 +230,8 @@ def parse_spec(raw: Any, *, origin: str = "<memory>", base_dir: Path | None = No
     source = SourceSpec(path=_abs(src["path"], base_dir), format=cast(SourceFormat, src.get("format", "parquet")),
                         event_time=cast(str, src.get("event_time")), schema=tuple(schema.items()),
                         op_column=cast(str | None, op_column),
-                        on_bad_file=cast(BadFilePolicy, src.get("on_bad_file", "quarantine")))
+                        on_bad_file=cast(BadFilePolicy, src.get("on_bad_file", "quarantine")),
+                        null_keys=cast(NullKeyPolicy, src.get("null_keys", "group")))
     return PipelineSpec(name=cast(str, name), source=source, group_by=keys, aggregates=tuple(aggregates),
                         lake=_abs(cast(str, lake), base_dir), window=cast(WindowKind, window), stream=stream,
                         rollups=tuple(rollups), origin=origin)
@@ -234,8 +239,8 @@ def parse_spec(raw: Any, *, origin: str = "<memory>", base_dir: Path | None = No
 
 def _check_source(c: _Checker, raw: Any) -> tuple[dict[str, Any], dict[str, str]]:
     """The ``source`` mapping as given, and its schema as column -> Spark SQL type (valid columns only)."""
-    src = c.mapping(raw, "source", ("path", "format", "event_time", "schema", "op_column", "on_bad_file"),
-                    ("path", "event_time", "schema"))
+    src = c.mapping(raw, "source", ("path", "format", "event_time", "schema", "op_column", "on_bad_file",
+                                    "null_keys"), ("path", "event_time", "schema"))
     fmt = src.get("format", "parquet")
     if fmt not in FORMATS:
         c.add("source.format", f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
@@ -243,6 +248,9 @@ def _check_source(c: _Checker, raw: Any) -> tuple[dict[str, Any], dict[str, str]
     if policy not in BAD_FILE_POLICIES:
         c.add("source.on_bad_file", f"unknown policy {str(policy)[:40]!r}; use quarantine (record an unreadable "
                                     "landing file in dead_letter and go on) or fail (stop the job, naming the file)")
+    if src.get("null_keys", "group") not in NULL_KEY_POLICIES:
+        c.add("source.null_keys", f"unknown policy {str(src.get('null_keys'))[:40]!r}; use group (a NULL group key "
+                                  "is a group of its own, as in SQL) or reject (the row goes to dead_letter)")
     schema = _check_schema(c, src.get("schema"))
     _check_typed_column(c, "source.event_time", src.get("event_time"), schema, "timestamp")
     op_column = src.get("op_column")
