@@ -21,8 +21,9 @@ from spark_jobs.aggregates.hll import ApproxCountDistinct
 from spark_jobs.aggregates.kll import ApproxPercentile
 from spark_jobs.aggregates.by_event_time import First, Last
 from spark_jobs.aggregates.extremes_map_view import MaxMapView, MinMapView
+from spark_jobs.aggregates.count_distinct_map_view import CountDistinctMapView
 # isort: on
 
 __all__ = ["ARROW_TYPES", "BUILTINS", "NUMERIC", "RETRACTING", "ApproxCountDistinct", "ApproxPercentile", "Avg",
-           "Builtin", "Count", "CountDistinct", "First", "Last", "Max", "MaxMapView", "Min", "MinMapView", "Sum",
-           "builtin"]
+           "Builtin", "Count", "CountDistinct", "CountDistinctMapView", "First", "Last", "Max", "MaxMapView", "Min",
+           "MinMapView", "Sum", "builtin"]

@@ -46,7 +46,7 @@ def load_user_aggregate(path: str) -> type[AggregateFunction[Any, Any]]:
 
 
 _NO_RETRACT = ("cannot retract, so it cannot consume a changelog source's -U/-D rows (source.op_column); "
-               "use count, sum, avg, min or max, or remove source.op_column")
+               "use count, sum, avg, min, max or count_distinct, or remove source.op_column")
 
 
 def validate_aggregate(fn: str, columns: Sequence[str], args: Mapping[str, Any], schema: Mapping[str, str], *,

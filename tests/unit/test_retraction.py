@@ -1,4 +1,4 @@
-"""Changelog (CDC) sources: which aggregates may retract, and min/max's map view algebra."""
+"""Changelog (CDC) sources: which aggregates may retract, and the map view algebra of min, max and count_distinct."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import re
 from collections import Counter
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark_jobs.aggregates.builtins import Max, MaxMapView, Min, MinMapView
+from spark_jobs.aggregates.builtins import CountDistinct, CountDistinctMapView, Max, MaxMapView, Min, MinMapView
 from spark_jobs.aggregates.registry import create
 from spark_jobs.errors import SpecError
 from spark_jobs.spec import parse_spec
@@ -45,7 +46,7 @@ def test_a_changelog_source_with_retracting_aggregates_is_accepted(tmp_path):
 
 
 @pytest.mark.parametrize("fn, column", [
-    ("approx_count_distinct", "owner"), ("count_distinct", "owner"), ("first", "owner"), ("last", "owner"),
+    ("approx_count_distinct", "owner"), ("first", "owner"), ("last", "owner"),
     ("approx_percentile", "balance"), ("spark_jobs.aggregates.examples:VectorSum", "balance"),
 ])
 def test_an_aggregate_that_cannot_retract_is_rejected_with_the_fix(tmp_path, fn, column):
@@ -104,23 +105,59 @@ def changelogs(draw: Any) -> list[tuple[int, int | None]]:
     return rows
 
 
-@pytest.mark.parametrize("cls, pick", [(MinMapView, min), (MaxMapView, max)])
+def test_count_distinct_resolves_to_its_map_view_and_a_changelog_source_accepts_it(tmp_path):
+    raw = cdc()
+    raw["aggregates"].append({"name": "owners", "fn": "count_distinct", "column": "owner"})
+    assert [a.fn for a in parse_spec(raw, base_dir=tmp_path).aggregates][-1] == "count_distinct"
+    assert type(create("count_distinct", name="d", columns=("v",), input_type="bigint")) is CountDistinct
+    f = create("count_distinct", name="d", columns=("v",), input_type="bigint", retracting=True)
+    assert type(f) is CountDistinctMapView and f.supports_retract and not CountDistinct("d", ("v",)).supports_retract
+    assert (f.acc_fields, f.acc_types(), f.value_type()) == (("counts",), [pa.map_(pa.int64(), pa.int64())], pa.int64())
+
+
+def fold(f: Any, rows: list[tuple[int, Any]]) -> Any:
+    """Replay (+1/-1, value) rows: +I/+U accumulate, -U/-D retract."""
+    acc = f.create_accumulator()
+    for sign, value in rows:
+        acc = f.accumulate(acc, value) if sign > 0 else f.retract(acc, value)
+    return acc
+
+
+def test_count_distinct_retracts_a_value_to_zero_and_counts_it_again_when_re_added():
+    f = CountDistinctMapView("d", ("v",), input_type="bigint")
+    rows = [(1, 10), (1, 10), (1, 20), (1, None)]  # +I 10, +I 10, +I 20, +I NULL: {10, 20}
+    assert f.get_value(fold(f, rows)) == 2
+    rows += [(-1, 10)]  # -U 10: one row of 10 is still live
+    assert f.get_value(fold(f, rows)) == 2
+    rows += [(-1, 10), (-1, 20)]  # -D 10, -D 20: nothing live, and no zero count kept
+    assert (fold(f, rows), f.get_value(fold(f, rows)), f.encode(fold(f, rows))) == ({}, 0, [None])
+    rows += [(1, 10)]  # +U 10: back in
+    assert (fold(f, rows), f.get_value(fold(f, rows))) == ({10: 1}, 1)
+
+
+def test_count_distinct_merges_partials_with_negative_counts():
+    """A retraction combined in a later batch than its row leaves a negative count there; the merge cancels it."""
+    f = CountDistinctMapView("d", ("v",), input_type="string")
+    day1, day2 = fold(f, [(1, "a"), (1, "b"), (1, "b")]), fold(f, [(-1, "b"), (-1, "a"), (1, "c"), (-1, "b")])
+    assert (day2, f.get_value(day2)) == ({"a": -1, "b": -2, "c": 1}, 1)
+    assert f.merge(f.merge(f.create_accumulator(), day1), day2) == {"c": 1} == f.merge(day2, day1)
+    stored = pa.array(f.encode(day2), type=f.acc_types()[0])  # negative counts survive the stored map column
+    assert f.decode([stored[0].as_py()]) == day2
+    assert f.get_value(f.merge_all([day1, day2, fold(f, [(1, "a")])])) == 2
+
+
+@pytest.mark.parametrize("cls, value_of", [
+    (MinMapView, lambda live: min(live, default=None)), (MaxMapView, lambda live: max(live, default=None)),
+    (CountDistinctMapView, len)])
 @settings(max_examples=200, deadline=None)
 @given(rows=changelogs(), cut=st.integers(0, 40))
-def test_map_view_split_into_two_batches_equals_the_net_rows(cls, pick, rows, cut):
+def test_map_view_split_into_two_batches_equals_the_net_rows(cls, value_of, rows, cut):
     f = cls("m", ("v",), input_type="bigint")
-
-    def fold(part: list[tuple[int, int | None]]) -> Any:
-        acc = f.create_accumulator()
-        for sign, value in part:
-            acc = f.accumulate(acc, value) if sign > 0 else f.retract(acc, value)
-        return acc
-
     net: Counter[int] = Counter()
     for sign, value in rows:
         if value is not None:
             net[value] += sign
-    want = pick([v for v, n in net.items() if n > 0], default=None)
-    merged = f.merge(fold(rows[:cut]), fold(rows[cut:]))  # a retraction may land in a later batch than its row
-    assert f.get_value(merged) == want == f.get_value(fold(rows))
+    want = value_of([v for v, n in net.items() if n > 0])
+    merged = f.merge(fold(f, rows[:cut]), fold(f, rows[cut:]))  # a retraction may land in a later batch than its row
+    assert f.get_value(merged) == want == f.get_value(fold(f, rows))
     assert all(n != 0 for n in merged.values())
