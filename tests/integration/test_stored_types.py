@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from spark_jobs.aggregates.builtins import BUILTINS, NUMERIC
+from spark_jobs.aggregates.builtins import BUILTINS, NUMERIC, RETRACTING
 from spark_jobs.lake._embedded import _nullable
 from spark_jobs.lake.layout import table_schema
 from spark_jobs.phases import CompiledAggregates, final_aggregate, partial_aggregate
@@ -27,7 +27,7 @@ def _spec(column_type: str, *, changelog: bool) -> Any:
     for fn, cls in BUILTINS.items():
         if cls.numeric_only and column_type not in NUMERIC:
             continue
-        if changelog and fn not in ("count", "sum", "avg", "min", "max"):
+        if changelog and fn not in RETRACTING:
             continue
         args = {"args": {"q": 0.5}} if fn == "approx_percentile" else {}
         aggregates.append({"name": f"a_{fn}", "fn": fn, **({"column": "v"} if cls.column_required else {}), **args})
