@@ -244,13 +244,13 @@ def _check_source(c: _Checker, raw: Any) -> tuple[dict[str, Any], dict[str, str]
     fmt = src.get("format", "parquet")
     if fmt not in FORMATS:
         c.add("source.format", f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
-    policy = src.get("on_bad_file", "quarantine")
-    if policy not in BAD_FILE_POLICIES:
-        c.add("source.on_bad_file", f"unknown policy {str(policy)[:40]!r}; use quarantine (record an unreadable "
-                                    "landing file in dead_letter and go on) or fail (stop the job, naming the file)")
-    if src.get("null_keys", "group") not in NULL_KEY_POLICIES:
-        c.add("source.null_keys", f"unknown policy {str(src.get('null_keys'))[:40]!r}; use group (a NULL group key "
-                                  "is a group of its own, as in SQL) or reject (the row goes to dead_letter)")
+    policies = {"on_bad_file": (BAD_FILE_POLICIES, "quarantine (record an unreadable landing file in dead_letter "
+                                                   "and go on) or fail (stop the job, naming the file)"),
+                "null_keys": (NULL_KEY_POLICIES, "group (a NULL group key is a group of its own, as in SQL) or reject "
+                                                 "(the row goes to dead_letter)")}
+    for key, (allowed, use) in policies.items():
+        if key in src and src[key] not in allowed:
+            c.add(f"source.{key}", f"unknown policy {str(src[key])[:40]!r}; use {use}")
     schema = _check_schema(c, src.get("schema"))
     _check_typed_column(c, "source.event_time", src.get("event_time"), schema, "timestamp")
     op_column = src.get("op_column")

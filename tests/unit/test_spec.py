@@ -446,6 +446,14 @@ def test_an_unknown_on_bad_file_names_both_policies(tmp_path: Path) -> None:
                                    "landing file in dead_letter and go on) or fail (stop the job, naming the file)"]
 
 
+def test_null_keys_defaults_to_group_and_an_unknown_one_names_both_policies(tmp_path: Path) -> None:
+    assert parse(raw_spec(), tmp_path).source.null_keys == "group"
+    with pytest.raises(SpecError) as info:
+        parse(raw_spec(lambda r: r["source"].__setitem__("null_keys", "drop")), tmp_path)
+    assert info.value.problems == ["source.null_keys: unknown policy 'drop'; use group (a NULL group key is a group "
+                                   "of its own, as in SQL) or reject (the row goes to dead_letter)"]
+
+
 def test_the_lake_records_on_bad_file_only_when_it_is_not_the_default(tmp_path: Path) -> None:
     """A lake recorded before the setting existed keeps its fingerprint; `fail` is a settings-only change."""
     from spark_jobs.lake.spec_record import normalise
