@@ -161,7 +161,10 @@ def _table_view(r: views.TableRef, *, version: int | None, where: str | None, co
                "size": human_bytes(sum(parts["bytes"].to_pylist())), "committed_at": committed}
     schema_t = views.schema(r, version=v)
     windowed = "window_start" in schema_t["column"].to_pylist()
-    return {"pipeline": r.pipeline, "version": v, "latest": vers[0]["version"], "versions": vers,
+    # the served rows' history: the changelog, filtered as these rows are, in the order that folds to them
+    log = str(Path(r.path).parent / "changelog")
+    changes = f"{r.pipeline}.changelog" if r.table == "aggregates" and r.pipeline and views.is_delta(log) else None
+    return {"pipeline": r.pipeline, "changes": changes, "version": v, "latest": vers[0]["version"], "versions": vers,
             "summary": summary, "diff_from": max(v - 1, 0), "windowed": windowed, "rows": rows,
             "rows_error": rows_error, "rollup": r.table == "aggregates" and windowed,
             "history": {**_grid(hist), "versions": hist["version"].to_pylist()}, "schema": _grid(schema_t),

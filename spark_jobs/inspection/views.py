@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from spark_jobs.lake.spec_record import RecordedSpec
     from spark_jobs.spec import PipelineSpec
 
-__all__ = ["BOOKKEEPING", "LAKE_ENV", "coverage", "spec_versions", "Series", "TableDiff", "TableRef", "default_lake",
+__all__ = ["BOOKKEEPING", "LAKE_ENV", "coverage", "spec_versions", "Series", "TableDiff", "TableRef", "default_lake", "is_delta",
            "diff", "history", "list_tables", "open_version", "parse_time", "partitions", "resolve_table", "runs",
            "schema", "series", "show", "table_keys", "table_summary", "versions", "is_number"]
 
@@ -72,7 +72,7 @@ def _inside(path: str | Path, root: str | Path) -> bool:
     return real == base or real.startswith(base.rstrip(os.sep) + os.sep)
 
 
-def _is_delta(path: str) -> bool:
+def is_delta(path: str) -> bool:
     try:
         return is_table(path)
     except READ_ERRORS:  # a path that is a file, or that cannot be listed: no table there
@@ -98,7 +98,7 @@ def resolve_table(name: str, lake: str | None, *, confined: bool = False) -> Tab
         path = os.path.join(lake, pipeline, table)
         if not _inside(path, lake):
             raise InspectError(f"table {name!r} resolves outside the lake root {lake}; it is not shown")
-        if not _is_delta(path):
+        if not is_delta(path):
             known = ", ".join(sorted({r["table"].split(".")[0] for r in _pipelines(lake)})) or "none"
             raise LakeError(f"no Delta table {name} at {path} (pipelines in {lake}: {known}); "
                             "list the tables with: python -m spark_jobs inspect tables")
@@ -106,7 +106,7 @@ def resolve_table(name: str, lake: str | None, *, confined: bool = False) -> Tab
     if confined:
         raise InspectError(f"bad table name {name[:200]!r}; use <pipeline>.<table>, e.g. page_views.aggregates "
                            f"(tables are {', '.join(TABLES)}); paths are not accepted here")
-    if not _is_delta(name):
+    if not is_delta(name):
         raise LakeError(f"no Delta table at {name}; name a table as <pipeline>.<table> (e.g. page_views.aggregates) "
                         "or give the path of a Delta table; list them with: python -m spark_jobs inspect tables")
     parts = Path(os.path.abspath(name)).parts
@@ -196,7 +196,7 @@ def _pipelines(lake: str) -> list[dict[str, str]]:
                          and p.name not in TABLES)
         for table in (*TABLES, *rollups):
             path = pipeline / table
-            if _inside(path, root) and _is_delta(str(path)):
+            if _inside(path, root) and is_delta(str(path)):
                 out.append({"table": f"{pipeline.name}.{table}", "path": str(path)})
     return out
 
@@ -502,7 +502,7 @@ def runs(lake: str, *, pipeline: str | None = None, limit: int | None = None) ->
         except READ_ERRORS as exc:
             raise LakeError(f"cannot read {entry['table']}: {exc}") from exc
         dl_path = os.path.join(os.path.dirname(entry["path"]), "dead_letter")
-        dead = dead_letter_rows_by_run(dl_path) if _inside(dl_path, lake) and _is_delta(dl_path) else {}
+        dead = dead_letter_rows_by_run(dl_path) if _inside(dl_path, lake) and is_delta(dl_path) else {}
         rows.extend(_run_row(r, name, dead) for r in recorded)
     far_past = dt.datetime.min.replace(tzinfo=dt.UTC)
     rows.sort(key=lambda r: (r["started_at"] or far_past, r["run_id"] or ""))

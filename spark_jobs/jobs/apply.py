@@ -11,7 +11,8 @@ The steps, for spec version ``V`` (see :mod:`spark_jobs.spec_plan` for how chang
    - ``partials``: merged across dropped keys into coarser windows per batch and day, dropped aggregates'
      columns removed;
    - ``aggregates``: the reduce of those partials (the hybrid rule), recording the partials version merged;
-   - ``changelog``: new columns added (it keeps dropped ones: it is a log);
+   - ``changelog``: new columns added (it keeps dropped ones: it is a log), then the change of ``aggregates``
+     told (:mod:`spark_jobs.jobs.changelog_feed`: windows re-derived are deleted and inserted, values updated);
    - rollups: rebuilt from ``aggregates`` (removed ones deleted).
    An added aggregate only adds columns (no file is rewritten): they read NULL, and its rows' older
    ``spec_version`` keeps it NULL until the days are recombined. A change of the rows' layout (a key added,
@@ -37,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs.errors import LakeError, SpecChangedError
-from spark_jobs.jobs import rollups
+from spark_jobs.jobs import changelog_feed, rollups
 from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.jobs.forked import cores, forked_map
 from spark_jobs.jobs.run_record import new_run_id, recorded_run
@@ -238,6 +239,9 @@ class _Migration:
             ("changelog", t.changelog, lambda path, _: self._add_columns(path, "changelog"))]
         for name, path, step in steps:
             self._step(name, path, step)
+        told = changelog_feed.tell_commits(self.lake, self.spec, run_id=self.run_id)  # the rows re-derived
+        if told is not None:
+            self.written["changelog"] = told
         for name in self.diff.rollups_removed:
             storage.delete_tree(t.rollup(name))
         for rollup in self.spec.rollups:

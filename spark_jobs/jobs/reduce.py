@@ -1,4 +1,5 @@
-"""reduce-group: merge partial accumulators into the serving ``aggregates`` table, exactly once.
+"""reduce-group: merge partial accumulators into the serving ``aggregates`` table, exactly once, and tell the
+change in ``changelog`` (:mod:`spark_jobs.jobs.changelog_feed`).
 
 The last ``partials`` version merged is recorded as a Delta app transaction on ``aggregates`` (app id
 ``<pipeline>.reduce``). A run compares the partial files that count now with those that counted at that version;
@@ -15,7 +16,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from spark_jobs.errors import LakeError
-from spark_jobs.jobs import rollups
+from spark_jobs.jobs import changelog_feed, rollups
 from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.jobs.run_record import RunRecord, recorded_run
 from spark_jobs.key_match import join_on_keys
@@ -64,7 +65,9 @@ def run(spark: SparkSession, spec: PipelineSpec, *, lake: Lake | None = None, ru
             _merge(lake, spec, tables, compiled, record, full=full)
 
         retry_conflicts(attempt, what="reduce", recheck=lambda: ensure_applied(lake, spec))
-        if spec.rollups:  # also after a no-op: a crash may have left them behind aggregates
+        # also after a no-op: a stop may have left the changelog or the rollups behind aggregates
+        record.versions_written["changelog"] = changelog_feed.tell_commits(lake, spec, run_id=record.run_id)
+        if spec.rollups:
             record.versions_written.update(rollups.refresh(lake, compiled, run_id=record.run_id))
     return record
 

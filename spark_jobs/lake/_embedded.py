@@ -262,11 +262,14 @@ class EmbeddedLake:
     # ------------------------------------------------------------------ writes
     def append(self, df: DataFrame | pa.Table, path: str, *, partition_by: Sequence[str] = (),
                app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None,
-               conform: bool = False) -> Commit:
+               conform: bool = False, read_version: int | None = None) -> Commit:
         """Add rows. ``conform``: the rows take the table's columns, those they lack as NULL (a log such as
-        ``changelog`` keeps the columns of a dropped aggregate for its history)."""
+        ``changelog`` keeps the columns of a dropped aggregate for its history). ``read_version``: the append was
+        planned from that version, and a concurrent planned writer makes it conflict."""
+        snapshot: DeltaTable | Literal["latest"] | None = "latest" if read_version is None else self.table(
+            path, read_version)
         return self._commit_df(self._conform(df, path, conform), path, partition_by=partition_by, app_txn=app_txn,
-                               metadata=metadata)
+                               metadata=metadata, snapshot=snapshot)
 
     def _conform(self, df: DataFrame | pa.Table, path: str, conform: bool = True) -> DataFrame | pa.Table:
         """``df`` with the table's columns: NULL for those it lacks, without those the table lacks."""

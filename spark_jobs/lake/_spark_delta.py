@@ -121,9 +121,11 @@ class SparkDeltaLake(EmbeddedLake):
 
     def append(self, df: DataFrame | pa.Table, path: str, *, partition_by: Sequence[str] = (),
                app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None,
-               conform: bool = False) -> Commit:
+               conform: bool = False, read_version: int | None = None) -> Commit:
         df = self._df(self._conform(df, path) if conform else df)
         self._check_spec(path)
+        if read_version is not None:
+            self._unmoved(path, read_version, "append")
         return self._save(self._writer(df, "append", partition_by, app_txn, metadata), path)
 
     def rewrite(self, rows: DataFrame | pa.Table, path: str, *, partition_by: Sequence[str] = (),

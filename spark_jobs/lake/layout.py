@@ -55,6 +55,12 @@ def value_fields(spec: PipelineSpec) -> list[pa.Field]:
     return [pa.field(name, fn.value_type()) for name, fn in _functions(spec)]
 
 
+# what every changelog row says of the commit it tells: its writer (stream, reduce, apply), run, and the version of
+# ``aggregates`` it made (the log's order: by that version, then ``seq``)
+CHANGE_STAMP = (pa.field("writer", pa.string()), pa.field("run_id", pa.string()),
+                pa.field("aggregates_version", pa.int64()))
+
+
 def table_schema(spec: PipelineSpec, table: str, rollup: RollupSpec | None = None) -> pa.Schema:
     """The columns of ``partials``, ``aggregates``, ``changelog``, ``state`` (the stream's) or a rollup table."""
     keys, accs = key_fields(spec), accumulator_fields(spec)
@@ -70,7 +76,7 @@ def table_schema(spec: PipelineSpec, table: str, rollup: RollupSpec | None = Non
                   pa.field("run_id", pa.string()), version]
     elif table == "changelog":
         fields = [pa.field("op", pa.string()), *keys, *value_fields(spec), pa.field("batch_id", pa.int64()),
-                  pa.field("seq", pa.int64())]
+                  pa.field("seq", pa.int64()), *CHANGE_STAMP]
     elif table == "state":
         fields = [pa.field("event_date", pa.date32()), *keys, n_rows, *accs, pa.field("max_event_time", TS), version]
     else:

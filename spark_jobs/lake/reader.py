@@ -22,7 +22,8 @@ from deltalake.exceptions import DeltaError
 
 from spark_jobs.lake._types import AppTxn
 
-__all__ = ["READ_ERRORS", "CommitChange", "Snapshot", "commit_time", "is_table", "open_table", "table_version"]
+__all__ = ["READ_ERRORS", "CommitChange", "CommitFiles", "Snapshot", "commit_files", "commit_time", "commit_with_txn",
+           "is_table", "open_table", "table_version"]
 
 # What reading an unreadable table raises: delta-rs's DeltaError (no table, a version out of range or cleaned up,
 # a corrupt log), OSError (the file system) and ArrowException (a corrupt data file). Callers catch only these.
@@ -72,6 +73,37 @@ def _commit_log(path: str, version: int) -> list[dict[str, Any]] | None:
     except OSError:
         return None
     return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+@dataclass(frozen=True)
+class CommitFiles:
+    """One commit's data files, added and removed (paths relative to the table), and its commit info (``operation``,
+    and a job's ``job``, ``run_id`` ...)."""
+
+    version: int
+    info: dict[str, Any]
+    added: tuple[str, ...]
+    removed: tuple[str, ...]
+
+
+def commit_files(path: str, version: int) -> CommitFiles | None:
+    """What commit ``version`` of the table at ``path`` added and removed; None when its log file is gone."""
+    actions = _commit_log(path, version)
+    if actions is None:
+        return None
+    info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+    files = {kind: tuple(unquote(a[kind]["path"]) for a in actions if kind in a) for kind in ("add", "remove")}
+    return CommitFiles(version, info, files["add"], files["remove"])
+
+
+def commit_with_txn(path: str, txn: AppTxn, *, newest: int, oldest: int = 0) -> int | None:
+    """The version of the commit, from ``newest`` back to ``oldest``, that recorded the app transaction ``txn``."""
+    for version in range(newest, oldest - 1, -1):
+        actions = _commit_log(path, version) or []
+        if any((t := a.get("txn")) and t.get("appId") == txn.app_id and int(t.get("version", -1)) == txn.version
+               for a in actions):
+            return version
+    return None
 
 
 def _num_records(add: dict[str, Any]) -> int | None:
@@ -153,6 +185,12 @@ class Snapshot:
                                    strict=True))
         logs = ((v, _commit_log(self.path, v)) for v in range(first, self.version() + 1))
         return [CommitChange(v) if log is None else _change(v, log, records) for v, log in logs]
+
+    def read_files(self, files: Sequence[str], columns: Sequence[str]) -> pa.Table:
+        """The rows of data files of this table (live or not: a removed file's rows until it is vacuumed), as its
+        schema now has them (a column added since reads NULL); for a table without partition columns."""
+        uris = [str(Path(self.path) / f) for f in files]
+        return pads.dataset(uris, schema=self.schema(), format="parquet").to_table(columns=list(columns))
 
     def read(self, columns: Sequence[str] | None = None, filter: pc.Expression | None = None) -> pa.Table:
         return self._dataset().to_table(columns=None if columns is None else list(columns), filter=filter)

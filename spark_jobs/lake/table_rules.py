@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from spark_jobs.spec import PipelineSpec, RollupSpec
 
 __all__ = ["BATCH", "DAY", "DAY_MARGIN", "DEAD_LETTER_PARTITIONS", "PARTIALS_PARTITIONS", "STREAM", "STREAM_FILE_ROWS",
-           "batch_days", "batch_files_in", "counted_files", "day_bounds", "in_days", "is_batch", "reduce_app_id",
+           "batch_days", "batch_files_in", "changelog_app_id", "counted_files", "day_bounds", "in_days", "is_batch", "reduce_app_id",
            "rollup_app_id", "sort_keys", "stream_app_id", "stream_layout", "window_cluster"]
 
 DAY = "event_date"
@@ -33,6 +33,12 @@ DAY_MARGIN = dt.timedelta(days=1)
 def reduce_app_id(spec: PipelineSpec) -> str:
     """The app transaction on ``aggregates``: the ``partials`` version reduce merged."""
     return f"{spec.name}.reduce"
+
+
+def changelog_app_id(spec: PipelineSpec) -> str:
+    """The app transaction on ``changelog``: the last ``aggregates`` version whose commit it tells (the stream's
+    batches record their own, ``<pipeline>.stream``)."""
+    return f"{spec.name}.changelog"
 
 
 def rollup_app_id(spec: PipelineSpec, rollup: RollupSpec) -> str:

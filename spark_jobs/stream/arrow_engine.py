@@ -22,9 +22,9 @@ from spark_jobs.lake.layout import ADOPTED, SPEC_VERSION, TS, table_schema
 from spark_jobs.lake.table_rules import DAY, STREAM
 from spark_jobs.phases import CompiledAggregates
 from spark_jobs.phases.arrow_merge import encoded_columns, value_columns
+from spark_jobs.phases.changelog_rule import FIRST_SEEN, ChangelogRule
 from spark_jobs.phases.python_merge import LocalAggregates
-from spark_jobs.stream.changelog import FIRST_SEEN, ChangelogRule
-from spark_jobs.stream.outputs import BatchOutputs, MiniBatch
+from spark_jobs.stream.outputs import BatchOutputs, MiniBatch, stream_stamp
 from spark_jobs.stream.spark_engine import partials_in_reach
 from spark_jobs.windows import WindowKind
 
@@ -77,7 +77,7 @@ def merge_on_driver(groups: pa.Table, state: pa.Table, local: LocalAggregates, *
         aggregates=pa.concat_tables([after_rows, quick_rows]),
         touched=reached.touched.cast(pa.schema([schemas["aggregates"].field(k) for k in merge.keys])),
         changelog=merge.rule.arrow(merge.values(before), pa.concat_tables([after_values, quick_values]),
-                                   first_seen, batch_id, schemas["changelog"]),
+                                   first_seen, stream_stamp(batch_id, run_id), schemas["changelog"]),
         partials=partial_rows(groups, schemas["partials"], batch=f"stream-{batch_id}", run_id=run_id, now=now),
         state=new_state, read_version=reached.read_version)
 

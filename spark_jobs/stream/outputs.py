@@ -14,6 +14,7 @@ from spark_jobs.jobs.combine import write_dead_letters
 from spark_jobs.jobs.landing_files import BadFile
 from spark_jobs.jobs.timing import PhaseTimer
 from spark_jobs.lake import AppTxn, Lake, PipelineTables
+from spark_jobs.lake.reader import commit_with_txn
 from spark_jobs.lake.table_rules import DAY, PARTIALS_PARTITIONS, sort_keys, stream_layout
 from spark_jobs.spec import PipelineSpec
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
 
-__all__ = ["BatchCommits", "BatchOutputs", "MergeEngine", "MiniBatch", "Rows", "commit_outputs", "pending"]
+__all__ = ["BatchCommits", "BatchOutputs", "MergeEngine", "MiniBatch", "Rows", "commit_outputs", "pending", "stream_stamp"]
 
 Rows = Union["DataFrame", "pa.Table"]
 
@@ -56,6 +57,11 @@ class BatchOutputs:
     read_version: int | None = None  # ``touched`` names served rows of this version of ``aggregates``
 
 
+def stream_stamp(batch_id: int, run_id: str) -> dict[str, Any]:
+    """What each changelog row of a mini-batch carries; its ``aggregates_version`` is known at the commit."""
+    return {"batch_id": batch_id, "writer": "stream", "run_id": run_id}
+
+
 class MergeEngine(Protocol):
     """Merges a mini-batch into the stream's state and derives every output table."""
 
@@ -73,6 +79,17 @@ class BatchCommits:
     state_writes: int = 0  # (day, key, window) accumulators written: the batch's partial rows
     changes: int = 0
     visible_at: float | None = None  # wall-clock time the aggregates commit landed
+
+
+def _with_version(rows: Rows, version: int | None) -> Rows:
+    """The changelog rows stamped with the ``aggregates`` version they tell."""
+    import pyarrow as pa
+
+    if isinstance(rows, pa.Table):
+        return rows.append_column("aggregates_version", pa.repeat(pa.scalar(version, pa.int64()), rows.num_rows))
+    from pyspark.sql import functions as F
+
+    return rows.withColumn("aggregates_version", F.lit(version).cast("bigint"))
 
 
 def pending(lake: Lake, path: str, txn: AppTxn) -> bool:
@@ -109,8 +126,12 @@ def commit_outputs(lake: Lake, spec: PipelineSpec, txn: AppTxn, *, run_id: str, 
                 sort_by=sort_keys(spec), cluster=cluster, prune=prune, read_version=out.read_version).version
         done.visible_at = time.time()
     if pending(lake, t.changelog, txn):
+        version = done.written.get("aggregates")
+        if version is None:  # a replay: the batch's aggregates commit landed before the stop
+            version = commit_with_txn(t.aggregates, txn, newest=lake.version(t.aggregates) or 0)
         with phase("commit changelog"):  # a log: a dropped aggregate's or key's columns stay, NULL from then on
-            commit = lake.append(out.changelog, t.changelog, app_txn=txn, metadata=meta, conform=True)
+            commit = lake.append(_with_version(out.changelog, version), t.changelog, app_txn=txn, metadata=meta,
+                                 conform=True)
         done.written["changelog"] = commit.version
         done.changes = commit.rows_added
     if pending(lake, t.partials, txn):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs.errors import InputError, LakeError, PipelineError
-from spark_jobs.jobs import rollups
+from spark_jobs.jobs import changelog_feed, rollups
 from spark_jobs.jobs.landing_files import spark_read_error
 from spark_jobs.jobs.run_record import new_run_id
 from spark_jobs.lake import Lake, PipelineTables, open_lake, storage
@@ -128,7 +128,9 @@ def run(spark: SparkSession, spec: PipelineSpec, *, available_now: bool = False,
     tables = PipelineTables(spec.lake, spec.name)
     _check_checkpoint(lake, tables, spec)
     aggregator = MiniBatchAggregator(spark, spec, lake, run_id or new_run_id("stream"), driver_max_keys)
-    rollups.refresh(lake, aggregator.compiled, run_id=run_id or "stream-start")  # after a crash between commits
+    # after a stop between commits: another writer's change of aggregates untold, rollups behind
+    changelog_feed.tell_commits(lake, spec, run_id=run_id or "stream-start")
+    rollups.refresh(lake, aggregator.compiled, run_id=run_id or "stream-start")
     writer = (source_stream(spark, spec).writeStream.foreachBatch(aggregator)
               .option("checkpointLocation", tables.stream_checkpoint).queryName(f"{spec.name}_stream"))
     writer = (writer.trigger(availableNow=True) if available_now

@@ -15,8 +15,8 @@ from spark_jobs.lake import Lake, PipelineTables
 from spark_jobs.lake.layout import SPEC_VERSION
 from spark_jobs.lake.table_rules import DAY, STREAM, counted_files
 from spark_jobs.phases import CompiledAggregates, final_aggregate
-from spark_jobs.stream.changelog import FIRST_SEEN, ChangelogRule
-from spark_jobs.stream.outputs import BatchOutputs, MiniBatch
+from spark_jobs.phases.changelog_rule import FIRST_SEEN, ChangelogRule
+from spark_jobs.stream.outputs import BatchOutputs, MiniBatch, stream_stamp
 from spark_jobs.windows import Reach, Stored
 from spark_jobs.windows.base import F
 
@@ -60,7 +60,7 @@ class SparkEngine:
                                    run_id=batch.run_id),
             touched=reach.touched,
             changelog=self.rule.spark(values.where(~F.col("_after")).drop("_after"), after, first_seen,
-                                      batch.batch_id),
+                                      stream_stamp(batch.batch_id, batch.run_id)),
             partials=batch_columns(groups.select(*self.state_columns).drop("max_event_time"), batch=batch.name,
                                    source=STREAM, event_date=F.col(DAY), run_id=batch.run_id),
             state=self._state(state, groups, batch.closes),

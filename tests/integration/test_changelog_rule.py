@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spark_jobs.stream.changelog import FIRST_SEEN, ChangelogRule
+from spark_jobs.phases.changelog_rule import FIRST_SEEN, ChangelogRule
 
 pytestmark = [pytest.mark.spark]
 
@@ -62,9 +62,9 @@ def test_the_spark_and_arrow_forms_of_the_rule_agree(spark, kind, before, after,
     old, new = side(before, rule.identity), side(after, rule.identity)
     first = pa.table({"user": list(seen), FIRST_SEEN: pa.array([T0 + dt.timedelta(minutes=m) for m in seen.values()],
                                                                 TS)})
-    by_arrow = rule.arrow(old, new, first, 7, CHANGELOG).to_pylist()
+    by_arrow = rule.arrow(old, new, first, {"batch_id": 7}, CHANGELOG).to_pylist()
     frames = [spark.createDataFrame(t) for t in (old, new, first)]
-    by_spark = rule.spark(*frames, 7).toArrow().cast(CHANGELOG).to_pylist()
+    by_spark = rule.spark(*frames, {"batch_id": 7}).toArrow().cast(CHANGELOG).to_pylist()
     assert comparable(by_spark) == comparable(by_arrow)
     assert [r["seq"] for r in by_arrow] == list(range(len(by_arrow)))
 
@@ -75,6 +75,6 @@ def test_a_session_that_grew_is_updated_under_its_start_and_one_absorbed_is_dele
                 {"user": "ann", "start": 2, "length": 1, "views": 1, "avg": 0.5, "n_rows": 1}], rule.identity)
     new = side([{"user": "ann", "start": 0, "length": 3, "views": 3, "avg": 1.5, "n_rows": 3}], rule.identity)
     first = pa.table({"user": ["ann"], FIRST_SEEN: pa.array([T0], TS)})
-    rows = rule.arrow(old, new, first, 0, CHANGELOG).to_pylist()
+    rows = rule.arrow(old, new, first, {"batch_id": 0}, CHANGELOG).to_pylist()
     assert [(r["op"], r["window_start"].hour, r["window_end"].hour, r["views"]) for r in rows] == [
         ("-U", 0, 1, 1), ("+U", 0, 3, 3), ("-D", 2, 3, 1)]

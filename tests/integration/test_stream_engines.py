@@ -166,7 +166,7 @@ def _assert_same(table: str, spark_rows: list[dict[str, Any]], driver_rows: list
 def _tables(spec: PipelineSpec) -> dict[str, list[dict[str, Any]]]:
     t, keys = PipelineTables(spec.lake, spec.name), list(spec.key_columns)
     return {"aggregates": _rows(t.aggregates, ("updated_at", "run_id"), keys),
-            "changelog": _rows(t.changelog, (), ["batch_id", "seq"]),
+            "changelog": _rows(t.changelog, ("run_id",), ["batch_id", "seq"]),
             "partials": _rows(t.partials, ("run_id", "created_at"), ["batch", "event_date", *keys]),
             "state": _rows(t.stream_state, (), ["event_date", *keys])}
 

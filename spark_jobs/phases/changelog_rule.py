@@ -6,13 +6,15 @@ falls to zero, or that is gone, ``-D`` (old values); an unchanged row nothing. A
 of zero does not exist. A served row is named by the window kind's identity columns (a session by its key and start: one
 that grew keeps its name, ``-U`` with its old end and ``+U`` with its new one; one absorbed by another, or whose start a
 merge moved, is deleted and the merged one inserted or updated under its own start). ``seq`` orders the rows within the
-batch: by the first event of their group key in the batch, then by identity, ``-U`` before ``+U``.
+change: by the first event of their group key in a stream's batch (when known), then by identity, ``-U`` before ``+U``.
+Every writer of ``aggregates`` tells its changes with this rule: the stream for its batches, and
+:mod:`spark_jobs.jobs.changelog_feed` for every other commit; ``stamp`` names the writer.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -51,9 +53,10 @@ class ChangelogRule:
                    (*spec.key_columns, *values))
 
     # ------------------------------------------------------------------ Spark
-    def spark(self, before: DataFrame, after: DataFrame, first_seen: DataFrame, batch_id: int) -> DataFrame:
+    def spark(self, before: DataFrame, after: DataFrame, first_seen: DataFrame, stamp: Mapping[str, Any]) -> DataFrame:
         """``before`` and ``after``: identity and value columns with ``n_rows``; ``first_seen``: group key
-        columns and ``_first_seen``."""
+        columns and ``_first_seen``; ``stamp``: the changelog columns every row of this change carries (``batch_id``,
+        ``writer``, ``run_id``), as constants."""
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
@@ -78,13 +81,16 @@ class ChangelogRule:
                .otherwise(F.array()))
         rows = both.select(*keys, FIRST_SEEN, F.explode(ops).alias("_c")).select(*keys, FIRST_SEEN, "_c.*")
         order = Window.orderBy(F.col(FIRST_SEEN).asc_nulls_first(), *keys, _ORDER)
-        return rows.select("op", *self.columns, F.lit(batch_id).cast("bigint").alias("batch_id"),
-                           (F.row_number().over(order) - 1).cast("bigint").alias("seq"))
+        stamped = {k: F.lit(v).cast("bigint" if k == "batch_id" else "string").alias(k) for k, v in stamp.items()}
+        batch = [stamped.pop("batch_id")] if "batch_id" in stamped else []
+        seq = (F.row_number().over(order) - 1).cast("bigint").alias("seq")
+        return rows.select("op", *self.columns, *batch, seq, *stamped.values())  # the changelog's column order
 
     # ------------------------------------------------------------------ Arrow
-    def arrow(self, before: pa.Table, after: pa.Table, first_seen: pa.Table, batch_id: int,
+    def arrow(self, before: pa.Table, after: pa.Table, first_seen: pa.Table | None, stamp: Mapping[str, Any],
               schema: pa.Schema) -> pa.Table:
-        """The Arrow form of :meth:`spark`, as ``schema`` (the changelog table's) lays it out."""
+        """The Arrow form of :meth:`spark`, as ``schema`` (the changelog table's) lays out the columns it has;
+        ``first_seen`` None: the change comes from no batch of events, its rows go in identity order."""
         both = _matched(before, after, list(self.identity))
         was, gone = _present(before, both, "_o"), pc.invert(_present(after, both, "_n"))
         changed = pc.and_(pc.and_(was, pc.invert(gone)), pc.invert(self._same(before, after, both)))
@@ -95,9 +101,10 @@ class ChangelogRule:
         rows = rows.sort_by([(c, "ascending") for c in (FIRST_SEEN, *self.identity, _ORDER)],
                             null_placement="at_start")
         out = {"op": rows.column("op"), **{c: rows.column(c) for c in self.columns},
-               "batch_id": pa.repeat(pa.scalar(batch_id, pa.int64()), rows.num_rows),
-               "seq": pa.array(np.arange(rows.num_rows, dtype=np.int64))}
-        return pa.table([out[f.name].cast(f.type) for f in schema], schema=schema)
+               "seq": pa.array(np.arange(rows.num_rows, dtype=np.int64)),
+               **{k: pa.repeat(pa.scalar(v), rows.num_rows) for k, v in stamp.items()}}
+        fields = [f for f in schema if f.name in out]
+        return pa.table([out[f.name].cast(f.type) for f in fields], schema=pa.schema(fields))
 
     def _same(self, before: pa.Table, after: pa.Table, both: pa.Table) -> pa.Array:
         """Null-safe equality of every value (NaN equal to NaN), as Spark's ``eqNullSafe`` of the two sides."""
@@ -114,8 +121,10 @@ class ChangelogRule:
                 same &= np.array([_equal(x, y) for x, y in zip(a.to_pylist(), b.to_pylist(), strict=True)], dtype=bool)
         return pa.array(same)
 
-    def _first_seen(self, rows: pa.Table, first_seen: pa.Table) -> pa.Table:
+    def _first_seen(self, rows: pa.Table, first_seen: pa.Table | None) -> pa.Table:
         group = list(self.group)
+        if first_seen is None:
+            return rows.append_column(FIRST_SEEN, pa.nulls(rows.num_rows, pa.timestamp("us", tz="UTC")))
         if not group:
             seen = first_seen.column(FIRST_SEEN)[0] if first_seen.num_rows else None
             return rows.append_column(FIRST_SEEN, pa.repeat(pa.scalar(seen, first_seen.schema.field(FIRST_SEEN).type),

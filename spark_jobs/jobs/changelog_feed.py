@@ -1,0 +1,99 @@
+"""Every commit to ``aggregates`` told in ``changelog``, not only the stream's.
+
+The stream tells its own batches (it holds their rows before and after, and orders them by first event). Every
+other commit to ``aggregates`` is told after it lands, from the commit itself: a reduce (a combined day superseding
+streamed values, late rows recounted, a backfill, ``--full``, sessions merged or split) and an ``apply``. The rows
+of the files a commit removed are the served rows before it, those of the files it added the rows after; the one
+changelog rule (:mod:`spark_jobs.phases.changelog_rule`) gives the change, and a row rewritten unchanged gives none.
+Every row carries its writer, run and the ``aggregates`` version it tells: folding the log in
+(``aggregates_version``, ``seq``) order gives ``aggregates`` as of each version.
+
+Exactly once, as the rollups: the app transaction ``<pipeline>.changelog`` on ``changelog`` records the last
+``aggregates`` version told. A run tells every commit after it but the stream's, in one commit planned from the
+changelog's version (of two racing runs, the later conflicts, then finds the work done). A stop between a writer's
+``aggregates`` commit and this one leaves the log behind until the next reduce, apply or stream start. A commit
+that can no longer be read (its log cleaned up, a removed file vacuumed) is skipped with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+
+import pyarrow as pa
+
+from spark_jobs.jobs.conflicts import retry_conflicts
+from spark_jobs.lake import AppTxn, Lake, PipelineTables
+from spark_jobs.lake.layout import CHANGE_STAMP, table_schema, value_fields
+from spark_jobs.lake.reader import READ_ERRORS, CommitFiles, Snapshot, commit_files, open_table
+from spark_jobs.lake.table_rules import changelog_app_id
+from spark_jobs.phases.changelog_rule import ChangelogRule
+from spark_jobs.spec import PipelineSpec
+
+__all__ = ["STREAM_JOB", "ensure_stamp_columns", "tell_commits"]
+
+log = logging.getLogger("spark_jobs")
+STREAM_JOB = "stream"  # the ``job`` of the stream's commits: it tells them itself
+
+
+def tell_commits(lake: Lake, spec: PipelineSpec, *, run_id: str) -> int | None:
+    """Tell every commit to ``aggregates`` since the last one told; the changelog version written (None: none)."""
+    return retry_conflicts(partial(_attempt, lake, spec, run_id), what="changelog")
+
+
+def ensure_stamp_columns(lake: Lake, spec: PipelineSpec) -> None:
+    """A changelog from before the stamp columns gains them (NULL in the rows already there)."""
+    path = PipelineTables(spec.lake, spec.name).changelog
+    have = lake.schema(path)
+    missing = [f for f in CHANGE_STAMP if have is not None and f.name not in have.names]
+    if missing:
+        lake.add_columns(path, missing)
+
+
+def _attempt(lake: Lake, spec: PipelineSpec, run_id: str, attempt: int) -> int | None:
+    tables = PipelineTables(spec.lake, spec.name)
+    latest = lake.version(tables.aggregates)
+    if latest is None:
+        return None
+    ensure_stamp_columns(lake, spec)
+    planned = lake.version(tables.changelog)
+    app = changelog_app_id(spec)
+    done = None if planned is None else lake.txn_version(tables.changelog, app, planned)
+    first = 0 if done is None else done + 1
+    if first > latest:
+        return None
+    aggregates = open_table(tables.aggregates, latest)
+    rule = ChangelogRule.of(spec, [f.name for f in value_fields(spec)])
+    schema = table_schema(spec, "changelog")
+    told = [_told(aggregates, rule, schema, change) for v in range(first, latest + 1)
+            if (change := _commit(tables.aggregates, v)) is not None and change.info.get("job") != STREAM_JOB]
+    rows = pa.concat_tables([t for t in told if t is not None] or [schema.empty_table()])
+    commit = lake.append(rows, tables.changelog, app_txn=AppTxn(app, latest), read_version=planned, conform=True,
+                         metadata={"run_id": run_id, "job": "changelog", "aggregates_version": latest, "aggregates_told": done})
+    log.info("changelog: aggregates versions %s-%s told (%s rows), version %s", first, latest, rows.num_rows,
+             commit.version)
+    return commit.version
+
+
+def _commit(path: str, version: int) -> CommitFiles | None:
+    commit = commit_files(path, version)
+    if commit is None:
+        log.warning("cannot read commit %s of %s (its log is cleaned up): the changelog does not tell it", version, path)
+    return commit
+
+
+def _told(aggregates: Snapshot, rule: ChangelogRule, schema: pa.Schema, commit: CommitFiles) -> pa.Table | None:
+    """The changelog rows of one commit: its removed files' rows before, its added files' rows after."""
+    if not commit.added and not commit.removed:
+        return None
+    columns = [*rule.identity, *rule.values, "n_rows"]
+    try:
+        before, after = (aggregates.read_files(files, columns) for files in (commit.removed, commit.added))
+    except READ_ERRORS as exc:
+        log.warning("cannot read the files of commit %s of %s (%s): the changelog does not tell it", commit.version,
+                    aggregates.path, exc)
+        return None
+    writer = commit.info.get("job") or str(commit.info.get("operation", "")).lower()
+    stamp = {"batch_id": None, "writer": writer, "run_id": commit.info.get("run_id"),
+             "aggregates_version": commit.version}
+    return rule.arrow(before, after, None, stamp, schema)
