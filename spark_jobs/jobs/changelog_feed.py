@@ -34,6 +34,7 @@ __all__ = ["STREAM_JOB", "ensure_stamp_columns", "tell_commits"]
 
 log = logging.getLogger("spark_jobs")
 STREAM_JOB = "stream"  # the ``job`` of the stream's commits: it tells them itself
+RESCAN = 100  # commits with nothing to tell (the stream's) scanned again by each run, before one records them
 
 
 def tell_commits(lake: Lake, spec: PipelineSpec, *, run_id: str) -> int | None:
@@ -68,6 +69,8 @@ def _attempt(lake: Lake, spec: PipelineSpec, run_id: str, attempt: int) -> int |
     told = [_told(aggregates, rule, schema, change) for v in range(first, latest + 1)
             if (change := _commit(tables.aggregates, v)) is not None and change.info.get("job") != STREAM_JOB]
     rows = pa.concat_tables([t for t in told if t is not None] or [schema.empty_table()])
+    if not rows.num_rows and latest - first < RESCAN:  # nothing to tell: a rerun changes no table
+        return None
     commit = lake.append(rows, tables.changelog, app_txn=AppTxn(app, latest), read_version=planned, conform=True,
                          metadata={"run_id": run_id, "job": "changelog", "aggregates_version": latest, "aggregates_told": done})
     log.info("changelog: aggregates versions %s-%s told (%s rows), version %s", first, latest, rows.num_rows,

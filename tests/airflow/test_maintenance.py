@@ -55,7 +55,7 @@ def test_maintenance_keeps_the_tables_and_the_next_reduce_is_unchanged(spark, tm
     report = {m.table: m for m in maintain(spec.lake, spec.name, retention_hours=retention,
                                            enforce_retention=retention >= 168)}
     aggregates_version = DeltaTable(tables.aggregates).version()  # a vacuum that deletes files logs commits
-    assert set(report) == {"partials", "aggregates", "dead_letter", "runs", "specs", "rollup_daily"}
+    assert set(report) == {"partials", "aggregates", "changelog", "dead_letter", "runs", "specs", "rollup_daily"}
     assert report["partials"].compacted["numFilesRemoved"] > report["partials"].compacted["numFilesAdded"] > 0
     assert report["aggregates"].compacted == report["rollup_daily"].compacted == {}  # reduce keeps their layout
     assert all(m.checkpoint for m in report.values())

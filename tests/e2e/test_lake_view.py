@@ -123,7 +123,7 @@ def test_a_token_from_airflow_opens_the_json_api(airflow):
     status, _, text = http(f"{airflow['base']}/lake/api/tables", token=t)
     assert status == 200
     assert [r["table"] for r in json.loads(text)] == [f"{PIPELINE}.{x}" for x in ("partials", "aggregates",
-                                                                                    "dead_letter", "runs", "specs")]
+                                                                                    "changelog", "dead_letter", "runs", "specs")]
     status, _, text = http(f"{airflow['base']}/lake/api/table/{AGG}/rows?where=1%3D1%3B%20DROP", token=t)
     assert status == 400 and "unexpected character ';'" in json.loads(text)["error"]
     status, _, text = http(f"{airflow['base']}/lake/api/table/..%2F..%2Fetc%2Fpasswd/rows", token=t)
@@ -222,7 +222,8 @@ def page(browser, airflow):
 
 def test_the_page_lists_the_tables(page, airflow):
     names = [a.text for a in css(page, "a.table-link")]
-    assert names == [f"{PIPELINE}.{t}" for t in ("partials", "aggregates", "dead_letter", "runs", "specs")]
+    assert names == [f"{PIPELINE}.{t}" for t in ("partials", "aggregates", "changelog", "dead_letter", "runs",
+                                                   "specs")]
     row = css(page, "#tables tbody tr")[1]
     assert [td.text for td in row.find_elements("css selector", "td")][:2] == [AGG, "1"]
     shot(page, "01-tables")

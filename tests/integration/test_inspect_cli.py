@@ -48,8 +48,8 @@ def test_tables_lists_every_table_with_its_version_and_rows(lake, capsys):
     assert code == 0
     lines = out.splitlines()
     assert lines[0].split()[:7] == ["table", "version", "rows", "files", "bytes", "last_commit", "operation"]
-    assert [ln.split()[0] for ln in lines[2:]] == [PARTIALS, AGG, f"{PIPELINE}.dead_letter", f"{PIPELINE}.runs",
-                                                 f"{PIPELINE}.specs"]
+    assert [ln.split()[0] for ln in lines[2:]] == [PARTIALS, AGG, f"{PIPELINE}.changelog", f"{PIPELINE}.dead_letter",
+                                                 f"{PIPELINE}.runs", f"{PIPELINE}.specs"]
 
     code, out, _ = run(capsys, "tables", "--lake", lake["lake"], "--json")
     rows = {r["table"]: r for r in json.loads(out)}
@@ -64,7 +64,7 @@ def test_tables_lists_every_table_with_its_version_and_rows(lake, capsys):
 def test_tables_takes_the_lake_from_the_environment(lake, capsys, monkeypatch):
     monkeypatch.setenv("SPARK_JOBS_LAKE", lake["lake"])
     code, out, _ = run(capsys, "tables", "--json")
-    assert code == 0 and len(json.loads(out)) == 5
+    assert code == 0 and len(json.loads(out)) == 6
 
 
 def test_history_shows_runs_rows_and_what_each_commit_consumed(lake, capsys):

@@ -7,11 +7,13 @@ the tests of the unauthenticated path; the real Airflow login is tested in
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
 import warnings
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pyarrow as pa
 import pytest
@@ -63,8 +65,8 @@ def test_index_lists_the_tables_with_links(web):
     r = web.get("/lake/")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     links = re.findall(r'class="table-link" href="([^"]+)">([^<]+)<', r.text)
-    assert [name for _, name in links] == [f"{PIPELINE}.{t}" for t in ("partials", "aggregates", "dead_letter", "runs",
-                                                                              "specs")]
+    assert [name for _, name in links] == [f"{PIPELINE}.{t}" for t in ("partials", "aggregates", "changelog",
+                                                                              "dead_letter", "runs", "specs")]
     assert links[1][0] == f"/lake/table/{AGG}"
     assert "default-src 'none'" in r.headers["content-security-policy"]
     assert "<script" not in r.text
@@ -107,6 +109,17 @@ def test_the_table_page_links_the_rollup_of_aggregates_only(web):
     r = web.get(f"/lake/table/{AGG}")
     assert f'id="rollup-link" href="/lake/table/{AGG}/rollup?version=1"' in r.text
     assert 'id="rollup-link"' not in web.get(f"/lake/table/{PIPELINE}.partials").text
+
+
+def test_the_history_link_opens_the_changelog_of_the_rows_shown_in_fold_order(web):
+    r = web.get(f"/lake/table/{AGG}", params={"where": "page = '/d'"})
+    link = html.unescape(re.search(r'id="changes-link"[^>]* href="([^"]+)"', r.text).group(1))
+    assert link.startswith(f"/lake/table/{PIPELINE}.changelog?")
+    query = parse_qs(urlsplit(link).query)
+    assert query["where"] == ["page = '/d'"] and query["order_by"] == ["aggregates_version,seq"]
+    history = web.get(link)
+    assert history.status_code == 200 and 'id="rows-error"' not in history.text
+    assert 'id="changes-link"' not in web.get(f"/lake/table/{PIPELINE}.partials").text
 
 
 def test_the_rollup_page_opens_on_the_last_day_of_data(web, inspect_lake, inspect_spec):

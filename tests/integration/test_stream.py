@@ -452,7 +452,7 @@ def _table(path: str, order: list[str], drop: tuple[str, ...] = ()) -> pd.DataFr
 def _stream_tables(spec: PipelineSpec) -> dict[str, pd.DataFrame]:
     t, keys = PipelineTables(spec.lake, spec.name), list(spec.key_columns)
     return {"aggregates": _table(t.aggregates, keys, ("updated_at", "run_id")),
-            "changelog": _table(t.changelog, ["batch_id", "seq"]),
+            "changelog": _table(t.changelog, ["batch_id", "seq"], ("run_id",)),
             "partials": _table(t.partials, ["batch", "event_date", *keys], ("run_id", "created_at")),
             "state": _table(t.stream_state, ["event_date", *keys])}
 
