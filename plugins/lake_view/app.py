@@ -57,7 +57,8 @@ NameParam = Annotated[str, PathParam(max_length=130, pattern=r"^[a-z][a-z0-9_]*\
 VersionQ = Annotated[int | None, Query(ge=0, le=2**31, description="table version")]
 WhereQ = Annotated[str | None, Query(max_length=2000, description="filter, e.g. page = '/home' AND views >= 10")]
 ColumnsQ = Annotated[str | None, Query(max_length=2000, pattern=rf"^(|{_IDENT}(,{_IDENT})*)$")]
-OrderQ = Annotated[str | None, Query(max_length=130, pattern=rf"^(|{_IDENT}(:(asc|desc))?)$")]
+_SORT_KEY = rf"{_IDENT}(:(asc|desc))?"
+OrderQ = Annotated[str | None, Query(max_length=400, pattern=rf"^(|{_SORT_KEY}(,{_SORT_KEY}){{0,7}})$")]
 LimitQ = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
 MetricQ = Annotated[str | None, Query(max_length=128, pattern=rf"^(|{_IDENT})$")]
 PipelineQ = Annotated[str | None, Query(max_length=64, pattern=r"^(|[a-z][a-z0-9_]*)$")]
@@ -83,11 +84,11 @@ def _columns(text: str | None) -> list[str] | None:
 
 
 def _order(order_by: str | None) -> list[tuple[str, str]] | None:
-    """``column[:asc|:desc]`` (already checked against :data:`OrderQ`) as Arrow sort keys."""
+    """``column[:asc|:desc][,...]`` (already checked against :data:`OrderQ`) as Arrow sort keys."""
     if not order_by:
         return None
-    col, _, direction = order_by.partition(":")
-    return [(col, "descending" if direction == "desc" else "ascending")]
+    keys = [key.partition(":") for key in order_by.split(",")]
+    return [(col, "descending" if direction == "desc" else "ascending") for col, _, direction in keys]
 
 
 def _strict_query(request: Request) -> None:
