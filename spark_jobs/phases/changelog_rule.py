@@ -98,8 +98,7 @@ class ChangelogRule:
                   _entries(before, both, pc.and_(was, gone), "-D", 0, "_o"),
                   _entries(before, both, changed, "-U", 0, "_o"), _entries(after, both, changed, "+U", 1, "_n")]
         rows = self._first_seen(pa.concat_tables(pieces), first_seen)
-        rows = rows.sort_by([(c, "ascending") for c in (FIRST_SEEN, *self.identity, _ORDER)],
-                            null_placement="at_start")
+        rows = rows.sort_by([(c, "ascending", "at_start") for c in (FIRST_SEEN, *self.identity, _ORDER)])
         out = {"op": rows.column("op"), **{c: rows.column(c) for c in self.columns},
                "seq": pa.array(np.arange(rows.num_rows, dtype=np.int64)),
                **{k: pa.repeat(pa.scalar(v), rows.num_rows) for k, v in stamp.items()}}
