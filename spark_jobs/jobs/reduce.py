@@ -66,7 +66,9 @@ def run(spark: SparkSession, spec: PipelineSpec, *, lake: Lake | None = None, ru
 
         retry_conflicts(attempt, what="reduce", recheck=lambda: ensure_applied(lake, spec))
         # also after a no-op: a stop may have left the changelog or the rollups behind aggregates
-        record.versions_written["changelog"] = changelog_feed.tell_commits(lake, spec, run_id=record.run_id)
+        told = changelog_feed.tell_commits(lake, spec, run_id=record.run_id)
+        if told is not None:
+            record.versions_written["changelog"] = told
         if spec.rollups:
             record.versions_written.update(rollups.refresh(lake, compiled, run_id=record.run_id))
     return record
