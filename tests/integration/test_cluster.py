@@ -21,6 +21,7 @@ from spark_jobs.lake import PipelineTables
 from spark_jobs.spark_session import shuffle_partitions_for
 from tests.airflow.harness import airflow_home
 from tests.builders import ALL_AGGREGATES, FAST_AGGREGATES, day_events, make_spec, write_day
+from tests.helpers import quick_jvm
 from tests.integration.test_stream import land, with_stream
 from tests.oracle import actual, assert_matches, expected, read_landing
 
@@ -29,11 +30,16 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 
 
+def driver_env(**settings: str) -> dict[str, str]:
+    """The environment of a driver of the cluster: its own application (no Connect server), on 127.0.0.1, its
+    JVM as quick to start as the cluster's (the ``standalone_cluster`` fixture)."""
+    env = quick_jvm({k: v for k, v in os.environ.items() if k != "SPARK_REMOTE"})
+    return {**env, "SPARK_LOCAL_IP": "127.0.0.1", **settings}
+
+
 def cli(*args: str, master: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SPARK_MASTER": master, "SPARK_LOCAL_IP": "127.0.0.1"}
-    env.pop("SPARK_REMOTE", None)
-    proc = subprocess.run([sys.executable, "-m", "spark_jobs", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    proc = subprocess.run([sys.executable, "-m", "spark_jobs", *args], cwd=REPO, env=driver_env(SPARK_MASTER=master),
+                          capture_output=True, text=True, timeout=timeout, check=False)
     assert proc.returncode == 0, f"{args[0]} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr[-3000:]}"
     return proc
 
@@ -44,8 +50,8 @@ def test_a_batch_dag_run_on_the_cluster_equals_the_oracle(standalone_cluster, tm
     spec = make_spec(tmp_path, window={"size": "1 hour"}, aggregates=FAST_AGGREGATES)  # the stream test has a UDAF
     write_day(tmp_path / "landing", "2024-03-01", day_events("2024-03-01", 3000, seed=1, rejected=10), files=4)
     af = airflow_home(tmp_path, tmp_path)  # no Spark Connect server: every task is a spark-submit
-    af.env.update({"AIRFLOW_CONN_SPARK_DEFAULT": f"spark://{standalone_cluster.host}:{standalone_cluster.port}",
-                   "SPARK_LOCAL_IP": "127.0.0.1"})
+    af.env = quick_jvm(af.env) | {"AIRFLOW_CONN_SPARK_DEFAULT": standalone_cluster.master_url,  # as driver_env
+                                  "SPARK_LOCAL_IP": "127.0.0.1"}
     before = len((standalone_cluster.status() or {}).get("completedapps", []))
     af.run("dags", "test", "views_batch", "2024-03-01", timeout=1200)
     [run] = af.runs("views_batch")
@@ -74,9 +80,7 @@ def test_the_cluster_runs_tasks_on_both_workers(standalone_cluster, tmp_path):
         "print('PARALLELISM', sc.defaultParallelism, spark.conf.get('spark.sql.shuffle.partitions'))\n"
         "spark.stop()\n"
     )
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
-    env.pop("SPARK_REMOTE", None)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=driver_env(), capture_output=True, text=True,
                           timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     workdirs = next(line for line in proc.stdout.splitlines() if line.startswith("WORKDIRS"))
@@ -94,10 +98,9 @@ def test_the_stream_on_the_cluster_stops_at_a_batch_boundary_and_equals_the_orac
         land(tmp_path / "landing", "2024-03-01", rows.slice(i * 500, 500))
     master = standalone_cluster.master_url
     cli("stream", "--pipeline", spec.origin, "--available-now", master=master)
-    env = {**os.environ, "SPARK_MASTER": master, "SPARK_LOCAL_IP": "127.0.0.1"}
-    env.pop("SPARK_REMOTE", None)
     proc = subprocess.Popen([sys.executable, "-m", "spark_jobs", "stream", "--pipeline", spec.origin], cwd=REPO,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=driver_env(SPARK_MASTER=master), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     try:
         for i in range(4, 6):
             land(tmp_path / "landing", "2024-03-01", rows.slice(i * 500, 500))

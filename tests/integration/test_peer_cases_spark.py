@@ -1,7 +1,8 @@
 """Apache Spark's own session-window cases, as this product's stream and batch path answer them.
 
 ``StreamingSessionWindowSuite`` (sql/core, streaming): each ``AddData`` is one landing file, so one mini-batch
-(``max_files_per_batch: 1``); its lines are split into words at landing, as the suite's
+(``max_files_per_batch: 1``); each case is a pipeline of its own, and the four cases stream at once (as in
+``tests/integration/test_peer_cases.py``). Its lines are split into words at landing, as the suite's
 ``explode(split(value, ' '))`` does, so one file holds a row per word. Gap 10 s, watermark 30 s, as the suite's
 queries declare. Its timestamps are seconds since the epoch; here second ``s`` is 2024-03-01 00:00:00 UTC + ``s``
 (one ``event_date``), and rows are printed back in Spark's seconds. The product serves the latest value of every
@@ -52,9 +53,11 @@ Left out, and why:
 from __future__ import annotations
 
 import datetime as dt
+from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pytest
@@ -66,8 +69,12 @@ from spark_jobs.lake import PipelineTables
 from spark_jobs.spec import PipelineSpec, load_spec, parse_spec
 from spark_jobs.stream import query as stream
 from spark_jobs.stream.query import StreamSummary
+from tests.helpers import at_once
 from tests.integration.test_stream import land
 from tests.oracle import actual, assert_matches, expected, read_landing
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 pytestmark = pytest.mark.spark
 
@@ -87,6 +94,7 @@ ADD_DATA: list[list[tuple[str, int]]] = [
     [("structured streaming", 90)],
 ]
 LATE_BATCH = 2
+COMPLETE_ADD_DATA = [lines for i, lines in enumerate(ADD_DATA) if i != LATE_BATCH]  # the complete-mode case's
 # "complete mode - session window", its last CheckNewAnswer: (sessionId, start, end, durationMs, numEvents)
 COMPLETE_FINAL: list[tuple[Any, ...]] = [
     ("spark", 25, 50, 25, 3), ("streaming", 25, 51, 26, 4), ("hello", 40, 51, 11, 2), ("world", 40, 51, 11, 2),
@@ -129,14 +137,16 @@ def _word_rows(lines: list[tuple[str, int]], keys: list[str]) -> pa.Table:
     return pa.table(columns | {k: pa.array([w for w, _ in words], pa.string()) for k in keys})
 
 
-def _stream_words(spark: Any, root: Path, batches: list[list[tuple[str, int]]],
-                  keys: list[str]) -> tuple[PipelineSpec, StreamSummary]:
+def _word_spec(root: Path, batches: list[list[tuple[str, int]]], keys: list[str]) -> PipelineSpec:
+    """A pipeline over the suite's words, its ``AddData`` landed, one file each."""
     spec = _spec(root, keys, dict.fromkeys(keys, "string"), COUNT, STREAM)
     for lines in batches:
         land(root / "landing", DAY, _word_rows(lines, keys))
-    summary = stream.run(spark, spec, available_now=True)
-    assert len(summary.batches) == len(batches)
-    return spec, summary
+    return spec
+
+
+def _stream(spark: SparkSession, spec: PipelineSpec) -> tuple[PipelineSpec, StreamSummary]:
+    return spec, stream.run(spark, spec, available_now=True)
 
 
 def _served(spec: PipelineSpec) -> list[dict[str, Any]]:
@@ -162,15 +172,16 @@ def _keyed(rows: list[tuple[Any, ...]], key: str) -> list[tuple[Any, ...]]:
 
 
 @pytest.mark.parametrize("key", ["single", "multi_col"])
-def test_spark_complete_mode_session_window_serves_sparks_final_sessions(spark, tmp_path, key):
-    batches = [lines for i, lines in enumerate(ADD_DATA) if i != LATE_BATCH]  # the complete-mode case has no late row
-    spec, summary = _stream_words(spark, tmp_path, batches, KEYS[key])
+def test_spark_complete_mode_session_window_serves_sparks_final_sessions(suite_streams, key):
+    spec, summary = suite_streams[f"complete_{key}"].result()
+    assert len(summary.batches) == len(COMPLETE_ADD_DATA)
     assert _spark_sessions(spec) == _keyed(COMPLETE_FINAL, key)
     assert sum(b.rows_late for b in summary.batches) == 0  # under the watermark 30 s too, no row is late
 
 
-def test_spark_append_mode_session_window_drops_the_late_event_and_the_days_batch_counts_it(spark, tmp_path):
-    spec, summary = _stream_words(spark, tmp_path, ADD_DATA, KEYS["single"])
+def test_spark_append_mode_session_window_drops_the_late_event_and_the_days_batch_counts_it(spark, suite_streams):
+    spec, summary = suite_streams["append"].result()
+    assert len(summary.batches) == len(ADD_DATA)
     assert summary.batches[LATE_BATCH].watermark == T0 + dt.timedelta(seconds=11)  # the suite's "watermark: 11"
     # its two words are dropped, as the suite's assertNumRowsDroppedByWatermark(2) says
     assert [b.rows_late for b in summary.batches] == [2 if i == LATE_BATCH else 0 for i in range(len(ADD_DATA))]
@@ -193,12 +204,28 @@ UDAF_AGGREGATES: list[dict[str, Any]] = [{"name": "mean_time", "fn": "avg", "col
 SPARK_UDAF_ROW = ("a", 40, 52, 41, 41, 123)
 
 
-def test_spark_session_window_mean_median_and_a_udaf_sum_equal_sparks(spark, tmp_path):
-    spec = _spec(tmp_path, ["session_id"], {"session_id": "string", "single": "long"}, UDAF_AGGREGATES, STREAM)
+def _udaf_spec(root: Path) -> PipelineSpec:
+    spec = _spec(root, ["session_id"], {"session_id": "string", "single": "long"}, UDAF_AGGREGATES, STREAM)
     for word, second in UDAF_ADD_DATA:  # single is the event's second, as the suite's "single" column
-        land(tmp_path / "landing", DAY, pa.table({"event_time": _times([T0 + dt.timedelta(seconds=second)]),
-                                                  "session_id": [word], "single": pa.array([second], pa.int64())}))
-    stream.run(spark, spec, available_now=True)
+        land(root / "landing", DAY, pa.table({"event_time": _times([T0 + dt.timedelta(seconds=second)]),
+                                              "session_id": [word], "single": pa.array([second], pa.int64())}))
+    return spec
+
+
+@pytest.fixture(scope="module")
+def suite_streams(spark: SparkSession,
+                  tmp_path_factory: pytest.TempPathFactory) -> dict[str, Future[tuple[PipelineSpec, StreamSummary]]]:
+    """The suite's four streamed cases, each a pipeline (its own landing files and lake), streamed at once."""
+    specs = {f"complete_{key}": _word_spec(tmp_path_factory.mktemp(f"complete_{key}"), COMPLETE_ADD_DATA, KEYS[key])
+             for key in KEYS}
+    specs["append"] = _word_spec(tmp_path_factory.mktemp("append"), ADD_DATA, KEYS["single"])
+    specs["udaf"] = _udaf_spec(tmp_path_factory.mktemp("udaf"))
+    return at_once(spark, {name: partial(_stream, spec=spec) for name, spec in specs.items()})
+
+
+def test_spark_session_window_mean_median_and_a_udaf_sum_equal_sparks(suite_streams):
+    spec, summary = suite_streams["udaf"].result()
+    assert len(summary.batches) == len(UDAF_ADD_DATA)
     rows = {r["session_id"]: (r["session_id"], _seconds(r["window_start"]), _seconds(r["window_end"]),
                               int(r["mean_time"]), int(r["median_time"]), r["my_sum_single"]) for r in _served(spec)}
     assert rows["a"] == SPARK_UDAF_ROW
