@@ -18,6 +18,7 @@ from tests.helpers import free_port, quick_jvm
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("SPARK_JOBS_DELTA_BACKEND", "embedded")
 os.environ.setdefault("SPARK_JOBS_UI", "false")  # no Spark UI (and its port) per test job
+os.environ.update(quick_jvm(os.environ))  # every JVM of the suite (its own, the jobs', Airflow's, the cluster's)
 logging.getLogger("py4j").setLevel(logging.ERROR)  # py4j logs to a closed stream at interpreter exit
 
 
@@ -60,16 +61,12 @@ def spark_server():
 
 @pytest.fixture(scope="session")
 def standalone_cluster():
-    """A real Spark standalone cluster: a master and two 1-core workers from the venv's pyspark, on 127.0.0.1.
-    Its JVMs start quickly (:func:`tests.helpers.quick_jvm`), and so does every executor, which a worker starts in
-    its own environment; a test gives its drivers the same."""
+    """A real Spark standalone cluster: a master and two 1-core workers from the venv's pyspark, on 127.0.0.1."""
     from spark_jobs.server.standalone import Standalone
 
     state = Path(tempfile.mkdtemp(prefix="sj-cluster-"))
     cluster = Standalone(state, workers=2, cores=1, memory="1g", port=free_port(), ui_port=free_port())
-    with pytest.MonkeyPatch.context() as patch:  # the cluster starts in this process's environment
-        patch.setenv("JAVA_TOOL_OPTIONS", quick_jvm(os.environ)["JAVA_TOOL_OPTIONS"])
-        cluster.start(timeout=180)
+    cluster.start(timeout=180)
     yield cluster
     cluster.stop()
     shutil.rmtree(state, ignore_errors=True)

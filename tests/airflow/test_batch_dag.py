@@ -23,7 +23,7 @@ from tests.oracle import actual, assert_matches, expected, read_landing
 
 pytestmark = pytest.mark.slow
 
-DAYS = ("2024-03-01", "2024-03-02", "2024-03-03")
+DAYS = ("2024-03-01", "2024-03-02")  # a backfill of two runs at once
 
 
 def setup(tmp_path: Path, server, days: tuple[str, ...] = DAYS, rows: int = 1500, **spec_args):
@@ -98,7 +98,7 @@ def test_bad_input_fails_the_gate_leaves_aggregates_unchanged_and_dead_letters_t
 
 @pytest.mark.timeout(1200)  # about two minutes on a quiet machine; the bound is for a loaded one
 def test_a_scheduler_backfill_beside_a_stream_run_queues_the_writers_and_matches_the_oracle(spark_server, tmp_path):
-    """Three days backfilled while the stream DAG runs: the writers of ``aggregates`` in both DAGs (the
+    """Two days backfilled at once while the stream DAG runs: the writers of ``aggregates`` in both DAGs (the
     batch reduces, the stream and its reduce) share one pool slot, so they run one after another."""
     spec, tables, af = setup(tmp_path, spark_server)
     (tmp_path / "typo.yml").write_text("name: typo\nsource: {path: [unclosed\n")  # costs this pipeline nothing
@@ -109,14 +109,14 @@ def test_a_scheduler_backfill_beside_a_stream_run_queues_the_writers_and_matches
         af.retry("dags", "unpause", "views_batch")
         af.retry("dags", "unpause", "views_stream")
         af.retry("dags", "trigger", "views_stream")
-        runs = wait_for_runs(af, "views_batch", 3, timeout=900)
+        runs = wait_for_runs(af, "views_batch", len(DAYS), timeout=900)
         [stream_run] = wait_for_runs(af, "views_stream", 1, timeout=600, run_type="manual")
         [error] = af.import_errors()  # as the dag-processor recorded it
     assert error["filepath"].endswith("pipeline_specs_check.py")
     assert f"invalid pipeline spec {tmp_path / 'typo.yml'}:\n  - not valid YAML at line 3" in error["error"]
     assert sorted(r["logical_date"][:10] for r in runs) == list(DAYS)
     assert af.runs("views_batch") == runs  # SPARK_JOBS_END_DATE: no scheduled run of a day without data
-    assert [r["state"] for r in runs] == ["success"] * 3, [af.task_states("views_batch", r["run_id"]) for r in runs]
+    assert [r["state"] for r in runs] == ["success"] * len(DAYS), [af.task_states("views_batch", r["run_id"]) for r in runs]
     assert stream_run["state"] == "success", af.task_states("views_stream", stream_run["run_id"])
     assert_matches(actual(tables.aggregates, spec), expected(read_landing(tmp_path / "landing"), spec), spec)
     writers = [(t["start_date"], t["end_date"], f"{dag} {t['task_id']} {t['logical_date'][:10]}")
@@ -124,25 +124,25 @@ def test_a_scheduler_backfill_beside_a_stream_run_queues_the_writers_and_matches
                                     ("views_stream", [stream_run["run_id"]]))
                for run_id in run_ids for t in af.json("tasks", "states-for-dag-run", dag, run_id)
                if t["task_id"] in ("reduce", "stream")]
-    assert len(writers) == 5
+    assert len(writers) == len(DAYS) + 2  # a reduce per day, the stream and its reduce
     writers.sort()
     for before, after in itertools.pairwise(writers):
         assert before[1] <= after[0], f"{before[2]} and {after[2]} ran at once: {before[:2]} / {after[:2]}"
     combines = [r for r in DeltaTable(tables.runs).to_pyarrow_table().to_pylist() if r["job"] == "combine"]
     # two days' combines race for the partials table: the loser re-plans inside the job, nothing fails
     assert sorted(r["batch"] for r in combines) == list(DAYS) and {r["status"] for r in combines} == {"success"}
-    print(f"backfill of 3 days beside a stream run: {time.monotonic() - started:.0f}s")
+    print(f"backfill of {len(DAYS)} days beside a stream run: {time.monotonic() - started:.0f}s")
 
 
 def test_a_scheduler_backfill_of_session_windows_matches_the_oracle(spark_server, tmp_path):
-    """Sessions per user over three days, backfilled in any order by the scheduler (two runs at once): each day's
+    """Sessions per user over two days, backfilled by the scheduler at once: each day's
     combine cuts partial sessions, each reduce merges the ones in reach, the gates pass, DuckDB agrees."""
     spec, tables, af = setup(tmp_path, spark_server, rows=400, window={"gap": "30 minutes"}, group_by=["user_id"])
     create_backfill(af)
     with running_airflow(af):
         af.retry("dags", "unpause", "views_batch")
-        runs = wait_for_runs(af, "views_batch", 3, timeout=900)
-    assert [r["state"] for r in runs] == ["success"] * 3, [af.task_states("views_batch", r["run_id"]) for r in runs]
+        runs = wait_for_runs(af, "views_batch", len(DAYS), timeout=900)
+    assert [r["state"] for r in runs] == ["success"] * len(DAYS), [af.task_states("views_batch", r["run_id"]) for r in runs]
     got = actual(tables.aggregates, spec)
     assert_matches(got, expected(read_landing(tmp_path / "landing"), spec), spec)
     assert (got["window_end"] - got["window_start"] >= "30min").all()

@@ -21,7 +21,6 @@ from spark_jobs.lake import PipelineTables
 from spark_jobs.spark_session import shuffle_partitions_for
 from tests.airflow.harness import airflow_home
 from tests.builders import ALL_AGGREGATES, FAST_AGGREGATES, day_events, make_spec, write_day
-from tests.helpers import quick_jvm
 from tests.integration.test_stream import land, with_stream
 from tests.oracle import actual, assert_matches, expected, read_landing
 
@@ -31,9 +30,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def driver_env(**settings: str) -> dict[str, str]:
-    """The environment of a driver of the cluster: its own application (no Connect server), on 127.0.0.1, its
-    JVM as quick to start as the cluster's (the ``standalone_cluster`` fixture)."""
-    env = quick_jvm({k: v for k, v in os.environ.items() if k != "SPARK_REMOTE"})
+    """The environment of a driver of the cluster: its own application (no Connect server), on 127.0.0.1."""
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_REMOTE"}
     return {**env, "SPARK_LOCAL_IP": "127.0.0.1", **settings}
 
 
@@ -50,8 +48,7 @@ def test_a_batch_dag_run_on_the_cluster_equals_the_oracle(standalone_cluster, tm
     spec = make_spec(tmp_path, window={"size": "1 hour"}, aggregates=FAST_AGGREGATES)  # the stream test has a UDAF
     write_day(tmp_path / "landing", "2024-03-01", day_events("2024-03-01", 3000, seed=1, rejected=10), files=4)
     af = airflow_home(tmp_path, tmp_path)  # no Spark Connect server: every task is a spark-submit
-    af.env = quick_jvm(af.env) | {"AIRFLOW_CONN_SPARK_DEFAULT": standalone_cluster.master_url,  # as driver_env
-                                  "SPARK_LOCAL_IP": "127.0.0.1"}
+    af.env.update({"AIRFLOW_CONN_SPARK_DEFAULT": standalone_cluster.master_url, "SPARK_LOCAL_IP": "127.0.0.1"})
     before = len((standalone_cluster.status() or {}).get("completedapps", []))
     af.run("dags", "test", "views_batch", "2024-03-01", timeout=1200)
     [run] = af.runs("views_batch")
