@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -18,7 +19,21 @@ from tests.helpers import free_port, quick_jvm
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("SPARK_JOBS_DELTA_BACKEND", "embedded")
 os.environ.setdefault("SPARK_JOBS_UI", "false")  # no Spark UI (and its port) per test job
-os.environ.update(quick_jvm(os.environ))  # every JVM of the suite (its own, the jobs', Airflow's, the cluster's)
+# Short-lived JVMs (the CLI's and Airflow's jobs, the cluster's) start on C1 only; the two that live as long as the
+# suite (its SparkSession, the Connect server) keep C2: on C1 the in-process tests took up to twice as long in CI.
+STEADY_ENV = dict(os.environ)
+os.environ.update(quick_jvm(os.environ))
+
+
+@contextlib.contextmanager
+def steady_jvm():
+    """This process's environment as it was before :func:`tests.helpers.quick_jvm`, while a long-lived JVM starts."""
+    with pytest.MonkeyPatch.context() as patch:
+        if "JAVA_TOOL_OPTIONS" in STEADY_ENV:
+            patch.setenv("JAVA_TOOL_OPTIONS", STEADY_ENV["JAVA_TOOL_OPTIONS"])
+        else:
+            patch.delenv("JAVA_TOOL_OPTIONS")
+        yield
 logging.getLogger("py4j").setLevel(logging.ERROR)  # py4j logs to a closed stream at interpreter exit
 
 
@@ -26,8 +41,9 @@ logging.getLogger("py4j").setLevel(logging.ERROR)  # py4j logs to a closed strea
 def spark():
     from spark_jobs.spark_session import SessionConfig, build_session
 
-    session = build_session(SessionConfig(master="local[2]", shuffle_partitions=2, app_name="spark_jobs tests",
-                                          driver_memory="2g"))
+    with steady_jvm():
+        session = build_session(SessionConfig(master="local[2]", shuffle_partitions=2, app_name="spark_jobs tests",
+                                              driver_memory="2g"))
     yield session
     session.stop()
 
@@ -50,9 +66,10 @@ def spark_server():
     state = Path(tempfile.mkdtemp(prefix="sj-"))  # short: the runner's socket path must fit in 108 bytes
     port = free_port()
     command = [sys.executable, "-m", "spark_jobs", "server"]
-    proc = subprocess.run([*command, "start", "--state-dir", str(state), "--port", str(port), "--master", "local[2]",
-                           "--driver-memory", "1g", "--shuffle-partitions", "2"],
-                          capture_output=True, text=True, timeout=300, check=False)
+    with steady_jvm():
+        proc = subprocess.run([*command, "start", "--state-dir", str(state), "--port", str(port), "--master",
+                               "local[2]", "--driver-memory", "1g", "--shuffle-partitions", "2"],
+                              capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, f"server start failed:\n{proc.stdout}\n{proc.stderr}"
     yield SparkServer(f"sc://127.0.0.1:{port}", str(state / "runner.sock"), state)
     subprocess.run([*command, "stop", "--state-dir", str(state)], capture_output=True, timeout=120, check=False)

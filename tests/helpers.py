@@ -49,10 +49,10 @@ def at_once(spark: SparkSession, jobs: Mapping[str, Callable[[SparkSession], T]]
 
 def quick_jvm(env: Mapping[str, str]) -> dict[str, str]:
     """``env`` whose JVMs start quickly: the C1 compiler only (``-XX:TieredStopAtLevel=1``, on top of any
-    ``JAVA_TOOL_OPTIONS`` already there). A test's Spark JVM works a few seconds on a few thousand rows, where C2's
-    compiler threads cost more CPU than they save: the cluster's applications took about 40% less wall time with it
-    on two busy cores, a file of session and stream-recovery tests 13% less (241 s against 275 s, two runs each).
-    What Spark computes does not change."""
+    ``JAVA_TOOL_OPTIONS`` already there). A short-lived Spark JVM works a few seconds on a few thousand rows, where
+    C2's compiler threads cost more CPU than they save: the cluster's applications took about 40% less wall time with
+    it on two busy cores, a file of session and stream-recovery tests 13% less (241 s against 275 s, two runs each).
+    A JVM that lives as long as the suite needs C2 (``tests/conftest.py``). What Spark computes does not change."""
     return {**env, "JAVA_TOOL_OPTIONS": f"{env.get('JAVA_TOOL_OPTIONS', '')} -XX:TieredStopAtLevel=1".strip()}
 
 
