@@ -19,8 +19,9 @@ from tests.helpers import free_port, quick_jvm
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("SPARK_JOBS_DELTA_BACKEND", "embedded")
 os.environ.setdefault("SPARK_JOBS_UI", "false")  # no Spark UI (and its port) per test job
+logging.getLogger("py4j").setLevel(logging.ERROR)  # py4j logs to a closed stream at interpreter exit
 # Short-lived JVMs (the CLI's and Airflow's jobs, the cluster's) start on C1 only; the two that live as long as the
-# suite (its SparkSession, the Connect server) keep C2: on C1 the in-process tests took up to twice as long in CI.
+# suite (its SparkSession, the Connect server) keep C2: two in-process stream tests took 196 s so, 240 s on C1.
 STEADY_ENV = dict(os.environ)
 os.environ.update(quick_jvm(os.environ))
 
@@ -34,7 +35,6 @@ def steady_jvm():
         else:
             patch.delenv("JAVA_TOOL_OPTIONS")
         yield
-logging.getLogger("py4j").setLevel(logging.ERROR)  # py4j logs to a closed stream at interpreter exit
 
 
 @pytest.fixture(scope="session")
@@ -108,18 +108,27 @@ def inspect_lake(inspect_spec) -> str:
 # --dist loadfile hands out files in collection order, so starting these first keeps one worker from being
 # handed a long file at the end while the other idles (longest-processing-time-first scheduling).
 LONGEST_FIRST = (
-    "tests/integration/test_cluster.py",
     "tests/airflow/test_batch_dag.py",
-    "tests/e2e/test_stream_recovery.py",
+    "tests/integration/test_cluster.py",
     "tests/e2e/test_crash_recovery.py",
-    "tests/integration/test_stream.py",
+    "tests/integration/test_cdc_distinct.py",
     "tests/integration/test_stream_engines.py",
+    "tests/e2e/test_stream_recovery.py",
+    "tests/integration/test_stream.py",
+    "tests/integration/test_sessions_all_rows.py",
+    "tests/integration/test_peer_cases.py",
+    "tests/integration/test_sessions.py",
+    "tests/integration/test_batch_oracle.py",
+    "tests/integration/test_peer_cases_spark.py",
+    "tests/integration/test_null_keys.py",
     "tests/integration/test_evolution.py",
     "tests/integration/test_rollup_tables.py",
     "tests/airflow/test_stream_dag.py",
+    "tests/integration/test_cumulative.py",
     "tests/e2e/test_lake_view.py",
     "tests/integration/test_evolution_property.py",
     "tests/integration/test_server.py",
+    "tests/integration/test_changelog_fold.py",
     "tests/airflow/test_dag_factory.py",
 )
 
