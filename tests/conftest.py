@@ -22,18 +22,18 @@ os.environ.setdefault("SPARK_JOBS_UI", "false")  # no Spark UI (and its port) pe
 logging.getLogger("py4j").setLevel(logging.ERROR)  # py4j logs to a closed stream at interpreter exit
 # Short-lived JVMs (the CLI's and Airflow's jobs, the cluster's) start on C1 only; the two that live as long as the
 # suite (its SparkSession, the Connect server) keep C2: two in-process stream tests took 196 s so, 240 s on C1.
-STEADY_ENV = dict(os.environ)
+STEADY_JAVA_OPTIONS = os.environ.get("JAVA_TOOL_OPTIONS")
 os.environ.update(quick_jvm(os.environ))
 
 
 @contextlib.contextmanager
 def steady_jvm():
-    """This process's environment as it was before :func:`tests.helpers.quick_jvm`, while a long-lived JVM starts."""
+    """``JAVA_TOOL_OPTIONS`` as it was before :func:`tests.helpers.quick_jvm`, while a long-lived JVM starts."""
     with pytest.MonkeyPatch.context() as patch:
-        if "JAVA_TOOL_OPTIONS" in STEADY_ENV:
-            patch.setenv("JAVA_TOOL_OPTIONS", STEADY_ENV["JAVA_TOOL_OPTIONS"])
-        else:
+        if STEADY_JAVA_OPTIONS is None:
             patch.delenv("JAVA_TOOL_OPTIONS")
+        else:
+            patch.setenv("JAVA_TOOL_OPTIONS", STEADY_JAVA_OPTIONS)
         yield
 
 
