@@ -1,4 +1,5 @@
-"""``benchmarks stream --peer flink``: Flink 2.3's local mini-cluster over the same events, in the same run.
+"""``benchmarks stream --peer flink`` and ``benchmarks sessions --peer flink``: Flink 2.3's local mini-cluster over
+the same events, in the same run (a tumbling window per page, or a session window per user: :class:`FlinkQuery`).
 
 ``apache-flink`` goes into its own virtual environment under the work dir (its pins conflict with ours), the
 time-ordered Parquet landing files are mirrored once as CSV (the wheel has CSV and JSON formats, not Parquet),
@@ -12,16 +13,40 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from benchmarks.batch_bench import fresh
+from benchmarks.flink_job import VIEWS_COLUMN
 
-__all__ = ["FLINK", "flink_peer"]
+__all__ = ["FLINK", "FlinkQuery", "flink_peer"]
 
 FLINK = "apache-flink==2.3.*"
 INSTALL_TIMEOUT_S = 1800
 JOB_TIMEOUT_S = 3600
+
+
+@dataclass(frozen=True)
+class FlinkQuery:
+    """What :mod:`benchmarks.flink_job` computes: ``tumble`` per page with windows of ``minutes``, or ``session``
+    per user with a gap of ``minutes`` (and the exact PERCENTILE unless ``percentile`` is false)."""
+
+    kind: Literal["tumble", "session"]
+    minutes: int
+    percentile: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("tumble", "session") or self.minutes < 1:
+            raise ValueError(f"bad Flink query {self.kind!r} of {self.minutes} minutes: give tumble or session "
+                             f"and whole minutes >= 1")
+
+    def args(self) -> list[str]:
+        """flink_job's arguments for this query."""
+        if self.kind == "tumble":
+            return ["--query", "tumble", "--window-minutes", str(self.minutes)]
+        return ["--query", "session", "--gap-minutes", str(self.minutes),
+                *([] if self.percentile else ["--no-percentile"])]
 
 
 def _venv(work: Path) -> Path:
@@ -68,24 +93,34 @@ def _csv_mirror(landing: Path, work: Path) -> Path:
     return out
 
 
+def _counted(sink: Path) -> int:
+    """Events counted by one run's result rows (their ``views`` column)."""
+    import pyarrow.csv as pcsv
+
+    events = 0
+    for part in sink.rglob("*"):
+        if part.is_file() and not part.name.startswith("."):
+            rows = pcsv.read_csv(part, read_options=pcsv.ReadOptions(autogenerate_column_names=True))
+            events += int(rows.column(VIEWS_COLUMN).to_numpy().sum()) if rows.num_rows else 0
+    return events
+
+
 def flink_peer(work: Path, landing: Path, *, parallelism: int, watermark_minutes: int,
-               window_minutes: int) -> dict[str, Any]:
+               query: FlinkQuery) -> dict[str, Any]:
     """Flink's figures: the job's wall time in a fresh JVM (``job_s``) and run again in it (``warm_job_s``), the
     command's, and the events its windows counted in the run that counted fewer (a check that the watermark dropped
     none as late)."""
-    import pyarrow.csv as pcsv
-
     python = _venv(work)
     source = _csv_mirror(landing, work)
-    sink = fresh(work / "flink-results")
+    sink = fresh(work / f"flink-results-{query.kind}")
     env = dict(os.environ)
-    print(f"Flink SQL over the same events (parallelism {parallelism}) ...", flush=True)
+    print(f"Flink SQL over the same events ({query.kind} windows of {query.minutes} minutes, parallelism "
+          f"{parallelism}) ...", flush=True)
     start = time.perf_counter()
     try:
         done = subprocess.run([str(python), str(Path(__file__).with_name("flink_job.py")), "--source", str(source),
                                "--sink", str(sink), "--parallelism", str(parallelism),
-                               "--watermark-minutes", str(watermark_minutes), "--window-minutes", str(window_minutes),
-                               "--runs", "2"],
+                               "--watermark-minutes", str(watermark_minutes), *query.args(), "--runs", "2"],
                               check=True, capture_output=True, text=True, timeout=JOB_TIMEOUT_S, env=env)
     except subprocess.CalledProcessError as exc:
         raise SystemExit(f"the Flink job failed (exit {exc.returncode}):\n{exc.stderr[-3000:]}") from exc
@@ -93,13 +128,6 @@ def flink_peer(work: Path, landing: Path, *, parallelism: int, watermark_minutes
         raise SystemExit(f"the Flink job took more than {JOB_TIMEOUT_S} s") from exc
     wall = time.perf_counter() - start
     times = json.loads(done.stdout.strip().splitlines()[-1])
-    counted = []
-    for run in (1, 2):
-        events = 0
-        for part in (sink / f"run-{run}").rglob("*"):
-            if part.is_file() and not part.name.startswith("."):
-                rows = pcsv.read_csv(part, read_options=pcsv.ReadOptions(autogenerate_column_names=True))
-                events += int(rows.column(3).to_numpy().sum()) if rows.num_rows else 0
-        counted.append(events)
-    return {"job_s": times["job_s"][0], "warm_job_s": times["job_s"][1], "command_s": times["command_s"],
-            "subprocess_s": wall, "events_counted": min(counted)}
+    counted = [_counted(sink / f"run-{run}") for run in (1, 2)]
+    return {"query": query.kind, "minutes": query.minutes, "job_s": times["job_s"][0], "warm_job_s": times["job_s"][1],
+            "command_s": times["command_s"], "subprocess_s": wall, "events_counted": min(counted)}

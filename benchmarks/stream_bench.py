@@ -183,14 +183,14 @@ def stream(args: argparse.Namespace) -> int:
         figures[f"batch{size}"].update(ours_warm_s=took, ours_warm_events_per_s=rows_total / took)
 
     if args.peer == "flink":
-        from benchmarks.flink_peer import flink_peer
+        from benchmarks.flink_peer import FlinkQuery, flink_peer
 
         spec = _stream_spec(work, landing, "lake-peer", 1)
         assert spec.window.tile is not None
         # its parallel split readers read the time-ordered files out of order: with the spec's 10-minute watermark
         # most events would be dropped as late, so its watermark allows the whole span
         flink = flink_peer(work, landing, parallelism=os.cpu_count() or 2, watermark_minutes=(args.days + 1) * 24 * 60,
-                           window_minutes=spec.window.tile.seconds // 60)
+                           query=FlinkQuery("tumble", spec.window.tile.seconds // 60))
         flink["events_per_s"] = rows_total / flink["job_s"]
         flink["warm_events_per_s"] = rows_total / flink["warm_job_s"]
         figures["flink"] = flink
