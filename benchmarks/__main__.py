@@ -66,6 +66,17 @@ def _seconds(text: str) -> list[int]:
     return values
 
 
+def _peers(text: str) -> tuple[str, ...]:
+    """``benchmarks sessions --peer``: spark and/or flink, comma-separated, or none."""
+    values = tuple(dict.fromkeys(x.strip() for x in text.split(",")))
+    if values == ("none",):
+        return ()
+    if not values or not set(values) <= {"spark", "flink"}:
+        raise argparse.ArgumentTypeError(f"bad value {text!r}: give spark and/or flink, comma-separated (e.g. "
+                                         f"spark,flink), or none")
+    return values
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description="Benchmarks of the spark_jobs pipelines "
                                      "(not tests): ratios against baselines run in the same process.")
@@ -116,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     n = sub.add_parser("sessions", help="session windows per user vs Spark's session_window, batch and stream",
                        description="combine + reduce of a fresh day and the daily reduce of session windows (gap 30 "
                                    "minutes, keyed by user) against Spark's one-shot groupBy(session_window(...)); "
-                                   "the stream against Structured Streaming's session_window on the same files.")
+                                   "the stream against Structured Streaming's session_window and, with --peer "
+                                   "flink, Flink's SESSION window TVF on the same files.")
     common(n, 30)
     spark(n, 8)
     n.add_argument("--parts", default="batch,stream", choices=["batch", "stream", "batch,stream"],
@@ -124,6 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--files", type=int, default=100, help="stream: landing files the events are split into "
                                                           "(default 100)")
     n.add_argument("--batch-files", default="20", help="stream: mini-batch sizes in files (default 20)")
+    n.add_argument("--peer", type=_peers, default="spark",
+                   help="stream: peers over the same files, comma-separated: spark (Structured Streaming's "
+                        "session_window) and/or flink (Flink 2.3's SESSION window TVF; installs apache-flink into its "
+                        "own venv under --work-dir), or none for ours alone (default spark)")
     n.set_defaults(func=cmd_sessions)
 
     s = sub.add_parser("stream", help="mini-batches vs Spark's windowed streaming aggregation",
