@@ -631,7 +631,7 @@ def _merge_keys_arrow(rows: pa.Table, touched: pa.Table, root: str, keys: list[s
         return table.cast(target)
 
     if affected is None:
-        affected = [f for f in files if key_mask(read(f, keys), keys, touched).any()]
+        affected = [f for f in files if key_mask(read(f, keys), keys, touched).any()] if touched.num_rows else []
     if not affected:
         return affected, rows
     old = pa.concat_tables([read(f, rows.column_names) for f in affected])

@@ -82,11 +82,12 @@ def sort_keys(spec: PipelineSpec) -> list[str]:
     return [*spec.window.bounds[:1], *spec.group_by]
 
 
-def window_cluster(spec: PipelineSpec, files: int, *, by: str = "range") -> Cluster | None:
-    """About ``files`` files of ``aggregates`` by window start; None without a window."""
+def window_cluster(spec: PipelineSpec, files: int, *, by: str = "range", column: str = "window_start"
+                   ) -> Cluster | None:
+    """About ``files`` files of ``aggregates`` by window start (or ``column``); None without a window."""
     if not spec.window.bounds:
         return None
-    return Cluster("window_start", max(files, 1), by="hash" if by == "hash" else "range")
+    return Cluster(column, max(files, 1), by="hash" if by == "hash" else "range")
 
 
 def batch_files_in(files: Iterable[DataFile], bounds: tuple[dt.date, dt.date] | None) -> list[DataFile]:
@@ -100,12 +101,13 @@ def stream_layout(spec: PipelineSpec, span: tuple[dt.datetime, dt.datetime], row
     next batch rewrites only the files of its own windows; but no file of fewer than ``STREAM_FILE_ROWS`` of the batch's
     ``rows`` (a backlog's batch spans days of windows: a file per hour would be many small files, whose writing and
     reading cost more than the boundary file's rewrite). Windows without a grid of starts (sessions: a heavy user's may
-    have started weeks ago) are laid out about a file per day of the batch, and every file may hold a touched one."""
+    have started weeks ago) are laid out about a file per day of the batch by their end, so that the sessions still
+    open, the ones the next batches rewrite, share its last files; the engine knows the ends of those it touches."""
     window = spec.window
     starts = window.starts_between(*span)
     step = window.start_step
-    if starts is None or step is None:
-        return None, window_cluster(spec, (span[1] - span[0]).days + 1)
+    if starts is None or step is None:  # by end: the sessions still open share the last files
+        return None, window_cluster(spec, (span[1] - span[0]).days + 1, column="window_end")
     windows = int((starts[1] - starts[0]).total_seconds() // step.seconds) + 1
     if rows is not None:
         windows = min(windows, -(-rows // STREAM_FILE_ROWS))

@@ -8,7 +8,7 @@ Its rules are :mod:`spark_jobs.stream.spark_engine`'s (a test holds the two to t
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,8 +24,10 @@ from spark_jobs.phases import CompiledAggregates
 from spark_jobs.phases.arrow_merge import encoded_columns, value_columns
 from spark_jobs.phases.changelog_rule import FIRST_SEEN, ChangelogRule
 from spark_jobs.phases.python_merge import LocalAggregates
+from spark_jobs.stream.open_sessions import older_rows_arrow, state_may_answer, state_rows_answer_arrow, superseded_days
 from spark_jobs.stream.outputs import BatchOutputs, MiniBatch, stream_stamp
-from spark_jobs.stream.spark_engine import partials_in_reach
+from spark_jobs.stream.spark_engine import NEVER as _NEVER
+from spark_jobs.stream.spark_engine import partials_in_reach, served_before
 from spark_jobs.windows import WindowKind
 
 if TYPE_CHECKING:
@@ -45,17 +47,21 @@ class Reached:
     stored: pa.Table
     touched: pa.Table
     read_version: int | None = None
+    prune: tuple[str, Any, Any] | None = None  # where in ``aggregates`` the ``touched`` rows lie, when known
 
 
 def merge_on_driver(groups: pa.Table, state: pa.Table, local: LocalAggregates, *, schemas: Mapping[str, pa.Schema],
                     batch_id: int, closes: dt.datetime | None, run_id: str, now: dt.datetime,
                     batch_days: Set[dt.date] = frozenset(), batch_rows: pa.Table | None = None,
-                    reached: Reached | None = None) -> BatchOutputs:
+                    reached: Reached | None = None,
+                    served: Callable[[pa.Table, int | None], tuple[pa.Table, int | None]] | None = None
+                    ) -> BatchOutputs:
     """Merge the batch's pre-aggregated ``groups`` (state columns plus ``_first_seen``) into ``state``.
 
     ``reached``: the stored rows in the batch's reach where the state does not cover it (the counted partials of
     sessions); else the state's rows of days without a batch combine and the ``batch_rows`` (batch partials) of
-    days with one."""
+    days with one. ``served``: the touched rows of ``aggregates`` as they are, for the changelog's before side (else the
+    stored rows merged)."""
     merge = _DriverMerge(local, schemas, run_id=run_id, now=now)
     if reached is None:  # the batch days' keys too: they are served with the batch partials that count for them
         reached = merge.reach_in_state(groups, state, batch_days, batch_rows)
@@ -64,22 +70,29 @@ def merge_on_driver(groups: pa.Table, state: pa.Table, local: LocalAggregates, *
     rest, alone = groups.filter(pa.array(~quick)), groups.filter(pa.array(quick))
     stored = reached.stored.to_pylist()
     before, after = merge.served(stored), merge.served([*stored, *groups.filter(pa.array(live & ~quick)).to_pylist()])
-    new_state = pa.concat_tables([merge.state(state, rest), alone.select(state.column_names).cast(state.schema)])
+    quick_values, quick_rows = merge.alone_values(alone)
+    after_values, after_rows = merge.aggregates(after)
+    if merge.kind.state_holds_served:
+        new_state = merge.kind.next_state_arrow(state, after_rows, merge.group, day=DAY)
+    else:
+        new_state = pa.concat_tables([merge.state(state, rest), alone.select(state.column_names).cast(state.schema)])
     if closes is not None:
         new_state = new_state.filter(merge.kind.is_open_arrow(new_state, closes))
     if local.compiled.retracting:
         new_state = new_state.filter(pc.not_equal(new_state.column("n_rows"), 0))
-    quick_values, quick_rows = merge.alone_values(alone)
-    after_values, after_rows = merge.aggregates(after)
+    before_values, read_version = merge.values(before), reached.read_version
+    if served is not None:
+        rows, read_version = served(reached.touched, read_version)
+        before_values = rows.select(merge.value_schema.names).cast(merge.value_schema)
     first_seen = groups.group_by(merge.group, use_threads=False).aggregate([(FIRST_SEEN, "min")]).rename_columns(
         [*merge.group, FIRST_SEEN])
     return BatchOutputs(
         aggregates=pa.concat_tables([after_rows, quick_rows]),
         touched=reached.touched.cast(pa.schema([schemas["aggregates"].field(k) for k in merge.keys])),
-        changelog=merge.rule.arrow(merge.values(before), pa.concat_tables([after_values, quick_values]),
+        changelog=merge.rule.arrow(before_values, pa.concat_tables([after_values, quick_values]),
                                    first_seen, stream_stamp(batch_id, run_id), schemas["changelog"]),
         partials=partial_rows(groups, schemas["partials"], batch=f"stream-{batch_id}", run_id=run_id, now=now),
-        state=new_state, read_version=reached.read_version)
+        state=new_state, read_version=read_version, prune=reached.prune)
 
 
 class _DriverMerge:
@@ -221,11 +234,19 @@ class ArrowEngine:
             FIRST_SEEN, stored.field("max_event_time").type)]))
         batch_rows = self.lake.read_files(self.tables.partials, list(batch.batch_files)).select(
             *self.partial_columns).toArrow() if batch.batch_files else None
-        reached = None if self.kind.state_covers_reach else self._reach_in_partials(batch, groups, schemas)
-        return merge_on_driver(groups, self._state(stored), self.local, schemas=schemas,
+        state = self._state(stored)
+        reached = None if self.kind.state_covers_reach else self._reach(batch, groups, state, schemas)
+        return merge_on_driver(groups, state, self.local, schemas=schemas,
                                batch_id=batch.batch_id, closes=batch.closes, run_id=batch.run_id,
                                now=dt.datetime.now(dt.UTC), batch_days=batch.batch_days, batch_rows=batch_rows,
-                               reached=reached)
+                               reached=reached, served=self._served if batch.batch_days else None)
+
+    def _served(self, touched: pa.Table, version: int | None) -> tuple[pa.Table, int | None]:
+        """The touched rows of ``aggregates`` as they are (:func:`served_before`), on the driver."""
+        if not touched.num_rows:
+            return table_schema(self.local.compiled.spec, "aggregates").empty_table(), version
+        rows, version = served_before(self.lake, self.tables, self.spark.createDataFrame(touched), version)
+        return rows.toArrow(), version
 
     def after_commit(self, state_version: int | None, outputs: BatchOutputs) -> None:
         assert isinstance(outputs.state, pa.Table)
@@ -240,6 +261,23 @@ class ArrowEngine:
         return {name: self.lake.schema(path) or table_schema(spec, name) for name, path in (
             ("aggregates", t.aggregates), ("changelog", t.changelog), ("partials", t.partials),
             ("state", t.stream_state))}
+
+    def _reach(self, batch: MiniBatch, groups: pa.Table, state: pa.Table, schemas: Mapping[str, pa.Schema]) -> Reached:
+        """The Arrow form of the Spark engine's ``_reach`` for a kind whose reach the state does not cover."""
+        if not (self.kind.state_holds_served and state_may_answer(batch) and
+                state_rows_answer_arrow(state, superseded_days(self.lake, self.tables))):
+            changed = groups.select(self.partial_columns)
+            if self.kind.state_holds_served:  # per-day rows: their sessions are merged whole from partials
+                changed = pa.concat_tables([changed, older_rows_arrow(state).select(self.partial_columns).cast(
+                    changed.schema)])
+            return self._reach_in_partials(batch, changed, schemas)
+        stored = self.kind.reach_in_state_arrow(groups, state, self.group)
+        stored_schema = pa.schema([schemas["partials"].field(c) for c in self.partial_columns])
+        ends = stored.column("window_end")
+        prune = ("window_end", pc.min(ends).as_py(), pc.max(ends).as_py()) if stored.num_rows else (
+            "window_end", _NEVER, _NEVER)
+        keys = list(self.local.compiled.spec.key_columns)
+        return Reached(stored.select(self.partial_columns).cast(stored_schema), stored.select(keys), prune=prune)
 
     def _reach_in_partials(self, batch: MiniBatch, groups: pa.Table, schemas: Mapping[str, pa.Schema]) -> Reached:
         """The window kind's reach of the batch's rows over ``partials`` (in Spark), brought to the driver."""

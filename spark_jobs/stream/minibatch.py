@@ -262,7 +262,7 @@ class MiniBatchAggregator:
                     with phase("merge"):
                         batch = MiniBatch(batch_id, record.run_id, read.groups(), (read.low, read.high),
                                           self._watermark(high), *self._counted_batch_partials((read.low, read.high)),
-                                          collected=read.collected)
+                                          collected=read.collected, watermark=outcome.watermark)
                         engine = self.arrow if self.arrow.fits(read.keys) else self.spark_engine
                         outcome.on_driver = engine is self.arrow
                         out = engine.merge(batch)

@@ -39,6 +39,7 @@ class MiniBatch:
     batch_days: frozenset[dt.date] = frozenset()  # touched days with a batch combine (the hybrid rule) ...
     batch_files: tuple[str, ...] = ()  # ... and their batch partial files, whose rows count instead
     collected: pa.Table | None = None  # ``groups`` when the pre-aggregation already brought them to the driver
+    watermark: dt.datetime | None = None  # as of its start: the state's sessions ending before it have left
 
     @property
     def name(self) -> str:
@@ -55,6 +56,7 @@ class BatchOutputs:
     partials: Rows  # the batch's pre-aggregated rows as ``partials`` rows (source ``stream``)
     state: Rows  # the whole new state
     read_version: int | None = None  # ``touched`` names served rows of this version of ``aggregates``
+    prune: tuple[str, Any, Any] | None = None  # (column, lo, hi) holding every touched row (else the layout's)
 
 
 def stream_stamp(batch_id: int, run_id: str) -> dict[str, Any]:
@@ -119,6 +121,7 @@ def commit_outputs(lake: Lake, spec: PipelineSpec, txn: AppTxn, *, run_id: str, 
     meta: dict[str, Any] = {"run_id": batch.run_id, "job": "stream", "batch_id": batch.batch_id}
     driver_rows = out.aggregates.num_rows if isinstance(out.aggregates, pa.Table) else None
     prune, cluster = stream_layout(spec, batch.span, driver_rows)
+    prune = out.prune or prune
     if pending(lake, t.aggregates, txn):  # first: it is what readers wait for
         with phase("commit aggregates"):
             done.written["aggregates"] = lake.replace_keys(

@@ -6,7 +6,7 @@ the served rows the batch reaches give their values before and after in one aggr
 from __future__ import annotations
 
 import datetime as dt
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from spark_jobs.jobs.combine import batch_columns
 from spark_jobs.jobs.reduce import served_rows
@@ -16,6 +16,7 @@ from spark_jobs.lake.layout import SPEC_VERSION
 from spark_jobs.lake.table_rules import DAY, STREAM, counted_files
 from spark_jobs.phases import CompiledAggregates, final_aggregate
 from spark_jobs.phases.changelog_rule import FIRST_SEEN, ChangelogRule
+from spark_jobs.stream.open_sessions import older_rows, state_may_answer, state_rows_answer, superseded_days
 from spark_jobs.stream.outputs import BatchOutputs, MiniBatch, stream_stamp
 from spark_jobs.windows import Reach, Stored
 from spark_jobs.windows.base import F
@@ -23,7 +24,9 @@ from spark_jobs.windows.base import F
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["SparkEngine", "partials_in_reach", "state_in_reach"]
+NEVER = dt.datetime(1, 1, 1, tzinfo=dt.UTC)  # a prune range no row is in: the batch replaces no served row
+
+__all__ = ["NEVER", "SparkEngine", "partials_in_reach", "served_before", "state_in_reach"]
 
 
 class SparkEngine:
@@ -41,35 +44,69 @@ class SparkEngine:
         self.partial_columns = [*spec.key_columns, "n_rows", *compiled.acc_columns, SPEC_VERSION]
         self.rule = ChangelogRule.of(spec, compiled.value_names)
         self._cached: list[DataFrame] = []
+        self._own_state: int | None = -1  # the state version this engine wrote (no per-day rows in it)
 
     def merge(self, batch: MiniBatch) -> BatchOutputs:
         groups = batch.groups
         state = (self.lake.read(self.tables.stream_state) if self.lake.version(self.tables.stream_state) is not None
                  else self.spark.createDataFrame([], groups.select(*self.state_columns).schema))
         live = groups.where(~F.col(DAY).isin(sorted(batch.batch_days))) if batch.batch_days else groups
-        stored = (state_in_reach(self.lake, self.tables, batch, state) if self.kind.state_covers_reach
-                  else partials_in_reach(self.lake, self.tables, batch))
-        reach = self.kind.reach_of(groups.select(*self.partial_columns), stored, self.group)  # batch days' keys too:
-        # they are served with the batch partials that count for them
+        reach, prune = self._reach(batch, groups.select(*self.partial_columns), state)
         self._cached += reach.cached
         values = self._values(reach, live)
         after = values.where(F.col("_after")).drop("_after")
         first_seen = groups.groupBy(*self.group).agg(F.min(FIRST_SEEN).alias(FIRST_SEEN))
+        new_state = (self._sessions(state, after, batch.closes) if self.kind.state_holds_served
+                     else self._state(state, groups, batch.closes))
+        before, read_version = values.where(~F.col("_after")).drop("_after"), reach.read_version
+        if batch.batch_days:  # the served rows as they are: a batch combine's partials may not be reduced yet
+            before, read_version = served_before(self.lake, self.tables, reach.touched, read_version)
         return BatchOutputs(
             aggregates=served_rows(after.where(F.col("n_rows") != 0) if self.compiled.retracting else after,
                                    run_id=batch.run_id),
             touched=reach.touched,
-            changelog=self.rule.spark(values.where(~F.col("_after")).drop("_after"), after, first_seen,
-                                      stream_stamp(batch.batch_id, batch.run_id)),
+            changelog=self.rule.spark(before, after, first_seen, stream_stamp(batch.batch_id, batch.run_id)),
             partials=batch_columns(groups.select(*self.state_columns).drop("max_event_time"), batch=batch.name,
                                    source=STREAM, event_date=F.col(DAY), run_id=batch.run_id),
-            state=self._state(state, groups, batch.closes),
-            read_version=reach.read_version)
+            state=new_state, read_version=read_version, prune=prune)
 
     def after_commit(self, state_version: int | None, outputs: BatchOutputs) -> None:
+        self._own_state = state_version
         for df in self._cached:
             df.unpersist()
         self._cached = []
+
+    def _reach(self, batch: MiniBatch, changed: DataFrame, state: DataFrame
+               ) -> tuple[Reach, tuple[str, Any, Any] | None]:
+        """The stored rows the batch reaches (with the batch days' keys: they are served with the batch partials
+        that count for them), and where in ``aggregates`` the rows it replaces lie, when known. Sessions: from the
+        state's whole sessions where it answers (:mod:`spark_jobs.stream.open_sessions`), else from ``partials``,
+        with the state's per-day rows, if any, reached too (so that every session they are part of is merged)."""
+        if self.kind.state_covers_reach:
+            return self.kind.reach_of(changed, state_in_reach(self.lake, self.tables, batch, state), self.group), None
+        if self.kind.state_holds_served and state_may_answer(batch) and (
+                self._own_state == self.lake.version(self.tables.stream_state) or
+                state_rows_answer(state, superseded_days(self.lake, self.tables))):
+            reach = self.kind.reach_in_state(changed, state, self.group)
+            ends = reach.stored.agg(F.min("window_end").alias("lo"), F.max("window_end").alias("hi")).first()
+            return reach, ("window_end", ends["lo"], ends["hi"]) if ends is not None and ends["lo"] is not None else (
+                "window_end", NEVER, NEVER)
+        if self.kind.state_holds_served:
+            changed = changed.unionByName(older_rows(state).select(*self.partial_columns))
+        return self.kind.reach_of(changed, partials_in_reach(self.lake, self.tables, batch), self.group), None
+
+    def _sessions(self, state: DataFrame, after: DataFrame, closes: dt.datetime | None) -> DataFrame:
+        """The new state of whole open sessions: the batch's merged ones in, the ones they absorbed out."""
+        from pyspark import StorageLevel
+
+        new_state = self.kind.next_state(state, after, self.group, self.state_columns, day=DAY)
+        if closes is not None:
+            new_state = new_state.where(self.kind.is_open(closes))
+        if self.compiled.retracting:
+            new_state = new_state.where(F.col("n_rows") != 0)
+        new_state = new_state.persist(StorageLevel.MEMORY_AND_DISK)
+        self._cached.append(new_state)
+        return new_state
 
     def _values(self, reach: Reach, live: DataFrame) -> DataFrame:
         """The served rows the batch reaches, before (``_after`` false) and after it, in one aggregation."""
@@ -100,6 +137,21 @@ class SparkEngine:
         if self.compiled.retracting:  # every row of that day and key was retracted
             new_state = new_state.where(F.col("n_rows") != 0)
         return new_state
+
+
+def served_before(lake: Lake, tables: PipelineTables, touched: DataFrame | None, version: int | None
+                  ) -> tuple[DataFrame, int | None]:
+    """The ``touched`` rows of ``aggregates`` as they are (at ``version``, else the latest), and the version read.
+    The changelog's before side in a batch that reaches days a batch combine wrote: those days are served from the
+    batch partials that count, which ``aggregates`` holds only once a reduce (or this batch) has merged them."""
+    version = lake.version(tables.aggregates) if version is None else version
+    if version is None:
+        assert touched is not None, "every served row is replaced only where aggregates exists"
+        return touched.limit(0), None
+    rows = lake.read(tables.aggregates, version=version)
+    if touched is not None:
+        rows = join_on_keys(rows, touched, touched.columns, "left_semi")
+    return rows, version
 
 
 def state_in_reach(lake: Lake, tables: PipelineTables, batch: MiniBatch, state: DataFrame) -> Stored:

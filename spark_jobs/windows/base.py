@@ -88,6 +88,7 @@ class WindowKind(ABC):
     changelog_values: tuple[str, ...] = ()  # bounds that are values, not identity, in the changelog
     scope: tuple[str, ...] = BOUNDS  # the bounds within which a key's stored rows merge or serve together
     state_covers_reach = True  # the stored rows a non-late event reaches are all open, so in the stream's state
+    state_holds_served = False  # the stream's state holds served rows whole (merged open sessions), not stored rows
     closes = True  # windows close at the watermark (late rows are rejected, closed stored rows leave state)
 
     # ------------------------------------------------------------------ what it is
@@ -187,6 +188,15 @@ class WindowKind(ABC):
         rows = stored.read(days[0] if days else None, days[1] if days else None, None)
         return Reach(self.within(rows, changed, keys), touched, prune, days)
 
+    def reach_in_state(self, changed: DataFrame, state: DataFrame, keys: Sequence[str]) -> Reach:
+        """Where the state holds served rows whole: the ones the ``changed`` stored rows merge with."""
+        raise NotImplementedError(f"the stream's state of {self} windows holds stored rows")
+
+    def next_state(self, state: DataFrame, served: DataFrame, keys: Sequence[str], columns: Sequence[str], *,
+                   day: str) -> DataFrame:
+        """Where the state holds served rows whole: the state after a batch whose reached rows are ``served``."""
+        raise NotImplementedError(f"the stream's state of {self} windows holds stored rows")
+
     # ------------------------------------------------------------------ Arrow and driver forms of the above
     def serve_arrow(self, rows: pa.Table) -> pa.Table:
         return rows
@@ -209,6 +219,12 @@ class WindowKind(ABC):
         for row in rows:
             out[tuple(row[c] for c in columns)].append(row)
         return out
+
+    def reach_in_state_arrow(self, changed: pa.Table, state: pa.Table, keys: Sequence[str]) -> pa.Table:
+        raise NotImplementedError(f"the stream's state of {self} windows holds stored rows")
+
+    def next_state_arrow(self, state: pa.Table, served: pa.Table, keys: Sequence[str], *, day: str) -> pa.Table:
+        raise NotImplementedError(f"the stream's state of {self} windows holds stored rows")
 
     def rollup_rows(self, rows: pa.Table) -> pa.Table:
         """The served rows (with their bounds) that tile rollup buckets: every one, for windows that tile."""

@@ -15,12 +15,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs.durations import Duration, utc
 from spark_jobs.key_match import join_on_keys
-from spark_jobs.windows.base import TS, F, Grouped, Reach, Stored, WindowChange, WindowKind
+from spark_jobs.windows.base import TS, F, Grouped, Reach, Stored, WindowChange, WindowKind, ticks
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -33,8 +34,10 @@ _EXPLAIN = {
     "reduce": "session merge (MergingWindowSet): per key, partial sessions ordered by start; one that starts at or "
               "before the latest end so far joins it (the halves of a session two days cut, or that an event "
               "bridges); window_start/end = the merged bounds, then grouped as below",
-    "stream": "sessions: each mini-batch's partial sessions merged with the touched keys' partial sessions that "
-              "count, as the reduce merges them; the state keeps the open sessions per event day"}
+    "stream": "sessions: each mini-batch's partial sessions merged with the open sessions the state holds whole "
+              "(one merged accumulator each, as Flink's MergingWindowSet); the partial sessions that count are read "
+              "only where the state cannot answer (a day a batch combine superseded, a row reaching a closed "
+              "session)"}
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,8 @@ class Sessions(WindowKind):
     gap: Duration
     serves_stored = False
     cut_per_key = True
-    state_covers_reach = False  # a served session outlives the partials of it that left the state
+    state_covers_reach = False  # its state holds whole open sessions, not the stored rows a reach reads
+    state_holds_served = True
     scope = ()  # a key's partial sessions merge with each other whatever their bounds
     changelog_values = ("window_end",)
 
@@ -136,19 +140,36 @@ class Sessions(WindowKind):
         reached, read = widen.run()
         known = read if read is not None else changed.limit(0)
 
-        def inside(rows: DataFrame) -> DataFrame:
-            joined = join_on_keys(rows, reached, group) if group else rows.crossJoin(reached)
-            return joined.where((F.col("window_start") <= F.col("_hi")) & (F.col("window_end") >= F.col("_lo"))) \
-                .drop("_lo", "_hi")
-
         served, version = stored.served()
         touched = changed.select(*group, *self.bounds).limit(0)
         if served is not None:
-            touched = inside(served.select(*group, *self.bounds)).persist()
+            touched = _inside(served.select(*group, *self.bounds), reached, group).persist()
             widen.cached.append(touched)
         found = reached.agg(F.min("_lo").alias("lo"), F.max("_hi").alias("hi")).first()
         prune = ("window_start", found["lo"], found["hi"]) if found is not None and found["lo"] is not None else None
-        return Reach(inside(known), touched, prune, (widen.lo, widen.hi), version, tuple(widen.cached))
+        return Reach(_inside(known, reached, group), touched, prune, (widen.lo, widen.hi), version, tuple(widen.cached))
+
+    def reach_in_state(self, changed: DataFrame, state: DataFrame, keys: Sequence[str]) -> Reach:
+        """The reach of the ``changed`` partial sessions when the state holds every session they can touch whole:
+        its sessions of their keys that merge with them (Flink's MergingWindowSet). Those are the served rows
+        replaced, as they are; nothing else is read."""
+        group = list(keys)
+        known = self.within(state, changed, group)
+        reached = _holding(self, group, known, changed).persist()
+        stored = _inside(known, reached, group).persist()
+        return Reach(stored, stored.select(*group, *self.bounds), cached=(reached, stored))
+
+    def next_state(self, state: DataFrame, served: DataFrame, keys: Sequence[str], columns: Sequence[str], *,
+                   day: str) -> DataFrame:
+        """The open sessions after a batch: the ``served`` (merged) sessions it reached, as state rows, and the
+        state's sessions that none of them covers (a served one absorbed every state session it touches)."""
+        group = list(keys)
+        reached = _holding(self, group, state, served)
+        covered = _inside(state, reached, group).select(*group, *self.bounds)
+        kept = join_on_keys(state, covered, [*group, *self.bounds], "left_anti")
+        fresh = served.withColumns({day: F.lit(None).cast("date"),  # no day: one row holds a session's days
+                                    "max_event_time": F.col("window_end") - F.expr(f"INTERVAL {self.gap.seconds} SECONDS")})
+        return kept.select(*columns).unionByName(fresh.select(*columns))
 
     # ------------------------------------------------------------------ Arrow forms
     def serve_arrow(self, rows: pa.Table) -> pa.Table:
@@ -177,6 +198,20 @@ class Sessions(WindowKind):
     def is_open_arrow(self, rows: pa.Table, watermark: dt.datetime) -> pa.Array:
         return pc.greater_equal(rows.column("window_end"), pa.scalar(watermark, TS))
 
+    def reach_in_state_arrow(self, changed: pa.Table, state: pa.Table, keys: Sequence[str]) -> pa.Table:
+        """The Arrow form of :meth:`reach_in_state`: the state's sessions the ``changed`` ones merge with."""
+        known = self.within_arrow(state, changed, keys)
+        return known.filter(pa.array(_merged_with(known, changed, keys)))
+
+    def next_state_arrow(self, state: pa.Table, served: pa.Table, keys: Sequence[str], *, day: str) -> pa.Table:
+        """The Arrow form of :meth:`next_state` (``served``: the reached sessions as ``aggregates`` rows)."""
+        kept = state.filter(pa.array(~_merged_with(state, served, keys)))
+        last = pc.subtract(served.column("window_end"), pa.scalar(dt.timedelta(seconds=self.gap.seconds)))
+        columns = {day: pa.nulls(served.num_rows, pa.date32()), "max_event_time": last}
+        fresh = pa.table([columns[f.name] if f.name in columns else served.column(f.name) for f in state.schema],
+                         names=state.schema.names)
+        return pa.concat_tables([kept, fresh.cast(state.schema)])
+
 
 class _Widening:
     """The days of stored partials read for a reach, widened until every session holding a changed partial is
@@ -186,7 +221,7 @@ class _Widening:
                  days: tuple[dt.date, dt.date]) -> None:
         self.kind, self.group, self.stored = kind, group, stored
         self.gap = dt.timedelta(seconds=kind.gap.seconds)
-        self.spans = changed.select(*group, "window_start", "window_end", F.lit(True).alias("_live"))
+        self.changed = changed
         self.pending = changed.select(*group).distinct()  # the keys whose sessions may reach past the days read
         self.lo, self.hi = days
         self.cached: list[DataFrame] = []
@@ -199,9 +234,7 @@ class _Widening:
             rows = self._read(done)
             if rows is not None:
                 known = rows if known is None else known.unionByName(rows)
-            base = self.spans.limit(0).drop("_live") if known is None else known.select(
-                *self.group, "window_start", "window_end")
-            reached = self._reached(base)
+            reached = self._reached(self.changed.limit(0) if known is None else known)
             short = self._short(reached)
             bounds = short.agg(F.min("_lo").alias("lo"), F.max("_hi").alias("hi")).first()
             if bounds is None or bounds["lo"] is None:
@@ -224,12 +257,7 @@ class _Widening:
         return functools.reduce(lambda a, b: a.unionByName(b), frames) if frames else None
 
     def _reached(self, known: DataFrame) -> DataFrame:
-        """The sessions (key, ``_lo``, ``_hi``) of the known and changed partials that hold a changed one."""
-        from_known = known.select(*self.group, "window_start", "window_end", F.lit(False).alias("_live"))
-        sessions = self.kind.serve(from_known.unionByName(self.spans), self.group)
-        reached = (sessions.groupBy(*self.group, "window_start", "window_end").agg(F.max("_live").alias("_live"))
-                   .where("_live").select(*self.group, F.col("window_start").alias("_lo"),
-                                          F.col("window_end").alias("_hi")).persist())
+        reached = _holding(self.kind, self.group, known, self.changed).persist()
         self.cached.append(reached)
         return reached
 
@@ -242,6 +270,70 @@ class _Widening:
         short = short.where(earlier | later).persist()
         self.cached.append(short)
         return short
+
+
+def _holding(kind: Sessions, group: list[str], known: DataFrame, changed: DataFrame) -> DataFrame:
+    """The sessions (key, ``_lo``, ``_hi``) the ``known`` and ``changed`` rows merge into that hold a changed one."""
+    spans = [rows.select(*group, "window_start", "window_end", F.lit(live).alias("_live"))
+             for rows, live in ((known, False), (changed, True))]
+    sessions = kind.serve(spans[0].unionByName(spans[1]), group)
+    return (sessions.groupBy(*group, "window_start", "window_end").agg(F.max("_live").alias("_live"))
+            .where("_live").select(*group, F.col("window_start").alias("_lo"), F.col("window_end").alias("_hi")))
+
+
+def _inside(rows: DataFrame, reached: DataFrame, group: list[str]) -> DataFrame:
+    """The ``rows`` within a ``reached`` session of their key."""
+    joined = join_on_keys(rows, reached, group) if group else rows.crossJoin(reached)
+    return joined.where((F.col("window_start") <= F.col("_hi")) & (F.col("window_end") >= F.col("_lo"))) \
+        .drop("_lo", "_hi")
+
+
+def _merged_with(rows: pa.Table, changed: pa.Table, keys: Sequence[str]) -> np.ndarray:
+    """Which ``rows`` merge into one session with a ``changed`` row of their key (they touch, directly or through
+    others): :meth:`Sessions.serve` over both, column-wise."""
+    both = pa.concat_tables([t.select([*keys, "window_start", "window_end"]).cast(
+        pa.schema([*(rows.schema.field(k) for k in keys), pa.field("window_start", TS), pa.field("window_end", TS)]))
+        for t in (rows, changed)])
+    labels = session_labels(both, keys)
+    held = np.zeros(int(labels.max()) + 1 if len(labels) else 0, dtype=bool)
+    held[labels[rows.num_rows:]] = True
+    return held[labels[:rows.num_rows]]
+
+
+def session_labels(rows: pa.Table, keys: Sequence[str]) -> np.ndarray:
+    """Each row's session among ``rows`` (a number), merged as :meth:`Sessions.serve` merges them: per key, sorted
+    by start, a row joins the session before it when it starts at or before its latest end. Vectorised: each key's
+    times are offset past the one's before it, so one running maximum of the ends serves every key."""
+    n = rows.num_rows
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = pc.sort_indices(rows, [*((k, "ascending") for k in keys), ("window_start", "ascending"),
+                                   ("window_end", "ascending")], null_placement="at_end").to_numpy()
+    ordered = rows.take(order)
+    new_key = np.zeros(n, dtype=bool)
+    new_key[0] = True
+    for k in keys:
+        column = ordered.column(k).combine_chunks()
+        this, before = column.slice(1), column.slice(0, n - 1)
+        nulls = (pc.is_null(this).to_numpy(zero_copy_only=False), pc.is_null(before).to_numpy(zero_copy_only=False))
+        differ = np.asarray(pc.fill_null(pc.not_equal(this, before), True).to_numpy(zero_copy_only=False), dtype=bool)
+        new_key[1:] |= np.where(nulls[0] & nulls[1], False, differ)
+    start, end = ticks(ordered.column("window_start")), ticks(ordered.column("window_end"))
+    base, width = int(start.min()), int(end.max() - start.min()) + 1
+    key_id = np.cumsum(new_key) - 1
+    if int(key_id[-1]) * width < 2**62:
+        offset = key_id * width - base
+        latest = np.maximum.accumulate(end + offset)
+        new = new_key.copy()
+        new[1:] |= start[1:] + offset[1:] > latest[:-1]
+    else:  # too many keys over too long a span for int64 offsets: the loop
+        new, latest_end = new_key.copy(), end[0]
+        for i in range(1, n):
+            new[i] = new_key[i] or start[i] > latest_end
+            latest_end = end[i] if new[i] else max(latest_end, end[i])
+    labels = np.empty(n, dtype=np.int64)
+    labels[order] = np.cumsum(new) - 1
+    return labels
 
 
 def _midnight(day: dt.date) -> dt.datetime:

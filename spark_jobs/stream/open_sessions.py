@@ -1,0 +1,78 @@
+"""When the stream's state alone answers a session batch: the state holds each open session whole (one merged
+accumulator, its bounds and spec version, as Flink's keyed state holds a MergingWindowSet's windows), so a batch
+reads the state rows of the keys it touches and nothing else. ``partials`` are read (the window kind's reach over
+them) only where the state may not hold what counts:
+
+- a row that starts before the watermark may reach a session that closed and left the state;
+- a day a batch combine wrote supersedes the stream's rows of it, so a state session over that day may hold rows
+  that no longer count (it is answered from ``partials`` until it closes);
+- state rows of the older per-day form (a partial session per event day, written before the state held whole
+  sessions): their sessions are merged from ``partials`` once, and held whole from then on.
+
+A state session has no event day (NULL): one row holds all its days.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_jobs.lake import Lake, PipelineTables
+from spark_jobs.lake.table_rules import DAY, batch_days
+from spark_jobs.stream.outputs import MiniBatch
+from spark_jobs.windows.base import TS, F
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+__all__ = ["older_rows", "older_rows_arrow", "state_may_answer", "state_rows_answer", "state_rows_answer_arrow",
+           "superseded_days"]
+
+
+def state_may_answer(batch: MiniBatch) -> bool:
+    """The batch's own part: no batch combine of a day in its reach, no row starting before the watermark."""
+    return not batch.batch_days and (batch.watermark is None or batch.span[0] >= batch.watermark)
+
+
+def superseded_days(lake: Lake, tables: PipelineTables) -> list[dt.date]:
+    """Event days whose batch partials supersede the stream's."""
+    if lake.version(tables.partials) is None:
+        return []
+    return sorted(dt.date.fromisoformat(d) for d in batch_days(lake.files(tables.partials)))
+
+
+def _older(state: DataFrame) -> Column:
+    return F.col(DAY).isNotNull()
+
+
+def older_rows(state: DataFrame) -> DataFrame:
+    """State rows of the per-day form."""
+    return state.where(_older(state))
+
+
+def state_rows_answer(state: DataFrame, days: list[dt.date]) -> bool:
+    """No state row of the per-day form, and no state session over a superseded day (one Spark job)."""
+    bad = _older(state)
+    for day in days:
+        bad = bad | ((F.to_date("window_start") <= F.lit(day)) & (F.to_date("window_end") >= F.lit(day)))
+    return not state.where(bad).limit(1).collect()
+
+
+def older_rows_arrow(state: pa.Table) -> pa.Table:
+    return state.filter(pc.is_valid(state.column(DAY)))
+
+
+def state_rows_answer_arrow(state: pa.Table, days: list[dt.date]) -> bool:
+    """The Arrow form of :func:`state_rows_answer`."""
+    if pc.any(pc.is_valid(state.column(DAY))).as_py():
+        return False
+    if not days or not state.num_rows:
+        return True
+    first = pc.cast(pc.cast(state.column("window_start"), TS), pa.date32()).to_numpy(zero_copy_only=False)
+    last = pc.cast(pc.cast(state.column("window_end"), TS), pa.date32()).to_numpy(zero_copy_only=False)
+    marks = np.array(days, dtype="datetime64[D]")
+    return not any(bool(np.any((first <= d) & (last >= d))) for d in marks)
