@@ -243,10 +243,11 @@ class ArrowEngine:
 
     def _served(self, touched: pa.Table, version: int | None) -> tuple[pa.Table, int | None]:
         """The touched rows of ``aggregates`` as they are (:func:`served_before`), on the driver."""
+        none = table_schema(self.local.compiled.spec, "aggregates").empty_table()
         if not touched.num_rows:
-            return table_schema(self.local.compiled.spec, "aggregates").empty_table(), version
+            return none, version
         rows, version = served_before(self.lake, self.tables, self.spark.createDataFrame(touched), version)
-        return rows.toArrow(), version
+        return (none if rows is None else rows.toArrow()), version
 
     def after_commit(self, state_version: int | None, outputs: BatchOutputs) -> None:
         assert isinstance(outputs.state, pa.Table)

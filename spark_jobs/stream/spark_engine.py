@@ -60,7 +60,8 @@ class SparkEngine:
                      else self._state(state, groups, batch.closes))
         before, read_version = values.where(~F.col("_after")).drop("_after"), reach.read_version
         if batch.batch_days:  # the served rows as they are: a batch combine's partials may not be reduced yet
-            before, read_version = served_before(self.lake, self.tables, reach.touched, read_version)
+            served, read_version = served_before(self.lake, self.tables, reach.touched, read_version)
+            before = before.limit(0) if served is None else served
         return BatchOutputs(
             aggregates=served_rows(after.where(F.col("n_rows") != 0) if self.compiled.retracting else after,
                                    run_id=batch.run_id),
@@ -140,14 +141,14 @@ class SparkEngine:
 
 
 def served_before(lake: Lake, tables: PipelineTables, touched: DataFrame | None, version: int | None
-                  ) -> tuple[DataFrame, int | None]:
-    """The ``touched`` rows of ``aggregates`` as they are (at ``version``, else the latest), and the version read.
-    The changelog's before side in a batch that reaches days a batch combine wrote: those days are served from the
-    batch partials that count, which ``aggregates`` holds only once a reduce (or this batch) has merged them."""
+                  ) -> tuple[DataFrame | None, int | None]:
+    """The ``touched`` rows of ``aggregates`` as they are (at ``version``, else the latest; None: no table yet), and
+    the version read. The changelog's before side in a batch that reaches days a batch combine wrote: those days are
+    served from the batch partials that count, which ``aggregates`` holds only once a reduce (or this batch) has
+    merged them."""
     version = lake.version(tables.aggregates) if version is None else version
     if version is None:
-        assert touched is not None, "every served row is replaced only where aggregates exists"
-        return touched.limit(0), None
+        return None, None
     rows = lake.read(tables.aggregates, version=version)
     if touched is not None:
         rows = join_on_keys(rows, touched, touched.columns, "left_semi")

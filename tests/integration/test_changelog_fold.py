@@ -125,9 +125,15 @@ def test_a_stream_batch_over_a_day_combined_but_not_reduced_tells_what_it_serves
     _fold_case(spark, tmp_path, [("land", 1, 6, 2341), ("combine", 1), ("stream",)])
 
 
-def _fold_case(spark: Any, root: Path, steps: list[tuple[Any, ...]]) -> None:
+def test_a_first_stream_batch_over_a_combined_day_tells_every_row_it_serves(spark, tmp_path):
+    """No ``aggregates`` yet: the combined day's rows the stream serves are all new (``+I``)."""
+    _fold_case(spark, tmp_path, [("combine", 0), ("stream",)], start=[("land", 0, 30, 1)])
+
+
+def _fold_case(spark: Any, root: Path, steps: list[tuple[Any, ...]],
+               start: tuple[tuple[Any, ...], ...] | list[tuple[Any, ...]] = (("land", 0, 30, 1), ("stream",))) -> None:
     spec = make_spec(root, name="fold", window={"size": "1 hour"}, aggregates=AGGREGATES)
-    steps = [("land", 0, 30, 1), ("stream",), *steps, ("land", 1, 20, 2), ("backfill", 0), ("stream",)]
+    steps = [*start, *steps, ("land", 1, 20, 2), ("backfill", 0), ("stream",)]
     applied: list[str] = []
     for step in steps:
         spec = _run(spark, spec, step, root, applied)
