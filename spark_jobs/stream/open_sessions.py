@@ -45,18 +45,18 @@ def superseded_days(lake: Lake, tables: PipelineTables) -> list[dt.date]:
     return sorted(dt.date.fromisoformat(d) for d in batch_days(lake.files(tables.partials)))
 
 
-def _older(state: DataFrame) -> Column:
+def _older() -> Column:
     return F.col(DAY).isNotNull()
 
 
 def older_rows(state: DataFrame) -> DataFrame:
     """State rows of the per-day form."""
-    return state.where(_older(state))
+    return state.where(_older())
 
 
 def state_rows_answer(state: DataFrame, days: list[dt.date]) -> bool:
     """No state row of the per-day form, and no state session over a superseded day (one Spark job)."""
-    bad = _older(state)
+    bad = _older()
     for day in days:
         bad = bad | ((F.to_date("window_start") <= F.lit(day)) & (F.to_date("window_end") >= F.lit(day)))
     return not state.where(bad).limit(1).collect()

@@ -44,7 +44,6 @@ class SparkEngine:
         self.partial_columns = [*spec.key_columns, "n_rows", *compiled.acc_columns, SPEC_VERSION]
         self.rule = ChangelogRule.of(spec, compiled.value_names)
         self._cached: list[DataFrame] = []
-        self._own_state: int | None = -1  # the state version this engine wrote (no per-day rows in it)
 
     def merge(self, batch: MiniBatch) -> BatchOutputs:
         groups = batch.groups
@@ -72,7 +71,6 @@ class SparkEngine:
             state=new_state, read_version=read_version, prune=prune)
 
     def after_commit(self, state_version: int | None, outputs: BatchOutputs) -> None:
-        self._own_state = state_version
         for df in self._cached:
             df.unpersist()
         self._cached = []
@@ -85,9 +83,8 @@ class SparkEngine:
         with the state's per-day rows, if any, reached too (so that every session they are part of is merged)."""
         if self.kind.state_covers_reach:
             return self.kind.reach_of(changed, state_in_reach(self.lake, self.tables, batch, state), self.group), None
-        if self.kind.state_holds_served and state_may_answer(batch) and (
-                self._own_state == self.lake.version(self.tables.stream_state) or
-                state_rows_answer(state, superseded_days(self.lake, self.tables))):
+        if self.kind.state_holds_served and state_may_answer(batch) and state_rows_answer(
+                state, superseded_days(self.lake, self.tables)):  # a combine may have landed since its own commit
             reach = self.kind.reach_in_state(changed, state, self.group)
             ends = reach.stored.agg(F.min("window_end").alias("lo"), F.max("window_end").alias("hi")).first()
             return reach, ("window_end", ends["lo"], ends["hi"]) if ends is not None and ends["lo"] is not None else (
