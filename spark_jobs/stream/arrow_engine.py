@@ -24,7 +24,7 @@ from spark_jobs.phases import CompiledAggregates
 from spark_jobs.phases.arrow_merge import encoded_columns, value_columns
 from spark_jobs.phases.changelog_rule import FIRST_SEEN, ChangelogRule
 from spark_jobs.phases.python_merge import LocalAggregates
-from spark_jobs.stream.open_sessions import older_rows_arrow, state_may_answer, state_rows_answer_arrow, superseded_days
+from spark_jobs.stream.open_sessions import older_rows_arrow, state_answers
 from spark_jobs.stream.outputs import BatchOutputs, MiniBatch, stream_stamp
 from spark_jobs.stream.spark_engine import NEVER as _NEVER
 from spark_jobs.stream.spark_engine import partials_in_reach, served_before
@@ -265,8 +265,7 @@ class ArrowEngine:
 
     def _reach(self, batch: MiniBatch, groups: pa.Table, state: pa.Table, schemas: Mapping[str, pa.Schema]) -> Reached:
         """The Arrow form of the Spark engine's ``_reach`` for a kind whose reach the state does not cover."""
-        if not (self.kind.state_holds_served and state_may_answer(batch) and
-                state_rows_answer_arrow(state, superseded_days(self.lake, self.tables))):
+        if not state_answers(self.kind, batch, self.lake, self.tables, state):
             changed = groups.select(self.partial_columns)
             if self.kind.state_holds_served:  # per-day rows: their sessions are merged whole from partials
                 changed = pa.concat_tables([changed, older_rows_arrow(state).select(self.partial_columns).cast(

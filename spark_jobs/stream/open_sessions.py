@@ -24,39 +24,44 @@ import pyarrow.compute as pc
 from spark_jobs.lake import Lake, PipelineTables
 from spark_jobs.lake.table_rules import DAY, batch_days
 from spark_jobs.stream.outputs import MiniBatch
-from spark_jobs.windows.base import TS, F
+from spark_jobs.windows.base import TS, F, WindowKind
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame
+    from pyspark.sql import DataFrame
 
-__all__ = ["older_rows", "older_rows_arrow", "state_may_answer", "state_rows_answer", "state_rows_answer_arrow",
-           "superseded_days"]
+__all__ = ["older_rows", "older_rows_arrow", "state_answers"]
 
 
-def state_may_answer(batch: MiniBatch) -> bool:
+def state_answers(kind: WindowKind, batch: MiniBatch, lake: Lake, tables: PipelineTables,
+                  state: DataFrame | pa.Table) -> bool:
+    """Whether the state's whole sessions answer the batch's reach without ``partials``, in either engine's form;
+    checked every batch, since a batch combine may have landed after the stream's last commit."""
+    if not (kind.state_holds_served and _batch_allows(batch)):
+        return False
+    days = _superseded_days(lake, tables)
+    return _answer_arrow(state, days) if isinstance(state, pa.Table) else _answer(state, days)
+
+
+def _batch_allows(batch: MiniBatch) -> bool:
     """The batch's own part: no batch combine of a day in its reach, no row starting before the watermark."""
     return not batch.batch_days and (batch.watermark is None or batch.span[0] >= batch.watermark)
 
 
-def superseded_days(lake: Lake, tables: PipelineTables) -> list[dt.date]:
+def _superseded_days(lake: Lake, tables: PipelineTables) -> list[dt.date]:
     """Event days whose batch partials supersede the stream's."""
     if lake.version(tables.partials) is None:
         return []
     return sorted(dt.date.fromisoformat(d) for d in batch_days(lake.files(tables.partials)))
 
 
-def _older() -> Column:
-    return F.col(DAY).isNotNull()
-
-
 def older_rows(state: DataFrame) -> DataFrame:
     """State rows of the per-day form."""
-    return state.where(_older())
+    return state.where(F.col(DAY).isNotNull())
 
 
-def state_rows_answer(state: DataFrame, days: list[dt.date]) -> bool:
+def _answer(state: DataFrame, days: list[dt.date]) -> bool:
     """No state row of the per-day form, and no state session over a superseded day (one Spark job)."""
-    bad = _older()
+    bad = F.col(DAY).isNotNull()
     for day in days:
         bad = bad | ((F.to_date("window_start") <= F.lit(day)) & (F.to_date("window_end") >= F.lit(day)))
     return not state.where(bad).limit(1).collect()
@@ -66,8 +71,8 @@ def older_rows_arrow(state: pa.Table) -> pa.Table:
     return state.filter(pc.is_valid(state.column(DAY)))
 
 
-def state_rows_answer_arrow(state: pa.Table, days: list[dt.date]) -> bool:
-    """The Arrow form of :func:`state_rows_answer`."""
+def _answer_arrow(state: pa.Table, days: list[dt.date]) -> bool:
+    """The Arrow form of :func:`_answer`."""
     if pc.any(pc.is_valid(state.column(DAY))).as_py():
         return False
     if not days or not state.num_rows:

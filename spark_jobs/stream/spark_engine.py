@@ -16,7 +16,7 @@ from spark_jobs.lake.layout import SPEC_VERSION
 from spark_jobs.lake.table_rules import DAY, STREAM, counted_files
 from spark_jobs.phases import CompiledAggregates, final_aggregate
 from spark_jobs.phases.changelog_rule import FIRST_SEEN, ChangelogRule
-from spark_jobs.stream.open_sessions import older_rows, state_may_answer, state_rows_answer, superseded_days
+from spark_jobs.stream.open_sessions import older_rows, state_answers
 from spark_jobs.stream.outputs import BatchOutputs, MiniBatch, stream_stamp
 from spark_jobs.windows import Reach, Stored
 from spark_jobs.windows.base import F
@@ -83,8 +83,7 @@ class SparkEngine:
         with the state's per-day rows, if any, reached too (so that every session they are part of is merged)."""
         if self.kind.state_covers_reach:
             return self.kind.reach_of(changed, state_in_reach(self.lake, self.tables, batch, state), self.group), None
-        if self.kind.state_holds_served and state_may_answer(batch) and state_rows_answer(
-                state, superseded_days(self.lake, self.tables)):  # a combine may have landed since its own commit
+        if state_answers(self.kind, batch, self.lake, self.tables, state):
             reach = self.kind.reach_in_state(changed, state, self.group)
             ends = reach.stored.agg(F.min("window_end").alias("lo"), F.max("window_end").alias("hi")).first()
             return reach, ("window_end", ends["lo"], ends["hi"]) if ends is not None and ends["lo"] is not None else (
