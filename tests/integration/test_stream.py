@@ -475,10 +475,10 @@ def test_batches_expected_to_fit_the_driver_come_to_it_in_the_pass_and_a_denser_
                    spec)
 
 
-def test_the_driver_merge_writes_the_tables_of_the_spark_merge(spark, tmp_path):
-    """Small batches merge on the driver with the Python algebra: every table equals the Spark path's,
-    and Spark merges on from what the driver wrote (both engines over random batches and a changelog
-    source: test_stream_engines.py)."""
+def test_the_spark_merge_merges_on_from_the_tables_the_driver_merge_wrote(spark, tmp_path):
+    """Small batches merge on the driver with the Python algebra; a large one after them merges in Spark from the
+    state and sketches the driver wrote, into the tables the driver alone would have written (the two engines
+    over the same batches, for every window kind: test_stream_engines.py)."""
     landing = tmp_path / "landing"
     spec = with_stream(make_spec(tmp_path, window={"size": "1 hour"}), max_files_per_batch=2, watermark="2 hours")
     rows = day_events("2024-03-01", 600, pages=("/a", "/b", "/c", "/d")).sort_by("event_time")
@@ -486,20 +486,19 @@ def test_the_driver_merge_writes_the_tables_of_the_spark_merge(spark, tmp_path):
     for table in files[:6]:
         land(landing, "2024-03-01", table)
     later = files[6:]
-    by_spark, by_driver = (spec.with_paths(lake=str(tmp_path / f"lake-{name}")) for name in ("spark", "driver"))
-    stream.run(spark, by_spark, available_now=True, driver_max_keys=0)
-    summary = stream.run(spark, by_driver, available_now=True)
-    assert all(b.on_driver for b in summary.batches)  # the first one creates the tables, Spark merges on into them
+    by_driver, then_spark = (spec.with_paths(lake=str(tmp_path / f"lake-{name}")) for name in ("driver", "spark"))
+    for run_spec in (by_driver, then_spark):
+        assert all(b.on_driver for b in stream.run(spark, run_spec, available_now=True).batches)
     for table in later:
         land(landing, "2024-03-01", table)
-    for run_spec in (by_spark, by_driver):
-        summary = stream.run(spark, run_spec, available_now=True, driver_max_keys=0)
-        assert [b.on_driver for b in summary.batches] == [False]
-    want, got = _stream_tables(by_spark), _stream_tables(by_driver)
+    assert [b.on_driver for b in stream.run(spark, by_driver, available_now=True).batches] == [True]
+    assert [b.on_driver for b in stream.run(spark, then_spark, available_now=True, driver_max_keys=0).batches] == [
+        False]
+    want, got = _stream_tables(by_driver), _stream_tables(then_spark)
     for name in ("aggregates", "changelog", "partials", "state"):
         # KLL compaction is randomised in both engines: its quantiles agree within the rank error only
         pd.testing.assert_frame_equal(got[name].drop(columns="p90_ms", errors="ignore"),
                                       want[name].drop(columns="p90_ms", errors="ignore"),
                                       check_exact=False, rtol=1e-12, check_dtype=False, obj=name)
-    assert_matches(actual(PipelineTables(by_driver.lake, spec.name).aggregates, spec),
+    assert_matches(actual(PipelineTables(then_spark.lake, spec.name).aggregates, spec),
                    expected(read_landing(landing), spec), spec)
