@@ -16,7 +16,7 @@ import yaml
 
 from spark_jobs.errors import SpecError
 
-__all__ = ["QualityRules", "Range", "load_rules", "rules_path"]
+__all__ = ["QualityRules", "Range", "load_rules"]
 
 
 @dataclass(frozen=True)
@@ -39,16 +39,11 @@ class QualityRules:
     min_rows: int = 1
     input_ranges: dict[str, Range] = field(default_factory=dict)
     output_ranges: dict[str, Range] = field(default_factory=dict)
-    origin: str = "defaults"
 
     @property
     def mostly(self) -> float:
         """The share of rows that must pass the row-level input checks."""
         return 1.0 - self.max_rejected_fraction
-
-
-def rules_path(spec_path: str | Path, name: str) -> Path:
-    return Path(spec_path).resolve().parent / "expectations" / f"{name}.yaml"
 
 
 def _ranges(raw: Any, where: str, problems: list[str]) -> dict[str, Range]:
@@ -73,7 +68,7 @@ def _ranges(raw: Any, where: str, problems: list[str]) -> dict[str, Range]:
 
 def load_rules(spec_path: str | Path | None, name: str) -> QualityRules:
     """The rules for pipeline ``name``: the file next to its spec when there is one, else defaults."""
-    path = None if spec_path is None else rules_path(spec_path, name)
+    path = None if spec_path is None else Path(spec_path).resolve().parent / "expectations" / f"{name}.yaml"
     if path is None or not path.is_file():
         return QualityRules()
     raw = yaml.safe_load(path.read_text()) or {}
@@ -89,7 +84,7 @@ def load_rules(spec_path: str | Path | None, name: str) -> QualityRules:
         problems.append(f"input.max_rejected_fraction: {fraction} is not in [0, 1)")
     rules = QualityRules(max_rejected_fraction=fraction, min_rows=int(inp.get("min_rows", 1)),
                          input_ranges=_ranges(inp.get("ranges"), "input.ranges", problems),
-                         output_ranges=_ranges(outp.get("ranges"), "outputs.ranges", problems), origin=str(path))
+                         output_ranges=_ranges(outp.get("ranges"), "outputs.ranges", problems))
     if problems:
         raise SpecError(str(path), problems)
     return rules
