@@ -78,19 +78,6 @@ def _blank(value: str | None) -> str | None:
     return value if value else None
 
 
-def _columns(text: str | None) -> list[str] | None:
-    """``a,b,c`` (already checked against :data:`ColumnsQ`) as a list; None for all columns."""
-    return text.split(",") if text else None
-
-
-def _order(order_by: str | None) -> list[tuple[str, str]] | None:
-    """``column[:asc|:desc][,...]`` (already checked against :data:`OrderQ`) as Arrow sort keys."""
-    if not order_by:
-        return None
-    keys = [key.partition(":") for key in order_by.split(",")]
-    return [(col, "descending" if direction == "desc" else "ascending") for col, _, direction in keys]
-
-
 def _strict_query(request: Request) -> None:
     """400 for query parameters the route does not take, or takes once but got twice."""
     route = request.scope.get("route")
@@ -152,8 +139,8 @@ def _table_view(r: views.TableRef, *, version: int | None, where: str | None, co
     parts = views.partitions(r, version=v)
     rows_error = None
     try:
-        rows = _grid(views.show(r, version=v, where=where, columns=_columns(columns), limit=limit,
-                                order_by=_order(order_by)))
+        rows = _grid(views.show(r, version=v, where=where, columns=views.column_list(columns, "columns"),
+                                limit=limit, order_by=views.sort_keys(order_by)))
     except InspectError as exc:
         rows, rows_error = None, str(exc)
     hist = views.history(r, limit=100)
@@ -235,9 +222,7 @@ class _Context:
                                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
 
     def lake_root(self) -> str:
-        root = self.configured or os.environ.get(views.LAKE_ENV)
-        if not root:
-            root = _configured_lake_root()
+        root = self.configured or os.environ.get(views.LAKE_ENV) or _configured_lake_root()
         if not root:
             raise LakeError(f"no lake configured: set ${views.LAKE_ENV} (or [{LAKE_CONF[0]}] {LAKE_CONF[1]} in "
                             "airflow.cfg) for the Airflow API server")
@@ -442,13 +427,15 @@ def _add_api(router: APIRouter, ctx: _Context) -> None:
                  columns: ColumnsQ = None, order_by: OrderQ = None,
                  limit: LimitQ = 50) -> JSONResponse:
         rows = views.show(ctx.ref(name), version=version, as_of=_blank(as_of), where=_blank(where),
-                          columns=_columns(_blank(columns)), order_by=_order(_blank(order_by)), limit=limit)
+                          columns=views.column_list(_blank(columns), "columns"), order_by=views.sort_keys(order_by),
+                          limit=limit)
         return JSONResponse(jsonable(rows.to_pylist()))
 
     @router.get("/api/table/{name}/diff")
     def api_diff(name: NameParam, from_: Annotated[int, Query(alias="from", ge=0, le=2**31)], to: VersionQ = None,
                  keys: ColumnsQ = None, limit: LimitQ = 50) -> JSONResponse:
-        d = views.diff(ctx.ref(name), from_version=from_, to_version=to, keys=_columns(_blank(keys)), limit=limit)
+        d = views.diff(ctx.ref(name), from_version=from_, to_version=to, keys=views.column_list(_blank(keys), "keys"),
+                       limit=limit)
         return JSONResponse(diff_to_dict(d))
 
     @router.get("/api/table/{name}/schema")

@@ -26,7 +26,6 @@ __all__ = ["add_inspect_parser", "run_inspect"]
 TABLE_HELP = "pipeline.table (e.g. page_views.aggregates) or the path of a Delta table"
 PIPELINE_HELP = ("a pipeline name (the spec its lake records, e.g. page_views) or a spec file (a path, e.g. "
                  "pipelines/page_views.yaml)")
-VIEWS = ("tables", "history", "show", "diff", "schema", "partitions", "runs", "rollup", "coverage", "spec")
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
@@ -152,27 +151,6 @@ def _need_lake(lake: str | None, view: str) -> str:
     return lake
 
 
-def _columns(text: str | None, option: str) -> list[str] | None:
-    if text is None:
-        return None
-    cols = [c.strip() for c in text.split(",")]
-    if not all(cols):
-        raise InspectError(f"bad {option} {text!r}; use comma-separated column names, e.g. page,views")
-    return cols
-
-
-def _order(text: str | None) -> list[tuple[str, str]] | None:
-    if not text:
-        return None
-    out = []
-    for part in text.split(","):
-        col, _, direction = part.strip().partition(":")
-        if not col or direction not in ("", "asc", "desc"):
-            raise InspectError(f"bad --order-by {text!r}; use column or column:desc, e.g. views:desc")
-        out.append((col, "descending" if direction == "desc" else "ascending"))
-    return out
-
-
 def _limit(n: int) -> int:
     if n < 1:
         raise InspectError(f"--limit must be at least 1, got {n}")
@@ -251,11 +229,11 @@ def _table_view(args: argparse.Namespace, named: _Pipeline | None, lake: str | N
         return views.history(ref, limit=_limit(args.limit))
     if args.view == "show":
         return views.show(ref, version=args.version, as_of=args.as_of, where=args.where,
-                          columns=_columns(args.columns, "--columns"), limit=_limit(args.limit),
-                          order_by=_order(args.order_by))
+                          columns=views.column_list(args.columns, "--columns"), limit=_limit(args.limit),
+                          order_by=views.sort_keys(args.order_by))
     if args.view == "diff":
         return views.diff(ref, from_version=args.from_version, to_version=args.to_version,
-                          keys=_columns(args.keys, "--keys"), spec=spec, limit=_limit(args.limit))
+                          keys=views.column_list(args.keys, "--keys"), spec=spec, limit=_limit(args.limit))
     if args.view == "rollup":
         return _rollup(args, named, ref)
     if args.view == "schema":

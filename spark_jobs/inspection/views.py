@@ -31,9 +31,9 @@ if TYPE_CHECKING:
     from spark_jobs.lake.spec_record import RecordedSpec
     from spark_jobs.spec import PipelineSpec
 
-__all__ = ["BOOKKEEPING", "LAKE_ENV", "coverage", "spec_versions", "Series", "TableDiff", "TableRef", "default_lake", "is_delta",
+__all__ = ["BOOKKEEPING", "LAKE_ENV", "column_list", "coverage", "spec_versions", "Series", "TableDiff", "TableRef", "default_lake", "is_delta",
            "diff", "history", "list_tables", "open_version", "parse_time", "partitions", "resolve_table", "runs",
-           "schema", "series", "show", "table_keys", "table_summary", "versions", "is_number"]
+           "schema", "series", "show", "sort_keys", "table_keys", "table_summary", "versions", "is_number"]
 
 LAKE_ENV = "SPARK_JOBS_LAKE"
 BOOKKEEPING = ("run_id", "created_at", "updated_at")
@@ -258,6 +258,29 @@ def _check_columns(ref: TableRef, schema: pa.Schema, columns: Sequence[str], wha
     if unknown:
         raise InspectError(f"unknown {what} {', '.join(repr(c) for c in unknown)} in {ref.name}; "
                            f"columns are {', '.join(schema.names)}")
+
+
+def column_list(text: str | None, option: str) -> list[str] | None:
+    """``page,views`` (the CLI's or the web view's ``option``) as column names; None when not given."""
+    if text is None:
+        return None
+    cols = [c.strip() for c in text.split(",")]
+    if not all(cols):
+        raise InspectError(f"bad {option} {text!r}; use comma-separated column names, e.g. page,views")
+    return cols
+
+
+def sort_keys(text: str | None) -> list[tuple[str, str]] | None:
+    """``column[:asc|desc][,column...]`` (``--order-by``) as the ``order_by`` of :func:`show`."""
+    if not text:
+        return None
+    out = []
+    for part in text.split(","):
+        col, _, direction = part.strip().partition(":")
+        if not col or direction not in ("", "asc", "desc"):
+            raise InspectError(f"bad --order-by {text!r}; use column or column:desc, e.g. views:desc")
+        out.append((col, "descending" if direction == "desc" else "ascending"))
+    return out
 
 
 def show(ref: TableRef, *, version: int | None = None, as_of: str | dt.datetime | None = None,
