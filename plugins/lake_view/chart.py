@@ -18,11 +18,8 @@ _STEPS = (60, 300, 900, 1800, 3600, 2 * 3600, 3 * 3600, 6 * 3600, 12 * 3600, 864
 def _nice_max(value: float) -> float:
     if value <= 0:
         return 1.0
-    magnitude = 10 ** (len(str(int(value))) - 1) if value >= 1 else 1
-    for step in (1, 2, 2.5, 5, 10):
-        if step * magnitude >= value:
-            return float(step * magnitude)
-    return float(10 * magnitude)
+    magnitude = 10 ** (len(str(int(value))) - 1) if value >= 1 else 1  # so value <= 10 * magnitude
+    return float(next(step * magnitude for step in (1, 2, 2.5, 5, 10) if step * magnitude >= value))
 
 
 def _fmt(value: float) -> str:
