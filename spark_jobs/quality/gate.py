@@ -412,14 +412,14 @@ def write_report(report: QualityReport, spec: PipelineSpec, reports: str | None 
 
 
 def validate(spark: SparkSession, spec: PipelineSpec, suite: str, *, date: str | None = None,
-             lake: Lake | None = None, reports: str | None = None, run_id: str | None = None) -> QualityReport:
+             reports: str | None = None, run_id: str | None = None) -> QualityReport:
     """Run ``suite`` and write its report; raise :class:`QualityError` when it fails."""
     if suite not in SUITES:
         raise InputError(f"unknown suite {suite!r}; use one of {', '.join(SUITES)}")
     gate = SUITES[suite]
     gate.require(date)
     date = parse_date(date) if date is not None else None
-    lake = lake or open_lake(spark)
+    lake = open_lake(spark)
     compiled = CompiledAggregates(spec, ensure_applied(lake, spec, run_id=run_id or ""))
     tables = PipelineTables(spec.lake, spec.name)
     rules = load_rules(spec.origin if os.path.isfile(spec.origin) else None, spec.name)
