@@ -199,10 +199,9 @@ def run_inspect(args: argparse.Namespace) -> int:
     if args.view in ("tables", "runs"):
         name = named.spec.name if named is not None else args.pipeline_name
         name = name.removesuffix(".runs") if name and args.view == "runs" else name
-        if args.view == "tables":
-            result = views.list_tables(_need_lake(lake, "tables"), pipeline=name)
-        else:
-            result = views.runs(_need_lake(lake, "runs"), pipeline=name, limit=_limit(args.limit))
+        root = _need_lake(lake, args.view)
+        result = (views.list_tables(root, pipeline=name) if args.view == "tables"
+                  else views.runs(root, pipeline=name, limit=_limit(args.limit)))
     elif args.view in ("coverage", "spec"):
         assert named is not None
         if named.record is None:
