@@ -41,7 +41,7 @@ class Builtin(AggregateFunction[Any, Any]):
     numeric_only: ClassVar[bool] = False
     args_allowed: ClassVar[tuple[str, ...]] = ()
     uses_event_time: ClassVar[bool] = False
-    map_view: ClassVar[bool] = False  # its phases are keyed aggregations (spark_*_frame), not expressions
+    map_view: ClassVar[bool] = False  # its partial phase is a keyed aggregation (spark_partial_frame), not expressions
 
     def __init__(self, name: str, columns: Sequence[str] = (), args: Mapping[str, Any] | None = None,
                  input_type: str | None = None) -> None:
@@ -81,11 +81,8 @@ class Builtin(AggregateFunction[Any, Any]):
     def spark_value(self, accs: list[Column]) -> Column:
         return accs[0]
 
-    # keyed phases, for ``map_view`` aggregates whose phases are aggregations of their own
+    # the keyed partial phase of ``map_view`` aggregates: a count per key and value, an aggregation of its own
     def spark_partial_frame(self, rows: DataFrame, keys: list[str], sign: str, acc: str) -> DataFrame:
-        raise NotImplementedError
-
-    def spark_merge_frame(self, partials: DataFrame, keys: list[str], acc: str) -> DataFrame:
         raise NotImplementedError
 
 

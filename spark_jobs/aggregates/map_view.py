@@ -67,7 +67,12 @@ class CountsMapView(Builtin):
                   .agg(F.sum(sign).cast("bigint").alias("_n")).where(F.col("_n") != 0))
         return counts.groupBy(*keys).agg(F.map_from_entries(F.collect_list(F.struct("_v", "_n"))).alias(acc))
 
-    def spark_merge_frame(self, partials: DataFrame, keys: list[str], acc: str) -> DataFrame:
-        entries = partials.select(*keys, F.explode(acc).alias("_v", "_n"))
-        counts = entries.groupBy(*keys, "_v").agg(F.sum("_n").alias("_n")).where(F.col("_n") != 0)
-        return counts.groupBy(*keys).agg(F.map_from_entries(F.collect_list(F.struct("_v", "_n"))).alias(acc))
+    def spark_merge(self, accs: list[Column]) -> list[Column]:
+        """Partial maps summed per value in the key's own aggregation (no join); no count left: NULL."""
+        from pyspark.sql.pandas.types import from_arrow_type
+
+        zero = F.create_map().cast(from_arrow_type(self.acc_types()[0]))
+        summed = F.aggregate(F.collect_list(accs[0]), zero, lambda acc, m: F.map_zip_with(
+            acc, m, lambda _, a, b: F.coalesce(a, F.lit(0)) + F.coalesce(b, F.lit(0))))
+        live = F.map_filter(summed, lambda _, n: n != 0)
+        return [F.when(F.size(live) > 0, live)]

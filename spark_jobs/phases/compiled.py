@@ -120,15 +120,11 @@ def final_aggregate(partials: DataFrame, compiled: CompiledAggregates, *, extra_
     if SPEC_VERSION in partials.columns:  # rows from before the lake recorded its spec are its first version
         exprs.append(F.min(F.coalesce(F.col(SPEC_VERSION), F.lit(ADOPTED))).cast("bigint").alias(SPEC_VERSION))
     for b, impl in compiled.native:
-        if not impl.map_view:
-            accs = [F.col(c) for c in b.acc_columns]
-            exprs.extend(c.alias(n) for c, n in zip(impl.spark_merge(accs), b.acc_columns, strict=True))
+        accs = [F.col(c) for c in b.acc_columns]
+        exprs.extend(c.alias(n) for c, n in zip(impl.spark_merge(accs), b.acc_columns, strict=True))
     merged = partials.groupBy(*keys).agg(*exprs, *extra_aggs)
     if compiled.retracting and not extra_keys:  # every row of the key was retracted: the key is gone
         merged = merged.where(F.col("n_rows") != 0)
-    for b, impl in compiled.native:
-        if impl.map_view:
-            merged = join_on_keys(merged, impl.spark_merge_frame(partials, keys, b.acc_columns[0]), keys, "left")
     if compiled.udafs:
         merged = join_on_keys(merged, udaf_merge(partials, keys, compiled.udafs, with_value=True), keys)
     known = {*keys, "n_rows", *compiled.acc_columns, *compiled.value_names, SPEC_VERSION}
