@@ -39,7 +39,7 @@ def aggregate_table(compiled: CompiledAggregates) -> list[dict[str, str]]:
         accs = [F.col(c) for c in b.acc_columns]
         if isinstance(fn, Builtin) and fn.map_view:
             local = f"keyed: sum({SIGN}) per ({', '.join(b.columns)}) -> map<value, count>"
-            merge = "keyed: sum of counts per value -> map<value, count>"
+            merge = "collect_list, summed per value (map_zip_with), zero counts dropped -> map<value, count>"
         elif isinstance(fn, Builtin):
             value_col = F.col(b.columns[0]) if b.columns else None
             local = "; ".join(_text(c) for c in fn.spark_partial(value_col, event_time, sign))
