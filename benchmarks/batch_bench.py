@@ -141,10 +141,11 @@ def fresh(path: Path) -> Path:
     return path
 
 
-def landing(work: Path, days: int, events: int) -> GenerateConfig:
+def landing(work: Path, days: int, events: int, name: str = "landing", files_per_day: int = 2) -> GenerateConfig:
     """The benchmark's sample events (generated once per size, then reused by every suite)."""
-    config = GenerateConfig(out=str(work / "landing"), days=days, rows_per_day=events // days, seed=7, files_per_day=2)
-    marker = work / "landing.json"
+    config = GenerateConfig(out=str(work / name), days=days, rows_per_day=events // days, seed=7,
+                            files_per_day=files_per_day)
+    marker = work / f"{name}.json"
     wanted = json.dumps(dataclasses.asdict(config), sort_keys=True)
     if not marker.exists() or marker.read_text() != wanted:
         print(f"generating {config.rows_per_day * config.days:,} events over {config.days} days ...", flush=True)

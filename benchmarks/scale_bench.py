@@ -17,10 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.batch_bench import SAMPLE, PeakRss, fresh, one_shot
+from benchmarks.batch_bench import SAMPLE, PeakRss, fresh, landing, one_shot
 from spark_jobs.errors import UsageError
 from spark_jobs.jobs import combine, reduce
-from spark_jobs.jobs.generate import GenerateConfig, generate
 from spark_jobs.lake import PipelineTables, open_lake
 from spark_jobs.spark_session import SessionConfig, build_session
 from spark_jobs.spec import load_spec
@@ -38,18 +37,6 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
-def _landing(work: Path, events: int, days: int) -> GenerateConfig:
-    config = GenerateConfig(out=str(work / f"landing-{events}"), days=days, rows_per_day=events // days, seed=7,
-                            files_per_day=max(2, events // days // 500_000))
-    marker = work / f"landing-{events}.json"
-    wanted = json.dumps(dataclasses.asdict(config), sort_keys=True)
-    if not marker.exists() or marker.read_text() != wanted:
-        print(f"generating {config.rows_per_day * days:,} events over {days} days ...", flush=True)
-        generate(config)
-        marker.write_text(wanted)
-    return config
-
-
 def scale(args: argparse.Namespace) -> int:
     sizes = _sizes(args.sizes)
     work = Path(args.work_dir)
@@ -59,7 +46,7 @@ def scale(args: argparse.Namespace) -> int:
     lake = open_lake(spark)
     runs: dict[int, dict[str, Any]] = {}
     for i, events in enumerate(sizes):
-        config = _landing(work, events, args.days)
+        config = landing(work, args.days, events, f"landing-{events}", max(2, events // args.days // 500_000))
         dates = config.dates
         spec = load_spec(SAMPLE, lake=str(fresh(work / "lake-scale")), source_path=config.out)
         if i == 0:  # warm the JVM, the Python workers and the code paths, outside any figure

@@ -45,7 +45,7 @@ from spark_jobs.jobs import combine, reduce
 from spark_jobs.lake import PipelineTables
 from spark_jobs.spec import PipelineSpec, load_spec
 from spark_jobs.stream import query as stream
-from tests.integration.test_peer_cases import DAY, WINDOWS, _expected, _flink_rows, _spec
+from tests.integration.test_peer_cases import DAY, FLINK_EXPECTED, WINDOWS, _expected, _flink_rows, _spec
 from tests.integration.test_stream import land
 from tests.oracle import actual, assert_matches, expected, read_landing
 
@@ -74,44 +74,7 @@ FLINK_CHANGES: list[tuple[Any, ...]] = [
 BATCH_SIZES = (10, 2, 3)
 WATERMARKS = [None, *(dt.datetime(2020, 10, 10, 0, 0, s, tzinfo=dt.UTC) for s in (7, 15))]
 LATE_PER_BATCH = {"tumble": [0, 1, 1], "hop": [0, 0, 1], "cumulate": [0, 0, 1]}
-# SELECT name, window_start, window_end, COUNT(*), SUM(bigdec), MAX(double), MIN(float), COUNT(DISTINCT string)
-FLINK = {
-    "tumble": """
-        a,2020-10-10T00:00,2020-10-10T00:00:05,3,29.99,22.0,2.0,2
-        a,2020-10-10T00:00:05,2020-10-10T00:00:10,1,3.33,null,3.0,1
-        b,2020-10-10T00:00:05,2020-10-10T00:00:10,2,6.66,6.0,3.0,2
-        b,2020-10-10T00:00:15,2020-10-10T00:00:20,1,4.44,4.0,4.0,1""",
-    "hop": """
-        a,2020-10-09T23:59:55,2020-10-10T00:00:05,3,29.99,22.0,2.0,2
-        a,2020-10-10T00:00,2020-10-10T00:00:10,5,38.87,22.0,2.0,4
-        a,2020-10-10T00:00:05,2020-10-10T00:00:15,1,3.33,null,3.0,1
-        b,2020-10-10T00:00,2020-10-10T00:00:10,2,6.66,6.0,3.0,2
-        b,2020-10-10T00:00:05,2020-10-10T00:00:15,2,6.66,6.0,3.0,2
-        b,2020-10-10T00:00:10,2020-10-10T00:00:20,1,4.44,4.0,4.0,1
-        b,2020-10-10T00:00:15,2020-10-10T00:00:25,1,4.44,4.0,4.0,1""",
-    "cumulate": """
-        a,2020-10-10T00:00,2020-10-10T00:00:05,3,29.99,22.0,2.0,2
-        a,2020-10-10T00:00,2020-10-10T00:00:10,5,38.87,22.0,2.0,4
-        a,2020-10-10T00:00,2020-10-10T00:00:15,5,38.87,22.0,2.0,4
-        b,2020-10-10T00:00,2020-10-10T00:00:10,2,6.66,6.0,3.0,2
-        b,2020-10-10T00:00,2020-10-10T00:00:15,2,6.66,6.0,3.0,2
-        b,2020-10-10T00:00:15,2020-10-10T00:00:20,1,4.44,4.0,4.0,1
-        b,2020-10-10T00:00:15,2020-10-10T00:00:25,1,4.44,4.0,4.0,1
-        b,2020-10-10T00:00:15,2020-10-10T00:00:30,1,4.44,4.0,4.0,1""",
-}
-# by design, after the batch combine: the late +I (00:04, "Hi") counts in the windows the stream dropped it from,
-# and the late -D (00:04) retracts the +I at 00:04 with its values (5, 5.55, string NULL) from every window
-AFTER_COMBINE = {
-    "tumble": """
-        a,2020-10-10T00:00,2020-10-10T00:00:05,3,29.99,22.0,2.0,3""",
-    "hop": """
-        a,2020-10-09T23:59:55,2020-10-10T00:00:05,3,29.99,22.0,2.0,3
-        a,2020-10-10T00:00,2020-10-10T00:00:10,4,33.32,22.0,2.0,4""",
-    "cumulate": """
-        a,2020-10-10T00:00,2020-10-10T00:00:05,3,29.99,22.0,2.0,3
-        a,2020-10-10T00:00,2020-10-10T00:00:10,4,33.32,22.0,2.0,4
-        a,2020-10-10T00:00,2020-10-10T00:00:15,4,33.32,22.0,2.0,4""",
-}
+FLINK, AFTER_COMBINE = FLINK_EXPECTED["cdc"], FLINK_EXPECTED["cdc_after_combine"]
 
 
 def _cdc_spec(root: Path, window: dict[str, str]) -> PipelineSpec:
