@@ -13,6 +13,7 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import takewhile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +53,6 @@ class TableRef:
 
 
 def _arrow(rows: list[dict[str, Any]], /, *fields: tuple[str, pa.DataType], **types: pa.DataType) -> pa.Table:
-    """``rows`` as an Arrow table of these columns, in this order."""
     return pa.Table.from_pylist(rows, schema=pa.schema([*fields, *types.items()]))
 
 
@@ -62,7 +62,6 @@ def _lake_dir(lake: str) -> None:
 
 
 def default_lake() -> str | None:
-    """The lake root from ``$SPARK_JOBS_LAKE``, when set."""
     return os.environ.get(LAKE_ENV) or None
 
 
@@ -82,11 +81,7 @@ def is_delta(path: str) -> bool:
 def resolve_table(name: str, lake: str | None, *, confined: bool = False) -> TableRef:
     """``page_views.aggregates`` (under the lake root ``lake``) or, unless ``confined``, a path to a Delta table.
     ``confined`` (the web view): qualified names only, resolving inside ``lake`` (no ``..``, no symlinks out).
-
-    Raises:
-        InspectError: a path where only names are accepted, or a table outside the lake.
-        LakeError: no such table.
-    """
+    InspectError for a path where only names are accepted, or a table outside the lake; LakeError for no table."""
     match = _QUALIFIED.match(name)
     if match and (confined or not Path(name).exists()):
         pipeline, table = match.groups()
@@ -174,7 +169,6 @@ def open_version(ref: TableRef, *, version: int | None = None, as_of: str | dt.d
 
 # --------------------------------------------------------------------------- tables
 def table_summary(path: str) -> dict[str, object]:
-    """Version, rows, files, bytes, last commit time and operation of one table."""
     table = open_table(path)
     actions = table.add_actions()
     last = table.history(1)[0]
@@ -205,9 +199,7 @@ def list_tables(lake: str, *, pipeline: str | None = None) -> pa.Table:
     """Every pipeline table under ``lake`` (or one pipeline's), one row each."""
     _lake_dir(lake)
     rows = []
-    for entry in _pipelines(lake):
-        if pipeline is not None and entry["table"].split(".")[0] != pipeline:
-            continue
+    for entry in (e for e in _pipelines(lake) if pipeline in (None, e["table"].split(".")[0])):
         try:
             summary = table_summary(entry["path"])
         except READ_ERRORS as exc:
@@ -331,13 +323,9 @@ def table_keys(ref: TableRef, table_schema: pa.Schema, *, spec: PipelineSpec | N
             return ["batch", "source", "event_date", *spec.key_columns]
     if ref.table == "runs" and "run_id" in table_schema.names:
         return ["run_id"]
-    out = []
-    for f in table_schema:
-        if f.name in BOOKKEEPING:
-            continue
-        if not _plain(f.type) or is_number(f.type) or pa.types.is_boolean(f.type):
-            break
-        out.append(f.name)
+    leading = takewhile(lambda f: _plain(f.type) and not (is_number(f.type) or pa.types.is_boolean(f.type)),
+                        (f for f in table_schema if f.name not in BOOKKEEPING))
+    out = [f.name for f in leading]
     if not out:
         raise InspectError(f"cannot tell the key columns of {ref.name}; pass --keys col1,col2 "
                            "(or --pipeline SPEC for a pipeline table)")

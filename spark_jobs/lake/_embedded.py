@@ -144,11 +144,9 @@ def _file_stats(path: str) -> tuple[int, str]:
 def _data_files(dt: DeltaTable) -> list[DataFile]:
     actions = pa.table(dt.get_add_actions(flatten=True))
     part_cols = [c for c in actions.column_names if c.startswith("partition.")]
-    out = []
-    for row in actions.select(["path", "size_bytes", "num_records", *part_cols]).to_pylist():
-        pv = {c[len("partition."):]: (None if row[c] is None else str(row[c])) for c in part_cols}
-        out.append(DataFile(unquote(row["path"]), int(row["size_bytes"]), row["num_records"], pv))
-    return out
+    return [DataFile(unquote(row["path"]), int(row["size_bytes"]), row["num_records"],
+                     {c[len("partition."):]: (None if row[c] is None else str(row[c])) for c in part_cols})
+            for row in actions.select(["path", "size_bytes", "num_records", *part_cols]).to_pylist()]
 
 
 def _overlapping(dt: DeltaTable, column: str, lo: Any, hi: Any) -> list[str]:
@@ -157,22 +155,14 @@ def _overlapping(dt: DeltaTable, column: str, lo: Any, hi: Any) -> list[str]:
     actions = pa.table(dt.get_add_actions(flatten=True))
     if f"min.{column}" not in actions.column_names:
         return [unquote(p) for p in actions["path"].to_pylist()]
-    out = []
-    for row in actions.select(["path", f"min.{column}", f"max.{column}"]).to_pylist():
-        low, high = row[f"min.{column}"], row[f"max.{column}"]
-        if low is None or high is None or (utc(low) <= hi and utc(high) >= lo):
-            out.append(unquote(row["path"]))
-    return out
+    stats = zip(*(actions[c].to_pylist() for c in ("path", f"min.{column}", f"max.{column}")), strict=True)
+    return [unquote(path) for path, low, high in stats
+            if low is None or high is None or (utc(low) <= hi and utc(high) >= lo)]
 
 
 def _partition_values(rel: str) -> dict[str, str | None]:
-    values: dict[str, str | None] = {}
-    for part in rel.split("/")[:-1]:
-        if "=" in part:
-            key, value = part.split("=", 1)
-            value = unquote(value)
-            values[unquote(key)] = None if value == _HIVE_NULL else value
-    return values
+    pairs = (part.split("=", 1) for part in rel.split("/")[:-1] if "=" in part)
+    return {unquote(key): None if unquote(value) == _HIVE_NULL else unquote(value) for key, value in pairs}
 
 
 class EmbeddedLake:
@@ -256,8 +246,7 @@ class EmbeddedLake:
         if not uris:
             return self.spark.createDataFrame([], spark_schema)
         root = _local(path).rstrip("/")
-        df = self.spark.read.schema(spark_schema).option("basePath", root).parquet(*uris)
-        return df.select(*schema.names)
+        return self.spark.read.schema(spark_schema).option("basePath", root).parquet(*uris).select(*schema.names)
 
     # ------------------------------------------------------------------ writes
     def append(self, df: DataFrame | pa.Table, path: str, *, partition_by: Sequence[str] = (),

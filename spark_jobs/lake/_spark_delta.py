@@ -70,12 +70,8 @@ class SparkDeltaLake(EmbeddedLake):
         jvm = self.spark.sparkContext._jvm
         assert jvm is not None
         conf = self.spark.sparkContext._jsc.hadoopConfiguration()
-        out = []
-        for f in files:
-            target = jvm.org.apache.hadoop.fs.Path(f"{path.rstrip('/')}/{f}")
-            if not target.getFileSystem(conf).exists(target):
-                out.append(f)
-        return out
+        targets = [(f, jvm.org.apache.hadoop.fs.Path(f"{path.rstrip('/')}/{f}")) for f in files]
+        return [f for f, target in targets if not target.getFileSystem(conf).exists(target)]
 
     def _writer(self, df: DataFrame, mode: str, partition_by: Sequence[str], app_txn: AppTxn | None,
                 metadata: Mapping[str, Any] | None) -> DataFrameWriter:
