@@ -62,10 +62,8 @@ def _local(path: str) -> str:
     parsed = urlparse(path)
     if parsed.scheme in ("", "file"):
         return unquote(parsed.path) if parsed.scheme else path
-    raise LakeError(
-        f"the embedded Delta backend writes to local or mounted paths, not {path!r}; "
-        "for object stores run with SPARK_JOBS_DELTA_BACKEND=delta-spark on a cluster with the Delta jars"
-    )
+    raise LakeError(f"the embedded Delta backend writes to local or mounted paths, not {path!r}; for object stores "
+                    "run with SPARK_JOBS_DELTA_BACKEND=delta-spark on a cluster with the Delta jars")
 
 
 def _nullable_type(t: pa.DataType) -> pa.DataType:
@@ -460,10 +458,9 @@ class EmbeddedLake:
         if self.spec_txn is not None and is_spec_shaped(path):
             at = existing.transaction_version(self.spec_txn.app_id)
             if at is not None and at > self.spec_txn.version:
-                raise SpecChangedError(
-                    f"Delta table {path} follows spec version {at} of the pipeline, this job version "
-                    f"{self.spec_txn.version}: the spec was changed (`apply`) while it ran, and nothing was written; "
-                    "run the job again with the spec the lake records")
+                raise SpecChangedError(f"Delta table {path} follows spec version {at} of the pipeline, this job "
+                                       f"version {self.spec_txn.version}: the spec was changed (`apply`) while it "
+                                       "ran, and nothing was written; run the job again with the spec the lake records")
         if overwrite:
             return
         current = _nullable(pa.schema(existing.schema().to_arrow()))
