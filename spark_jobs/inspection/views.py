@@ -353,14 +353,11 @@ def partitions(ref: TableRef, *, version: int | None = None) -> pa.Table:
     """Files, rows and bytes per partition (one row in all for an unpartitioned table)."""
     table = open_version(ref, version=version)
     cols = table.partition_columns
-    actions = table.add_actions()
     groups: dict[tuple[Any, ...], list[int]] = {}
-    if actions.num_rows:
-        values = [actions[f"partition.{c}"].to_pylist() for c in cols]
-        for i, (n, size) in enumerate(zip(actions["num_records"].to_pylist(), actions["size_bytes"].to_pylist(),
-                                          strict=True)):
-            acc = groups.setdefault(tuple(None if v[i] is None else str(v[i]) for v in values), [0, 0, 0])
-            acc[:] = acc[0] + 1, acc[1] + int(n or 0), acc[2] + int(size or 0)
+    for f in table.add_actions().to_pylist():
+        values = (f[f"partition.{c}"] for c in cols)
+        acc = groups.setdefault(tuple(None if v is None else str(v) for v in values), [0, 0, 0])
+        acc[:] = acc[0] + 1, acc[1] + int(f["num_records"] or 0), acc[2] + int(f["size_bytes"] or 0)
     rows = [{**dict(zip(cols, k, strict=True)), "files": a[0], "rows": a[1], "bytes": a[2]}
             for k, a in sorted(groups.items(), key=lambda kv: tuple("" if x is None else x for x in kv[0]))]
     return _arrow(rows, *((c, pa.string()) for c in cols), files=pa.int64(), rows=pa.int64(), bytes=pa.int64())
