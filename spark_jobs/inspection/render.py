@@ -46,9 +46,7 @@ def cell(value: Any, *, width: int | None = MAX_CELL) -> str:
     else:
         text = str(value)
     text = text.replace("\r", "\\r").replace("\n", "\\n").replace("\t", " ")
-    if width is not None and len(text) > width:
-        text = text[: width - 1] + "…"
-    return text
+    return text if width is None or len(text) <= width else text[: width - 1] + "…"
 
 
 def _grid(header: list[str], rows: list[list[str]], numeric: list[bool]) -> str:

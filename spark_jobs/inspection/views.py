@@ -153,13 +153,11 @@ def open_version(ref: TableRef, *, version: int | None = None, as_of: str | dt.d
             raise InspectError(f"{ref.name} has no version at or before {at:%Y-%m-%d %H:%M:%S} UTC; "
                                f"its first commit is at {first} UTC")
         version = found
-    if version is None:
-        return latest
     last = latest.version()
+    if version is None or version == last:
+        return latest
     if version < 0 or version > last:
         raise InspectError(f"version {version} of {ref.name} does not exist; its versions are 0..{last}")
-    if version == last:
-        return latest
     try:
         return latest.at(version)
     except READ_ERRORS as exc:
@@ -284,8 +282,7 @@ def show(ref: TableRef, *, version: int | None = None, as_of: str | dt.datetime 
         raise InspectError(f"limit must be at least 1, got {limit}")
     table = open_version(ref, version=version, as_of=as_of)
     schema = table.schema()
-    if columns:
-        _check_columns(ref, schema, columns)
+    _check_columns(ref, schema, columns or [])
     columns = list(columns) if columns else [f.name for f in schema if "__" not in f.name]
     for col, direction in order_by or []:
         _check_columns(ref, schema, [col], "order-by column")

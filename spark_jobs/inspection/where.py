@@ -110,7 +110,6 @@ class _Parser:
         return _fail(self.text, tok.pos, message, hint)
 
     def accept(self, kind: str, text: str) -> bool:
-        """Move past the current token when it is ``text`` of ``kind``."""
         if self.tok.kind == kind and self.tok.text == text:
             self.i += 1
             return True
@@ -214,9 +213,7 @@ class _Parser:
         value = tok.text[1:-1].replace("''", "'")
         if pa.types.is_string(t) or pa.types.is_large_string(t):
             return value
-        if pa.types.is_timestamp(t) or pa.types.is_date(t):
-            return self.timestamp(tok, field, value)
-        raise self.fail(tok, f"column {field.name!r} is {t}; it cannot be compared with a string")
+        return self.timestamp(tok, field, value)  # the other types :func:`_filterable` lets through
 
     def timestamp(self, tok: _Tok, field: pa.Field, value: str) -> Any:
         t = field.type
