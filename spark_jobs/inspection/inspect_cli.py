@@ -108,8 +108,7 @@ def _is_path(value: str) -> bool:
 
 
 def _pipeline(value: str, lake: str | None) -> _Pipeline:
-    """``value`` is a spec file (a path: it exists, ends in .yaml/.yml or has a '/') or a pipeline name (the
-    spec its lake records)."""
+    """A spec file (a path: it exists, ends in .yaml/.yml or has a '/'), else a pipeline name (its lake's spec)."""
     from spark_jobs.inspection.views import default_lake
     from spark_jobs.lake.spec_record import current
     from spark_jobs.spec import load_spec

@@ -450,8 +450,7 @@ def diff(ref: TableRef, *, from_version: int, to_version: int | None = None, key
 
 
 def _changed(both: pa.Table, key_cols: list[str], compared: list[str], limit: int) -> tuple[pa.Table, int]:
-    """Of the keys in both versions, the first ``limit`` whose compared columns differ (old and new values, and
-    which columns, by :func:`_differs`), and how many differ in all."""
+    """The first ``limit`` keys in both versions whose compared columns differ (which ones), and how many in all."""
     cols = [*key_cols, *(f"{c}.{side}" for c in compared for side in ("old", "new"))]
     flagged, any_change = both.select(cols), pa.chunked_array([pa.array([False] * both.num_rows, pa.bool_())])
     for c in compared:

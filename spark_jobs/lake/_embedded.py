@@ -404,8 +404,7 @@ class EmbeddedLake:
                       rows_added=sum(rows for _, rows in staged))
 
     def _app_txns(self, path: str, app_txn: AppTxn | None, app_txns: Sequence[AppTxn]) -> list[Transaction]:
-        """The input versions a commit records, and the spec version on a spec-shaped table (unless
-        ``app_txns`` records it already)."""
+        """The input versions a commit records, and on a spec-shaped table the spec version (unless in ``app_txns``)."""
         txns = [Transaction(t.app_id, t.version) for t in [*([app_txn] if app_txn else []), *app_txns]]
         spec_txn = self.spec_txn if self.spec_txn is not None and is_spec_shaped(path) else None
         if spec_txn is not None and all(t.app_id != spec_txn.app_id for t in app_txns):
@@ -491,8 +490,7 @@ class EmbeddedLake:
 
     def _stage(self, df: DataFrame | list[pa.Table], path: str,
                partition_by: Sequence[str]) -> list[tuple[AddAction, int]]:
-        """Write the rows as Parquet files into a staging folder of the table, and move those holding rows into
-        place: their add actions, and their rows."""
+        """The rows as Parquet files staged inside the table, those holding rows moved into place: add actions, rows."""
         root = _local(path).rstrip("/")
         staging = f"{root}/{_STAGING}/{uuid.uuid4().hex}"
         if isinstance(df, list):
@@ -591,8 +589,7 @@ def _partition_dir(value: Any) -> str:
 
 
 def _layout(rows: DataFrame | pa.Table, cluster: Cluster | None) -> DataFrame | list[pa.Table]:
-    """The rows in files by ``cluster``'s column: Spark partitions, or (driver rows are few) Arrow tables split
-    by value, in order."""
+    """The rows in files by ``cluster``'s column: Spark partitions, or (driver rows are few) Arrow tables by value."""
     if isinstance(rows, pa.Table):
         return split_by(rows, cluster.column, cluster.files) if cluster else [rows]
     if cluster is None:
