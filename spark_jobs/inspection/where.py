@@ -110,10 +110,9 @@ class _Parser:
         return _fail(self.text, tok.pos, message, hint)
 
     def accept(self, kind: str, text: str) -> bool:
-        if self.tok.kind == kind and self.tok.text == text:
-            self.i += 1
-            return True
-        return False
+        hit = self.tok.kind == kind and self.tok.text == text
+        self.i += hit
+        return hit
 
     def keyword(self, word: str) -> bool:
         return self.accept("keyword", word)
