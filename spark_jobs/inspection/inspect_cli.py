@@ -108,8 +108,7 @@ def _is_path(value: str) -> bool:
 
 
 def _pipeline(value: str, lake: str | None) -> _Pipeline:
-    """``value`` is a spec file (a path: it exists, ends in .yaml/.yml or has a '/') or a pipeline name (the
-    spec its lake records)."""
+    """A spec file (a path: it exists, ends in .yaml/.yml or has a '/'), else a pipeline name (its lake's spec)."""
     from spark_jobs.inspection.views import default_lake
     from spark_jobs.lake.spec_record import current
     from spark_jobs.spec import load_spec
@@ -137,18 +136,6 @@ def _recorded(lake: str, name: str) -> _Pipeline:
 
     spec, record = lake_spec(lake, name)
     return _Pipeline(spec, record, f"as the lake {lake} records it (spec version {record.version})")
-
-
-def _lake(args: argparse.Namespace, named: _Pipeline | None) -> str | None:
-    from spark_jobs.inspection.views import default_lake
-
-    return str(args.lake) if args.lake else named.spec.lake if named is not None else default_lake()
-
-
-def _need_lake(lake: str | None, view: str) -> str:
-    if lake is None:
-        raise LakeError(f"inspect {view} needs the lake: pass --lake DIR or --pipeline SPEC, or set $SPARK_JOBS_LAKE")
-    return lake
 
 
 def _limit(n: int) -> int:
@@ -194,14 +181,16 @@ def run_inspect(args: argparse.Namespace) -> int:
     from spark_jobs.inspection.render import to_json, to_text
 
     named = _named(args)
-    lake = _lake(args, named)
+    lake = str(args.lake) if args.lake else named.spec.lake if named is not None else views.default_lake()
     result: Any
     if args.view in ("tables", "runs"):
         name = named.spec.name if named is not None else args.pipeline_name
         name = name.removesuffix(".runs") if name and args.view == "runs" else name
-        root = _need_lake(lake, args.view)
-        result = (views.list_tables(root, pipeline=name) if args.view == "tables"
-                  else views.runs(root, pipeline=name, limit=_limit(args.limit)))
+        if lake is None:
+            raise LakeError(f"inspect {args.view} needs the lake: pass --lake DIR or --pipeline SPEC, or set "
+                            "$SPARK_JOBS_LAKE")
+        result = (views.list_tables(lake, pipeline=name) if args.view == "tables"
+                  else views.runs(lake, pipeline=name, limit=_limit(args.limit)))
     elif args.view in ("coverage", "spec"):
         assert named is not None
         if named.record is None:

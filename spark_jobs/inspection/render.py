@@ -46,9 +46,7 @@ def cell(value: Any, *, width: int | None = MAX_CELL) -> str:
     else:
         text = str(value)
     text = text.replace("\r", "\\r").replace("\n", "\\n").replace("\t", " ")
-    if width is not None and len(text) > width:
-        text = text[: width - 1] + "…"
-    return text
+    return text if width is None or len(text) <= width else text[: width - 1] + "…"
 
 
 def _grid(header: list[str], rows: list[list[str]], numeric: list[bool]) -> str:
@@ -113,11 +111,9 @@ def jsonable(value: Any) -> Any:
 
 
 def diff_to_dict(d: TableDiff) -> dict[str, Any]:
-    changed = []
-    for row in d.changed.to_pylist():
-        cols = row["changed_columns"]
-        changed.append({"key": {k: row[k] for k in d.keys}, "old": {c: row[f"{c}.old"] for c in cols},
-                        "new": {c: row[f"{c}.new"] for c in cols}})
+    changed = [{"key": {k: row[k] for k in d.keys},
+                **{side: {c: row[f"{c}.{side}"] for c in row["changed_columns"]} for side in ("old", "new")}}
+               for row in d.changed.to_pylist()]
     return jsonable({
         "table": d.table, "from_version": d.from_version, "to_version": d.to_version, "keys": d.keys,
         "compared": d.compared,

@@ -67,8 +67,8 @@ def parse_by(text: str | None, spec: PipelineSpec) -> tuple[str, ...]:
     return keys
 
 
-def _check(spec: PipelineSpec, request: Rollup) -> int:
-    """The window size in seconds, after every reason the request cannot be answered from windows."""
+def _check(spec: PipelineSpec, request: Rollup) -> None:
+    """Every reason the request cannot be answered from whole windows, as an InspectError."""
     tile = spec.window.tile
     if tile is None:
         raise InspectError(f"pipeline {spec.name} ({spec.window} windows): {spec.window.rollup_refusal}")
@@ -77,8 +77,7 @@ def _check(spec: PipelineSpec, request: Rollup) -> int:
         raise InspectError(f"--to {request.end:%Y-%m-%d %H:%M:%S} is not after --from "
                            f"{request.start:%Y-%m-%d %H:%M:%S}")
     for flag, t in (("--from", request.start), ("--to", request.end)):
-        offset = _offset(t, size, EPOCH)
-        if offset:
+        if offset := _offset(t, size, EPOCH):
             before = t - dt.timedelta(microseconds=offset)
             raise InspectError(f"{flag} {t:%Y-%m-%d %H:%M:%S} cuts a {tile} window; use a window "
                                f"boundary such as {before:%Y-%m-%d %H:%M:%S} or "
@@ -93,7 +92,6 @@ def _check(spec: PipelineSpec, request: Rollup) -> int:
     if request.grain_s is not None and _offset(bucket_origin(request.grain_s), size, EPOCH):
         raise InspectError(f"buckets of {request.grain_s} s count from {bucket_origin(request.grain_s):%Y-%m-%d}, "
                            f"which cuts a {tile} window; use a grain of whole days or hours")
-    return size
 
 
 def _offset(t: dt.datetime, size_s: int, origin: dt.datetime) -> int:
@@ -154,10 +152,8 @@ def _declared_source(aggregates: Snapshot, spec: PipelineSpec, request: Rollup) 
             except InspectError:
                 continue  # it names a key this rollup merged across
         path = str(Path(aggregates.path).parent / declared.table)
-        if not is_table(path):
-            continue
-        snapshot = open_table(path)
-        if snapshot.transaction_version(rollup_app_id(spec, declared)) == aggregates.version():
+        if is_table(path) and (snapshot := open_table(path)).transaction_version(
+                rollup_app_id(spec, declared)) == aggregates.version():
             return snapshot
     return None
 

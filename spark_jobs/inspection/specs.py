@@ -17,14 +17,9 @@ __all__ = ["SPECS_ENV", "find_spec", "lake_spec", "specs_folder"]
 
 
 def find_spec(pipeline: str, folder: Path | None = None) -> PipelineSpec:
-    """The validated spec named ``pipeline`` in ``folder`` (default :func:`specs_folder`).
-
-    A file is fully validated only when its ``name`` is ``pipeline``; files that cannot be read or
-    validated are skipped, and named in the error when no spec matches.
-
-    Raises:
-        InspectError: no such folder, no valid spec of that name, or two of them.
-    """
+    """The validated spec named ``pipeline`` in ``folder`` (default :func:`specs_folder`); InspectError for no such
+    folder, no valid spec of that name, or two. A file is fully validated only when its ``name`` is ``pipeline``;
+    files that cannot be read or validated are skipped, and named in the error when no spec matches."""
     where = folder if folder is not None else specs_folder()
     hint = f"set ${SPECS_ENV} to the folder of the pipeline specs (default: the repo's pipelines/)"
     if not where.is_dir():
@@ -58,17 +53,14 @@ def find_spec(pipeline: str, folder: Path | None = None) -> PipelineSpec:
                            f"{', '.join(Path(s.origin).name for s in matches)}; keep one")
     if matches:
         return matches[0]
-    message = (f"no pipeline spec named {pipeline!r} in {where} (specs there: {', '.join(sorted(set(others))) or 'none'}"
-               f"{'; skipped: ' + ', '.join(skipped) if skipped else ''}); {hint}")
-    raise InspectError(message)
+    skips = f"; skipped: {', '.join(skipped)}" if skipped else ""
+    raise InspectError(f"no pipeline spec named {pipeline!r} in {where} (specs there: "
+                       f"{', '.join(sorted(set(others))) or 'none'}{skips}); {hint}")
 
 
 def lake_spec(lake: str, pipeline: str) -> tuple[PipelineSpec, RecordedSpec]:
-    """The spec the lake records for ``pipeline`` (its latest applied version), with that record.
-
-    Raises:
-        InspectError: the lake records no spec for it (no such pipeline, or a lake written before spec records).
-    """
+    """The spec the lake records for ``pipeline`` (its latest applied version), with that record; InspectError when
+    it records none (no such pipeline, or a lake written before spec records)."""
     record = current(lake, pipeline)
     if record is None:
         known = sorted(p.name for p in Path(lake).iterdir() if (p / "specs").is_dir()) if Path(lake).is_dir() else []

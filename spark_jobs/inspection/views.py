@@ -13,6 +13,7 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import takewhile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +53,6 @@ class TableRef:
 
 
 def _arrow(rows: list[dict[str, Any]], /, *fields: tuple[str, pa.DataType], **types: pa.DataType) -> pa.Table:
-    """``rows`` as an Arrow table of these columns, in this order."""
     return pa.Table.from_pylist(rows, schema=pa.schema([*fields, *types.items()]))
 
 
@@ -62,7 +62,6 @@ def _lake_dir(lake: str) -> None:
 
 
 def default_lake() -> str | None:
-    """The lake root from ``$SPARK_JOBS_LAKE``, when set."""
     return os.environ.get(LAKE_ENV) or None
 
 
@@ -82,11 +81,7 @@ def is_delta(path: str) -> bool:
 def resolve_table(name: str, lake: str | None, *, confined: bool = False) -> TableRef:
     """``page_views.aggregates`` (under the lake root ``lake``) or, unless ``confined``, a path to a Delta table.
     ``confined`` (the web view): qualified names only, resolving inside ``lake`` (no ``..``, no symlinks out).
-
-    Raises:
-        InspectError: a path where only names are accepted, or a table outside the lake.
-        LakeError: no such table.
-    """
+    InspectError for a path where only names are accepted, or a table outside the lake; LakeError for no table."""
     match = _QUALIFIED.match(name)
     if match and (confined or not Path(name).exists()):
         pipeline, table = match.groups()
@@ -158,13 +153,11 @@ def open_version(ref: TableRef, *, version: int | None = None, as_of: str | dt.d
             raise InspectError(f"{ref.name} has no version at or before {at:%Y-%m-%d %H:%M:%S} UTC; "
                                f"its first commit is at {first} UTC")
         version = found
-    if version is None:
-        return latest
     last = latest.version()
+    if version is None or version == last:
+        return latest
     if version < 0 or version > last:
         raise InspectError(f"version {version} of {ref.name} does not exist; its versions are 0..{last}")
-    if version == last:
-        return latest
     try:
         return latest.at(version)
     except READ_ERRORS as exc:
@@ -174,7 +167,6 @@ def open_version(ref: TableRef, *, version: int | None = None, as_of: str | dt.d
 
 # --------------------------------------------------------------------------- tables
 def table_summary(path: str) -> dict[str, object]:
-    """Version, rows, files, bytes, last commit time and operation of one table."""
     table = open_table(path)
     actions = table.add_actions()
     last = table.history(1)[0]
@@ -205,9 +197,7 @@ def list_tables(lake: str, *, pipeline: str | None = None) -> pa.Table:
     """Every pipeline table under ``lake`` (or one pipeline's), one row each."""
     _lake_dir(lake)
     rows = []
-    for entry in _pipelines(lake):
-        if pipeline is not None and entry["table"].split(".")[0] != pipeline:
-            continue
+    for entry in (e for e in _pipelines(lake) if pipeline in (None, e["table"].split(".")[0])):
         try:
             summary = table_summary(entry["path"])
         except READ_ERRORS as exc:
@@ -292,8 +282,7 @@ def show(ref: TableRef, *, version: int | None = None, as_of: str | dt.datetime 
         raise InspectError(f"limit must be at least 1, got {limit}")
     table = open_version(ref, version=version, as_of=as_of)
     schema = table.schema()
-    if columns:
-        _check_columns(ref, schema, columns)
+    _check_columns(ref, schema, columns or [])
     columns = list(columns) if columns else [f.name for f in schema if "__" not in f.name]
     for col, direction in order_by or []:
         _check_columns(ref, schema, [col], "order-by column")
@@ -331,13 +320,9 @@ def table_keys(ref: TableRef, table_schema: pa.Schema, *, spec: PipelineSpec | N
             return ["batch", "source", "event_date", *spec.key_columns]
     if ref.table == "runs" and "run_id" in table_schema.names:
         return ["run_id"]
-    out = []
-    for f in table_schema:
-        if f.name in BOOKKEEPING:
-            continue
-        if not _plain(f.type) or is_number(f.type) or pa.types.is_boolean(f.type):
-            break
-        out.append(f.name)
+    leading = takewhile(lambda f: _plain(f.type) and not (is_number(f.type) or pa.types.is_boolean(f.type)),
+                        (f for f in table_schema if f.name not in BOOKKEEPING))
+    out = [f.name for f in leading]
     if not out:
         raise InspectError(f"cannot tell the key columns of {ref.name}; pass --keys col1,col2 "
                            "(or --pipeline SPEC for a pipeline table)")
@@ -365,14 +350,11 @@ def partitions(ref: TableRef, *, version: int | None = None) -> pa.Table:
     """Files, rows and bytes per partition (one row in all for an unpartitioned table)."""
     table = open_version(ref, version=version)
     cols = table.partition_columns
-    actions = table.add_actions()
     groups: dict[tuple[Any, ...], list[int]] = {}
-    if actions.num_rows:
-        values = [actions[f"partition.{c}"].to_pylist() for c in cols]
-        for i, (n, size) in enumerate(zip(actions["num_records"].to_pylist(), actions["size_bytes"].to_pylist(),
-                                          strict=True)):
-            acc = groups.setdefault(tuple(None if v[i] is None else str(v[i]) for v in values), [0, 0, 0])
-            acc[:] = acc[0] + 1, acc[1] + int(n or 0), acc[2] + int(size or 0)
+    for f in table.add_actions().to_pylist():
+        values = (f[f"partition.{c}"] for c in cols)
+        acc = groups.setdefault(tuple(None if v is None else str(v) for v in values), [0, 0, 0])
+        acc[:] = acc[0] + 1, acc[1] + int(f["num_records"] or 0), acc[2] + int(f["size_bytes"] or 0)
     rows = [{**dict(zip(cols, k, strict=True)), "files": a[0], "rows": a[1], "bytes": a[2]}
             for k, a in sorted(groups.items(), key=lambda kv: tuple("" if x is None else x for x in kv[0]))]
     return _arrow(rows, *((c, pa.string()) for c in cols), files=pa.int64(), rows=pa.int64(), bytes=pa.int64())
@@ -468,8 +450,7 @@ def diff(ref: TableRef, *, from_version: int, to_version: int | None = None, key
 
 
 def _changed(both: pa.Table, key_cols: list[str], compared: list[str], limit: int) -> tuple[pa.Table, int]:
-    """Of the keys in both versions, the first ``limit`` whose compared columns differ (old and new values, and
-    which columns, by :func:`_differs`), and how many differ in all."""
+    """The first ``limit`` keys in both versions whose compared columns differ (which ones), and how many in all."""
     cols = [*key_cols, *(f"{c}.{side}" for c in compared for side in ("old", "new"))]
     flagged, any_change = both.select(cols), pa.chunked_array([pa.array([False] * both.num_rows, pa.bool_())])
     for c in compared:

@@ -49,6 +49,7 @@ _TOKEN = re.compile(r"""
   | (?P<word>[A-Za-z_][A-Za-z0-9_]*)
   | (?P<op><=|>=|!=|<>|=|<|>)
   | (?P<punct>[(),])
+  | (?P<bad>.)
 """, re.VERBOSE)
 TIME_PATTERN = re.compile(r"^\d{4}-\d{2}-\d{2}(?:[ T]\d{2}:\d{2}(?::\d{2}(?:\.\d{1,6})?)?)?(?:Z|[+-]\d{2}:?\d{2})?$")
 
@@ -68,22 +69,18 @@ def _fail(text: str, pos: int, message: str, hint: str | None = None) -> Inspect
 
 def _tokens(text: str) -> list[_Tok]:
     out: list[_Tok] = []
-    pos = 0
-    while pos < len(text):
-        m = _TOKEN.match(text, pos)
-        if m is None:
-            ch = text[pos]
-            if ch == "'":
-                raise _fail(text, pos, "this quoted string is never closed", "close it with ' (write '' for a quote inside)")
-            raise _fail(text, pos, f"unexpected character {ch!r}",
+    for m in _TOKEN.finditer(text):
+        kind, word, pos = m.lastgroup or "", m.group(), m.start()
+        if kind == "bad" and word == "'":
+            raise _fail(text, pos, "this quoted string is never closed", "close it with ' (write '' for a quote inside)")
+        if kind == "bad":
+            raise _fail(text, pos, f"unexpected character {word!r}",
                         "a filter holds conditions joined by AND/OR, not SQL statements or functions; "
                         f"e.g. {_EXAMPLE}")
-        kind, word = m.lastgroup or "", m.group()
         if kind == "word" and word.upper() in _KEYWORDS:
             kind, word = "keyword", word.upper()
         if kind != "ws":
             out.append(_Tok(kind, word, pos))
-        pos = m.end()
     out.append(_Tok("end", "", len(text)))
     return out
 
@@ -113,11 +110,9 @@ class _Parser:
         return _fail(self.text, tok.pos, message, hint)
 
     def accept(self, kind: str, text: str) -> bool:
-        """Move past the current token when it is ``text`` of ``kind``."""
-        if self.tok.kind == kind and self.tok.text == text:
-            self.i += 1
-            return True
-        return False
+        hit = self.tok.kind == kind and self.tok.text == text
+        self.i += hit
+        return hit
 
     def keyword(self, word: str) -> bool:
         return self.accept("keyword", word)
@@ -217,9 +212,7 @@ class _Parser:
         value = tok.text[1:-1].replace("''", "'")
         if pa.types.is_string(t) or pa.types.is_large_string(t):
             return value
-        if pa.types.is_timestamp(t) or pa.types.is_date(t):
-            return self.timestamp(tok, field, value)
-        raise self.fail(tok, f"column {field.name!r} is {t}; it cannot be compared with a string")
+        return self.timestamp(tok, field, value)  # the other types :func:`_filterable` lets through
 
     def timestamp(self, tok: _Tok, field: pa.Field, value: str) -> Any:
         t = field.type

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from spark_jobs.lake._types import GUARD_PREFIX, AppTxn, Cluster, Commit, DataFile
 from spark_jobs.lake.tables import TABLES, PipelineTables, TableName
@@ -19,9 +19,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["GUARD_PREFIX", "AppTxn", "Backend", "Cluster", "Commit", "DataFile", "Lake", "PipelineTables", "TABLES", "TableName", "open_lake"]
+__all__ = ["GUARD_PREFIX", "AppTxn", "Cluster", "Commit", "DataFile", "Lake", "PipelineTables", "TABLES", "TableName", "open_lake"]
 
-Backend = Literal["embedded", "delta-spark"]
 BACKENDS: tuple[str, ...] = ("embedded", "delta-spark")
 
 
@@ -61,11 +60,10 @@ def open_lake(spark: SparkSession | None, backend: str | None = None) -> Lake:
     """The backend named by ``backend`` or ``$SPARK_JOBS_DELTA_BACKEND``, else by classpath. Without a
     session, the embedded backend for Arrow writes from the driver (``apply`` of a small lake)."""
     from spark_jobs.errors import LakeError
+    from spark_jobs.lake._embedded import EmbeddedLake
     from spark_jobs.spark_session import delta_jars_available
 
     if spark is None:
-        from spark_jobs.lake._embedded import EmbeddedLake
-
         return EmbeddedLake(None)
     choice = backend or os.environ.get("SPARK_JOBS_DELTA_BACKEND") or "auto"
     if choice not in (*BACKENDS, "auto"):
@@ -74,13 +72,9 @@ def open_lake(spark: SparkSession | None, backend: str | None = None) -> Lake:
         choice = "delta-spark" if delta_jars_available(spark) else "embedded"
     if choice == "delta-spark":
         if not delta_jars_available(spark):
-            raise LakeError(
-                "the delta-spark backend needs the Delta Lake jars on Spark's classpath "
-                "(io.delta:delta-spark_2.13); add them with --jars/--packages or use the embedded backend"
-            )
+            raise LakeError("the delta-spark backend needs the Delta Lake jars on Spark's classpath (io.delta:"
+                            "delta-spark_2.13); add them with --jars/--packages or use the embedded backend")
         from spark_jobs.lake._spark_delta import SparkDeltaLake
 
         return SparkDeltaLake(spark)
-    from spark_jobs.lake._embedded import EmbeddedLake
-
     return EmbeddedLake(spark)

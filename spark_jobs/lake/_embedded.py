@@ -62,10 +62,8 @@ def _local(path: str) -> str:
     parsed = urlparse(path)
     if parsed.scheme in ("", "file"):
         return unquote(parsed.path) if parsed.scheme else path
-    raise LakeError(
-        f"the embedded Delta backend writes to local or mounted paths, not {path!r}; "
-        "for object stores run with SPARK_JOBS_DELTA_BACKEND=delta-spark on a cluster with the Delta jars"
-    )
+    raise LakeError(f"the embedded Delta backend writes to local or mounted paths, not {path!r}; for object stores "
+                    "run with SPARK_JOBS_DELTA_BACKEND=delta-spark on a cluster with the Delta jars")
 
 
 def _nullable_type(t: pa.DataType) -> pa.DataType:
@@ -144,11 +142,9 @@ def _file_stats(path: str) -> tuple[int, str]:
 def _data_files(dt: DeltaTable) -> list[DataFile]:
     actions = pa.table(dt.get_add_actions(flatten=True))
     part_cols = [c for c in actions.column_names if c.startswith("partition.")]
-    out = []
-    for row in actions.select(["path", "size_bytes", "num_records", *part_cols]).to_pylist():
-        pv = {c[len("partition."):]: (None if row[c] is None else str(row[c])) for c in part_cols}
-        out.append(DataFile(unquote(row["path"]), int(row["size_bytes"]), row["num_records"], pv))
-    return out
+    return [DataFile(unquote(row["path"]), int(row["size_bytes"]), row["num_records"],
+                     {c[len("partition."):]: (None if row[c] is None else str(row[c])) for c in part_cols})
+            for row in actions.select(["path", "size_bytes", "num_records", *part_cols]).to_pylist()]
 
 
 def _overlapping(dt: DeltaTable, column: str, lo: Any, hi: Any) -> list[str]:
@@ -157,22 +153,14 @@ def _overlapping(dt: DeltaTable, column: str, lo: Any, hi: Any) -> list[str]:
     actions = pa.table(dt.get_add_actions(flatten=True))
     if f"min.{column}" not in actions.column_names:
         return [unquote(p) for p in actions["path"].to_pylist()]
-    out = []
-    for row in actions.select(["path", f"min.{column}", f"max.{column}"]).to_pylist():
-        low, high = row[f"min.{column}"], row[f"max.{column}"]
-        if low is None or high is None or (utc(low) <= hi and utc(high) >= lo):
-            out.append(unquote(row["path"]))
-    return out
+    stats = zip(*(actions[c].to_pylist() for c in ("path", f"min.{column}", f"max.{column}")), strict=True)
+    return [unquote(path) for path, low, high in stats
+            if low is None or high is None or (utc(low) <= hi and utc(high) >= lo)]
 
 
 def _partition_values(rel: str) -> dict[str, str | None]:
-    values: dict[str, str | None] = {}
-    for part in rel.split("/")[:-1]:
-        if "=" in part:
-            key, value = part.split("=", 1)
-            value = unquote(value)
-            values[unquote(key)] = None if value == _HIVE_NULL else value
-    return values
+    pairs = (part.split("=", 1) for part in rel.split("/")[:-1] if "=" in part)
+    return {unquote(key): None if unquote(value) == _HIVE_NULL else unquote(value) for key, value in pairs}
 
 
 class EmbeddedLake:
@@ -256,8 +244,7 @@ class EmbeddedLake:
         if not uris:
             return self.spark.createDataFrame([], spark_schema)
         root = _local(path).rstrip("/")
-        df = self.spark.read.schema(spark_schema).option("basePath", root).parquet(*uris)
-        return df.select(*schema.names)
+        return self.spark.read.schema(spark_schema).option("basePath", root).parquet(*uris).select(*schema.names)
 
     # ------------------------------------------------------------------ writes
     def append(self, df: DataFrame | pa.Table, path: str, *, partition_by: Sequence[str] = (),
@@ -417,8 +404,7 @@ class EmbeddedLake:
                       rows_added=sum(rows for _, rows in staged))
 
     def _app_txns(self, path: str, app_txn: AppTxn | None, app_txns: Sequence[AppTxn]) -> list[Transaction]:
-        """The input versions a commit records, and the spec version on a spec-shaped table (unless
-        ``app_txns`` records it already)."""
+        """The input versions a commit records, and on a spec-shaped table the spec version (unless in ``app_txns``)."""
         txns = [Transaction(t.app_id, t.version) for t in [*([app_txn] if app_txn else []), *app_txns]]
         spec_txn = self.spec_txn if self.spec_txn is not None and is_spec_shaped(path) else None
         if spec_txn is not None and all(t.app_id != spec_txn.app_id for t in app_txns):
@@ -471,10 +457,9 @@ class EmbeddedLake:
         if self.spec_txn is not None and is_spec_shaped(path):
             at = existing.transaction_version(self.spec_txn.app_id)
             if at is not None and at > self.spec_txn.version:
-                raise SpecChangedError(
-                    f"Delta table {path} follows spec version {at} of the pipeline, this job version "
-                    f"{self.spec_txn.version}: the spec was changed (`apply`) while it ran, and nothing was written; "
-                    "run the job again with the spec the lake records")
+                raise SpecChangedError(f"Delta table {path} follows spec version {at} of the pipeline, this job "
+                                       f"version {self.spec_txn.version}: the spec was changed (`apply`) while it "
+                                       "ran, and nothing was written; run the job again with the spec the lake records")
         if overwrite:
             return
         current = _nullable(pa.schema(existing.schema().to_arrow()))
@@ -505,8 +490,7 @@ class EmbeddedLake:
 
     def _stage(self, df: DataFrame | list[pa.Table], path: str,
                partition_by: Sequence[str]) -> list[tuple[AddAction, int]]:
-        """Write the rows as Parquet files into a staging folder of the table, and move those holding rows into
-        place: their add actions, and their rows."""
+        """The rows as Parquet files staged inside the table, those holding rows moved into place: add actions, rows."""
         root = _local(path).rstrip("/")
         staging = f"{root}/{_STAGING}/{uuid.uuid4().hex}"
         if isinstance(df, list):
@@ -605,8 +589,7 @@ def _partition_dir(value: Any) -> str:
 
 
 def _layout(rows: DataFrame | pa.Table, cluster: Cluster | None) -> DataFrame | list[pa.Table]:
-    """The rows in files by ``cluster``'s column: Spark partitions, or (driver rows are few) Arrow tables split
-    by value, in order."""
+    """The rows in files by ``cluster``'s column: Spark partitions, or (driver rows are few) Arrow tables by value."""
     if isinstance(rows, pa.Table):
         return split_by(rows, cluster.column, cluster.files) if cluster else [rows]
     if cluster is None:

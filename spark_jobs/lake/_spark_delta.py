@@ -23,7 +23,6 @@ from spark_jobs.errors import ConflictError
 from spark_jobs.key_match import join_on_keys
 from spark_jobs.lake._embedded import EmbeddedLake
 from spark_jobs.lake._types import AppTxn, Cluster, Commit
-from spark_jobs.lake.tables import is_spec_shaped
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, DataFrameWriter
@@ -70,12 +69,8 @@ class SparkDeltaLake(EmbeddedLake):
         jvm = self.spark.sparkContext._jvm
         assert jvm is not None
         conf = self.spark.sparkContext._jsc.hadoopConfiguration()
-        out = []
-        for f in files:
-            target = jvm.org.apache.hadoop.fs.Path(f"{path.rstrip('/')}/{f}")
-            if not target.getFileSystem(conf).exists(target):
-                out.append(f)
-        return out
+        targets = [(f, jvm.org.apache.hadoop.fs.Path(f"{path.rstrip('/')}/{f}")) for f in files]
+        return [f for f, target in targets if not target.getFileSystem(conf).exists(target)]
 
     def _writer(self, df: DataFrame, mode: str, partition_by: Sequence[str], app_txn: AppTxn | None,
                 metadata: Mapping[str, Any] | None) -> DataFrameWriter:
@@ -113,11 +108,7 @@ class SparkDeltaLake(EmbeddedLake):
     def _check_spec(self, path: str) -> None:
         """delta-spark commits carry one app transaction: the spec version is checked before the write
         instead of carried by it (a race with ``apply`` inside that window is not caught here)."""
-        if self.spec_txn is None or not is_spec_shaped(path) or self.version(path) is None:
-            return
-        table = self.table(path)
-        assert table is not None
-        self._check_target(table, path, pa.schema([]), (), overwrite=True)
+        self._check_target(self.table(path), path, pa.schema([]), (), overwrite=True)
 
     def append(self, df: DataFrame | pa.Table, path: str, *, partition_by: Sequence[str] = (),
                app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None,

@@ -77,8 +77,7 @@ def _commit_log(path: str, version: int) -> list[dict[str, Any]] | None:
 
 @dataclass(frozen=True)
 class CommitFiles:
-    """One commit's data files, added and removed (paths relative to the table), and its commit info (``operation``,
-    and a job's ``job``, ``run_id`` ...)."""
+    """One commit's data files added and removed (relative paths), and its commit info (``operation``, ``job`` ...)."""
 
     version: int
     info: dict[str, Any]

@@ -204,12 +204,8 @@ def ensure_applied(lake: Lake, spec: PipelineSpec, *, run_id: str = "") -> Recor
 
 
 def applied_record(spec: PipelineSpec, *, run_id: str = "") -> RecordedSpec:
-    """The lake's spec, when ``spec`` is it (recorded as version 1 on a new lake); else refuse.
-
-    Raises:
-        SpecChangedError: the spec differs from the lake's, an apply is not finished, or the lake
-            has tables but records no spec (written before spec records).
-    """
+    """The lake's spec, when ``spec`` is it (recorded as version 1 on a new lake). SpecChangedError when it differs,
+    an apply is not finished, or the lake has tables but records no spec (written before spec records)."""
     root = spec.lake
     for _ in range(3):
         record = current(root, spec.name)
@@ -223,10 +219,9 @@ def applied_record(spec: PipelineSpec, *, run_id: str = "") -> RecordedSpec:
                 write_record(root, spec.name, first_record(spec, run_id=run_id))
             continue
         if not record.applied:
-            raise SpecChangedError(
-                f"an apply to spec version {record.version} of {spec.name} has not finished (the lake's tables may "
-                f"be half changed); run `python -m spark_jobs apply --pipeline SPEC` with that spec again to "
-                "finish it, then run the job")
+            raise SpecChangedError(f"an apply to spec version {record.version} of {spec.name} has not finished (the "
+                                   "lake's tables may be half changed); run `python -m spark_jobs apply --pipeline "
+                                   "SPEC` with that spec again to finish it, then run the job")
         given = normalise(spec)
         if record.fingerprint != fingerprint(given):
             differ = ", ".join(k for k in sorted(set(record.spec) | set(given))

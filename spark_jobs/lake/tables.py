@@ -27,8 +27,7 @@ def is_spec_shaped(path: str) -> bool:
 
 @dataclass(frozen=True)
 class PipelineTables:
-    """The Delta tables of one pipeline, under ``<lake>/<pipeline>/``: ``partials``, ``aggregates``, ``changelog``,
-    ``dead_letter``, ``runs`` and ``specs`` (the spec record, see ``lake.spec_record``), each a path."""
+    """The paths of a pipeline's Delta tables (:data:`TABLES`, ``specs``: see ``lake.spec_record``) under the lake."""
 
     lake: str
     pipeline: str
