@@ -18,17 +18,6 @@ from spark_jobs_airflow.operators import (
 from spark_jobs_airflow.pipelines import BrokenPipelineSpecs, aggregates_pool, load_specs, specs_folder
 from spark_jobs_airflow.sensors import DeltaVersionSensor, LandingPartitionSensor
 
-__all__ = [
-    "DATE",
-    "BrokenPipelineSpecs",
-    "DeltaVersionSensor",
-    "LandingPartitionSensor",
-    "SparkJobError",
-    "SparkJobOperator",
-    "SparkTarget",
-    "aggregates_pool",
-    "load_specs",
-    "specs_folder",
-    "resolve_master",
-    "resolve_target",
-]
+__all__ = ["DATE", "BrokenPipelineSpecs", "DeltaVersionSensor", "LandingPartitionSensor", "SparkJobError",
+           "SparkJobOperator", "SparkTarget", "aggregates_pool", "load_specs", "resolve_master", "resolve_target",
+           "specs_folder"]
