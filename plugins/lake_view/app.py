@@ -14,6 +14,7 @@ same views, all from :mod:`spark_jobs.inspection`. Every route:
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -80,9 +81,7 @@ def _blank(value: str | None) -> str | None:
 
 def _strict_query(request: Request) -> None:
     """400 for query parameters the route does not take, or takes once but got twice."""
-    route = request.scope.get("route")
-    dependant = getattr(route, "dependant", None)
-    allowed = {f.alias for f in get_flat_dependant(dependant).query_params} if dependant is not None else set()
+    allowed = {f.alias for f in get_flat_dependant(request.scope["route"].dependant).query_params}
     unknown = sorted(set(request.query_params.keys()) - allowed)
     if unknown:
         raise InspectError(f"unknown query parameter {', '.join(repr(u[:40]) for u in unknown[:5])}; "
@@ -124,10 +123,8 @@ def _versions(r: views.TableRef) -> list[dict[str, Any]]:
 
 def _numeric_metrics(r: views.TableRef, version: int | None) -> list[str]:
     """The value columns a chart can plot."""
-    s = views.schema(r, version=version)
-    return [c for c, t, role in zip(s["column"].to_pylist(), s["type"].to_pylist(), s["role"].to_pylist(),
-                                    strict=True)
-            if role == "value" and (t.startswith(("int", "uint", "double", "float", "decimal")))]
+    return [c["column"] for c in views.schema(r, version=version).to_pylist()
+            if c["role"] == "value" and c["type"].startswith(("int", "uint", "double", "float", "decimal"))]
 
 
 def _table_view(r: views.TableRef, *, version: int | None, where: str | None, columns: str | None,
@@ -169,11 +166,6 @@ def _changed_grid(d: Any) -> dict[str, Any]:
     return {"header": [*d.keys, *shown], "rows": rows}
 
 
-def _series_json(s: Any) -> Any:
-    return jsonable({"table": s.table, "version": s.version, "metric": s.metric, "keys": s.keys,
-                     "n_keys": s.n_keys, "lines": [{"label": lb, "points": pts} for lb, pts in s.lines]})
-
-
 def _rollup_request(ctx: _Context, name: str, version: int | None, *, start: str | None, end: str | None,
                     by: str | None, grain: str | None, where: str | None
                     ) -> tuple[views.TableRef, Snapshot, PipelineSpec, RecordedSpec | None, RollupForm]:
@@ -204,15 +196,6 @@ def _rollup_rows(snapshot: Snapshot, spec: PipelineSpec, form: RollupForm, recor
 
 
 # ----------------------------------------------------------------------------- what the routes share
-def _configured_lake_root() -> str | None:
-    """``[lake_view] lake_root`` of airflow.cfg; None without Airflow (then only the environment names the lake)."""
-    try:
-        from airflow.configuration import conf
-    except ImportError:
-        return None
-    return conf.get(*LAKE_CONF, fallback=None)
-
-
 class _Context:
     """The lake root (looked up per request, so a lake created after start-up is found) and the templates."""
 
@@ -222,7 +205,12 @@ class _Context:
                                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
 
     def lake_root(self) -> str:
-        root = self.configured or os.environ.get(views.LAKE_ENV) or _configured_lake_root()
+        root = self.configured or os.environ.get(views.LAKE_ENV)
+        if not root:
+            with contextlib.suppress(ImportError):  # without Airflow only the environment names the lake
+                from airflow.configuration import conf
+
+                root = conf.get(*LAKE_CONF, fallback=None)
         if not root:
             raise LakeError(f"no lake configured: set ${views.LAKE_ENV} (or [{LAKE_CONF[0]}] {LAKE_CONF[1]} in "
                             "airflow.cfg) for the Airflow API server")
@@ -270,11 +258,8 @@ async def _not_authenticated(request: Request, exc: NotAuthenticated) -> Respons
 
 
 def _validation_message(exc: RequestValidationError) -> str:
-    problems = []
-    for e in exc.errors():
-        where = ".".join(str(p) for p in e.get("loc", ())[1:]) or "request"
-        problems.append(f"{where}: {e.get('msg', 'invalid')}")
-    return "bad parameter " + "; ".join(problems)
+    return "bad parameter " + "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'request'}: "
+                                        f"{e.get('msg', 'invalid')}" for e in exc.errors())
 
 
 def _add_error_handlers(app: FastAPI, ctx: _Context) -> None:
@@ -450,7 +435,9 @@ def _add_api(router: APIRouter, ctx: _Context) -> None:
     def api_series(name: NameParam, metric: Annotated[str, Query(max_length=128, pattern=rf"^{_IDENT}$")],
                    version: VersionQ = None, where: WhereQ = None) -> JSONResponse:
         s = views.series(ctx.ref(name), metric=metric, version=version, where=_blank(where))
-        return JSONResponse(_series_json(s))
+        lines = [{"label": label, "points": points} for label, points in s.lines]
+        return JSONResponse(jsonable({"table": s.table, "version": s.version, "metric": s.metric, "keys": s.keys,
+                                      "n_keys": s.n_keys, "lines": lines}))
 
     @router.get("/api/table/{name}/rollup")
     def api_rollup(name: NameParam, start: StartQ = None, to: EndQ = None, by: ByQ = None, grain: GrainQ = None,
