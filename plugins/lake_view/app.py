@@ -73,7 +73,6 @@ ByQ = Annotated[str | None, Query(max_length=2000, pattern=r"^[A-Za-z0-9_, ]*$",
 GrainQ = Annotated[str | None, Query(max_length=40, description="rollup: all, or e.g. '1 hour', '1 day', '1 week'")]
 
 
-# ----------------------------------------------------------------------------- query parameters
 def _blank(value: str | None) -> str | None:
     """An empty form field means the parameter is not given."""
     return value if value else None
@@ -91,7 +90,6 @@ def _strict_query(request: Request) -> None:
         raise InspectError(f"query parameter {repeated[0]!r} is given more than once; give it once")
 
 
-# ----------------------------------------------------------------------------- requests
 def _is_api(request: Request) -> bool:
     root, path = request.scope.get("root_path", ""), request.url.path
     return (path[len(root):] if root and path.startswith(root) else path).startswith("/api/")
@@ -108,7 +106,6 @@ def _url_for(request: Request) -> Callable[..., str]:
     return url
 
 
-# ----------------------------------------------------------------------------- data for the pages
 def _grid(table: pa.Table, *, width: int = 80) -> dict[str, Any]:
     """Header, formatted cells and numeric flags of an Arrow table, for the templates."""
     rows = [[cell(v, width=width) for v in row.values()] for row in table.to_pylist()]
@@ -195,7 +192,6 @@ def _rollup_rows(snapshot: Snapshot, spec: PipelineSpec, form: RollupForm, recor
     return result
 
 
-# ----------------------------------------------------------------------------- what the routes share
 class _Context:
     """The lake root (looked up per request, so a lake created after start-up is found) and the templates."""
 
@@ -232,10 +228,9 @@ class _Context:
         return out
 
     def page(self, request: Request, template: str, status: int = 200, **values: Any) -> HTMLResponse:
-        try:
+        root = ""
+        with contextlib.suppress(LakeError):  # the error page of a missing lake shows no root
             root = self.lake_root()
-        except LakeError:
-            root = ""
         html = self.templates.get_template(template).render(url=_url_for(request), lake_root=root, **values)
         return HTMLResponse(html, status_code=status)
 
@@ -246,7 +241,6 @@ class _Context:
         return self.page(request, "error.html", status, code=status, title=title, message=message)
 
 
-# ----------------------------------------------------------------------------- errors and headers
 async def _not_authenticated(request: Request, exc: NotAuthenticated) -> Response:
     if _is_api(request):
         return JSONResponse({"error": exc.detail}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
@@ -287,7 +281,6 @@ async def _security_headers(request: Request, call_next: Any) -> Response:
     return response
 
 
-# ----------------------------------------------------------------------------- HTML pages
 def _add_pages(router: APIRouter, ctx: _Context) -> None:
     """The HTML pages (the longer ones in a function each)."""
 
@@ -393,7 +386,6 @@ def _add_rollup_page(router: APIRouter, ctx: _Context) -> None:
                         svg=Markup(svg_chart(s, x_label="bucket start")))
 
 
-# ----------------------------------------------------------------------------- JSON API
 def _add_api(router: APIRouter, ctx: _Context) -> None:
     @router.get("/api/tables")
     def api_tables() -> JSONResponse:
@@ -451,7 +443,6 @@ def _add_api(router: APIRouter, ctx: _Context) -> None:
         return JSONResponse(jsonable(views.runs(ctx.lake_root(), pipeline=_blank(pipeline), limit=limit).to_pylist()))
 
 
-# ----------------------------------------------------------------------------- the app
 def create_app(*, lake_root: str | None = None, authenticate: bool = True) -> FastAPI:
     """The lake view app. ``authenticate=False`` is for tests that run without an Airflow API server."""
     ctx = _Context(lake_root)
