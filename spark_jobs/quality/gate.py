@@ -15,7 +15,7 @@ import logging
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -108,10 +108,7 @@ class QualityReport:
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
-        return {"pipeline": self.pipeline, "suite": self.suite, "date": self.date, "target": self.target,
-                "success": self.success, "rows": self.rows, "dead_lettered": self.dead_lettered,
-                "rolled_back": self.rolled_back, "validated_at": self.validated_at, "run_id": self.run_id,
-                "checks": [c.__dict__ for c in self.checks]}
+        return {k: v for k, v in asdict(self).items() if k != "report_path"}
 
 
 def _run_suite(df: DataFrame, name: str, expectations: list[Any]) -> list[Check]:
@@ -126,9 +123,7 @@ def _run_suite(df: DataFrame, name: str, expectations: list[Any]) -> list[Check]
     context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
     batch_def = (context.data_sources.add_spark("spark_jobs").add_dataframe_asset(name)
                  .add_batch_definition_whole_dataframe(name))
-    suite = context.suites.add(gx.ExpectationSuite(name=name))
-    for expectation in expectations:
-        suite.add_expectation(expectation)
+    suite = context.suites.add(gx.ExpectationSuite(name=name, expectations=expectations))
     batch = batch_def.get_batch(batch_parameters={"dataframe": df})
     result = batch.validate(suite, result_format={"result_format": "SUMMARY", "partial_unexpected_count": 5})
     order = {getattr(e, "description", None): i for i, e in enumerate(expectations)}
