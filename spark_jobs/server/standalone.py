@@ -1,9 +1,6 @@
-"""A Spark standalone cluster on one host, from the Spark that pyspark ships: a master and workers.
-
-For the tests (a real cluster where the compose file cannot start one) and for a user who wants
-to try the scale-out path on one machine. Each part is a :class:`Background` process with a pid
-file and a log; the start waits, with a bound, until the master lists every worker as alive.
-"""
+"""A Spark standalone cluster on one host, from the Spark that pyspark ships: a master and workers, each a
+:class:`Background` process. For the tests (a real cluster where the compose file cannot start one) and for a user who
+wants to try the scale-out path on one machine."""
 
 from __future__ import annotations
 
