@@ -34,8 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["DATE", "NO_RETRY_EXIT_CODES", "SparkJobError", "SparkJobOperator", "SparkTarget", "resolve_master",
            "resolve_target"]
 
-# The batch date of a run: the `date` param of a manual run, else the run's logical date, else the
-# day it was triggered (a manual run has no logical date unless given one).
+# the `date` param, else the logical date, else the trigger day (a manual run has no logical date unless given one)
 DATE = "{{ params.date or (dag_run.logical_date or dag_run.run_after).strftime('%Y-%m-%d') }}"
 NO_RETRY_EXIT_CODES = {2: "bad spec or arguments", 5: "quality gate failed"}
 # what spark-submit runs: the CLI's own file (it keeps its folder off sys.path; see spark_jobs/__main__.py)
