@@ -178,8 +178,7 @@ def _rollup_request(ctx: _Context, name: str, version: int | None, *, start: str
     except InspectError:
         spec, record = find_spec(pipeline), None
     snapshot = views.open_version(ref, version=version)
-    form = RollupForm.with_defaults(snapshot, spec, start=_blank(start), end=_blank(end), by=by, grain=_blank(grain),
-                                    where=_blank(where))
+    form = RollupForm.with_defaults(snapshot, spec, start=start, end=end, by=by, grain=grain, where=where)
     return ref, snapshot, spec, record, form
 
 
@@ -281,8 +280,16 @@ async def _security_headers(request: Request, call_next: Any) -> Response:
     return response
 
 
+def _rollup_json_url(request: Request, name: str, form: RollupForm, version: int) -> str:
+    """The JSON API's URL of the rollup the page shows."""
+    params = {"from": form.start, "to": form.end, "by": form.by, "grain": form.grain, "where": form.where,
+              "version": version}  # by='' (merge every key) is kept: it is not "not given"
+    return (f"{request.scope.get('root_path', '')}/api/table/{name}/rollup?"
+            + urlencode({k: v for k, v in params.items() if v is not None}))
+
+
 def _add_pages(router: APIRouter, ctx: _Context) -> None:
-    """The HTML pages (the longer ones in a function each)."""
+    """The HTML pages of the lake, its tables and their diffs (the charts: :func:`_add_chart_pages`)."""
 
     @router.get("/", response_class=HTMLResponse)
     def index(request: Request) -> HTMLResponse:
@@ -297,9 +304,6 @@ def _add_pages(router: APIRouter, ctx: _Context) -> None:
         return ctx.page(request, "table.html", 400 if view["rows_error"] else 200, name=name, where=where,
                         columns=columns, order_by=order_by, limit=limit, max_limit=MAX_LIMIT, **view)
 
-    for add in (_add_diff_page, _add_chart_page, _add_rollup_page):
-        add(router, ctx)
-
     @router.get("/runs", response_class=HTMLResponse)
     def runs_page(request: Request, pipeline: PipelineQ = None, limit: LimitQ = 200) -> HTMLResponse:
         pipeline = _blank(pipeline)
@@ -310,8 +314,6 @@ def _add_pages(router: APIRouter, ctx: _Context) -> None:
             return ctx.page(request, "runs.html", 404, pipeline=pipeline, pipelines=pipelines, error=str(exc))
         return ctx.page(request, "runs.html", pipeline=pipeline, pipelines=pipelines, runs=runs, error=None)
 
-
-def _add_diff_page(router: APIRouter, ctx: _Context) -> None:
     @router.get("/table/{name}/diff", response_class=HTMLResponse)
     def diff_page(request: Request, name: NameParam, from_: FromQ = None,
                   to: VersionQ = None, limit: LimitQ = 50) -> HTMLResponse:
@@ -329,7 +331,7 @@ def _add_diff_page(router: APIRouter, ctx: _Context) -> None:
                         added=_grid(d.added), removed=_grid(d.removed))
 
 
-def _add_chart_page(router: APIRouter, ctx: _Context) -> None:
+def _add_chart_pages(router: APIRouter, ctx: _Context) -> None:
     @router.get("/table/{name}/chart", response_class=HTMLResponse)
     def chart_page(request: Request, name: NameParam, metric: MetricQ = None, version: VersionQ = None,
                    where: WhereQ = None) -> HTMLResponse:
@@ -350,16 +352,6 @@ def _add_chart_page(router: APIRouter, ctx: _Context) -> None:
             return ctx.page(request, "chart.html", 400, error=str(exc), **common)
         return ctx.page(request, "chart.html", error=None, s=s, svg=Markup(svg_chart(s)), **common)
 
-
-def _rollup_json_url(request: Request, name: str, form: RollupForm, version: int) -> str:
-    """The JSON API's URL of the rollup the page shows."""
-    params = {"from": form.start, "to": form.end, "by": form.by, "grain": form.grain, "where": form.where,
-              "version": version}  # by='' (merge every key) is kept: it is not "not given"
-    return (f"{request.scope.get('root_path', '')}/api/table/{name}/rollup?"
-            + urlencode({k: v for k, v in params.items() if v is not None}))
-
-
-def _add_rollup_page(router: APIRouter, ctx: _Context) -> None:
     @router.get("/table/{name}/rollup", response_class=HTMLResponse)
     def rollup_page(request: Request, name: NameParam, start: StartQ = None, to: EndQ = None, by: ByQ = None,
                     grain: GrainQ = None, where: WhereQ = None, metric: MetricQ = None,
@@ -452,8 +444,8 @@ def create_app(*, lake_root: str | None = None, authenticate: bool = True) -> Fa
     auth: list[Any] = [Depends(airflow_user)] if authenticate else []
     # authentication runs first: an anonymous request learns nothing about the parameters or the tables
     router = APIRouter(dependencies=[*auth, Depends(_strict_query)])
-    _add_pages(router, ctx)
-    _add_api(router, ctx)
+    for add in (_add_pages, _add_chart_pages, _add_api):
+        add(router, ctx)
     app.include_router(router)
     return app
 
