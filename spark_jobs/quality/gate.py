@@ -170,9 +170,7 @@ class Suite(ABC):
     """One quality gate: the arguments it needs, how it loads and checks its frame, what its verdict does."""
 
     name: ClassVar[str]
-
-    def require(self, date: str | None) -> None:  # noqa: B027 (optional hook: most suites take any date)
-        """Refuse arguments this suite cannot validate, before the lake is touched."""
+    needs_date: ClassVar[bool] = False  # without --date it is refused before the lake is touched
 
     @abstractmethod
     def check(self, run: GateRun) -> Validated:
@@ -189,16 +187,13 @@ class InputSuite(Suite):
     the day, so neither ``partials`` nor ``aggregates`` change."""
 
     name = "input"
-
-    def require(self, date: str | None) -> None:
-        if date is None:
-            raise InputError("the input suite validates one landing partition: pass --date YYYY-MM-DD")
+    needs_date = True
 
     def check(self, run: GateRun) -> Validated:
         from pyspark.sql import functions as F
 
         spec, rules, date = run.spec, run.rules, run.date
-        assert date is not None, "require() refuses the input suite without a date"
+        assert date is not None, "validate() refuses the input suite without a date"
         try:
             raw = read_landing(run.spark, spec, screen_partition(spec, date))
         except SchemaMismatchError as exc:  # the files lack or mistype a declared column: every row is rejected
@@ -391,7 +386,7 @@ def _rollback_day(run: GateRun, date: str) -> tuple[int, int | None]:
     return restored, commit.version
 
 
-def write_report(report: QualityReport, spec: PipelineSpec, reports: str | None = None) -> Path:
+def write_report(report: QualityReport, spec: PipelineSpec, reports: str | None = None) -> None:
     root = (Path(reports) if reports else Path("quality_reports") / spec.name if "://" in spec.lake
             else Path(spec.lake) / spec.name / "_quality")
     folder = root / report.suite / (report.date or "all")
@@ -403,7 +398,6 @@ def write_report(report: QualityReport, spec: PipelineSpec, reports: str | None 
     for name, content in ((path, body), (folder / "latest.json", body), (path.with_suffix(".txt"), text),
                           (folder / "latest.txt", text)):
         name.write_text(content)
-    return path
 
 
 def validate(spark: SparkSession, spec: PipelineSpec, suite: str, *, date: str | None = None,
@@ -412,7 +406,8 @@ def validate(spark: SparkSession, spec: PipelineSpec, suite: str, *, date: str |
     if suite not in SUITES:
         raise InputError(f"unknown suite {suite!r}; use one of {', '.join(SUITES)}")
     gate = SUITES[suite]
-    gate.require(date)
+    if gate.needs_date and date is None:
+        raise InputError(f"the {gate.name} suite validates one landing partition: pass --date YYYY-MM-DD")
     date = parse_date(date) if date is not None else None
     lake = open_lake(spark)
     compiled = CompiledAggregates(spec, ensure_applied(lake, spec, run_id=run_id or ""))
