@@ -177,10 +177,8 @@ def _reap(selector: selectors.BaseSelector, jobs: dict[int, socket.socket]) -> N
 
 def run_job(path: str | Path, argv: Sequence[str], *, env: Mapping[str, str], on_line: Callable[[str], None] = print,
             on_start: Callable[[socket.socket], None] | None = None) -> int:
-    """Run ``python -m spark_jobs <argv>`` in the runner at ``path``; stream its lines; return its exit code.
-
-    ``on_start`` gets the connection: shutting it down stops the job (the runner SIGTERMs it).
-    """
+    """Run ``python -m spark_jobs <argv>`` in the runner at ``path``, streaming its lines; its exit code. Shutting down
+    the connection ``on_start`` gets stops the job (the runner SIGTERMs it)."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(str(path))
