@@ -242,7 +242,7 @@ class _Context:
 
 async def _not_authenticated(request: Request, exc: NotAuthenticated) -> Response:
     if _is_api(request):
-        return JSONResponse({"error": exc.detail}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        return JSONResponse({"error": str(exc)}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
     try:
         target = login_url(str(request.url))
     except RuntimeError:  # no auth manager initialised (outside the API server): Airflow's default login path
@@ -299,8 +299,7 @@ def _add_pages(router: APIRouter, ctx: _Context) -> None:
     def table_page(request: Request, name: NameParam, version: VersionQ = None, where: WhereQ = None,
                    columns: ColumnsQ = None, order_by: OrderQ = None, limit: LimitQ = 50) -> HTMLResponse:
         where, columns, order_by = _blank(where), _blank(columns), _blank(order_by)
-        view = _table_view(ctx.ref(name), version=version, where=where, columns=columns, order_by=order_by,
-                           limit=limit)
+        view = _table_view(ctx.ref(name), version=version, where=where, columns=columns, order_by=order_by, limit=limit)
         return ctx.page(request, "table.html", 400 if view["rows_error"] else 200, name=name, where=where,
                         columns=columns, order_by=order_by, limit=limit, max_limit=MAX_LIMIT, **view)
 
@@ -344,8 +343,7 @@ def _add_chart_pages(router: APIRouter, ctx: _Context) -> None:
         common: dict[str, Any] = {"name": name, "versions": vers, "version": v, "metrics": choices,
                                   "metric": chosen, "where": where}
         if chosen is None:
-            return ctx.page(request, "chart.html", 400, error=f"{name} has no numeric value columns to chart",
-                            **common)
+            return ctx.page(request, "chart.html", 400, error=f"{name} has no numeric value columns to chart", **common)
         try:
             s = views.series(r, metric=chosen, version=v, where=where)
         except InspectError as exc:
@@ -367,8 +365,7 @@ def _add_chart_pages(router: APIRouter, ctx: _Context) -> None:
             if chosen not in metrics:  # a chart draws a numeric aggregate
                 raise InspectError(f"metric {chosen!r} is not a numeric aggregate of {spec.name}; "
                                    f"choose one of {', '.join(metrics)}")
-            s = rollup_series(result, table=name, version=snapshot.version(), keys=form.request(spec).by,
-                              metric=chosen)
+            s = rollup_series(result, table=name, version=snapshot.version(), keys=form.request(spec).by, metric=chosen)
         except InspectError as exc:
             return ctx.page(request, "rollup.html", 400, error=str(exc), metrics=chart_metrics(None, spec), **common)
         shown = result.slice(0, MAX_LIMIT)
@@ -393,8 +390,7 @@ def _add_api(router: APIRouter, ctx: _Context) -> None:
 
     @router.get("/api/table/{name}/rows")
     def api_rows(name: NameParam, version: VersionQ = None, as_of: AsOfQ = None, where: WhereQ = None,
-                 columns: ColumnsQ = None, order_by: OrderQ = None,
-                 limit: LimitQ = 50) -> JSONResponse:
+                 columns: ColumnsQ = None, order_by: OrderQ = None, limit: LimitQ = 50) -> JSONResponse:
         rows = views.show(ctx.ref(name), version=version, as_of=_blank(as_of), where=_blank(where),
                           columns=views.column_list(_blank(columns), "columns"), order_by=views.sort_keys(order_by),
                           limit=limit)

@@ -292,8 +292,7 @@ def _schema_rejects(spark: SparkSession, spec: PipelineSpec, date: str, exc: Sch
     if all(c.success for c in checks):
         checks.append(Check("expect_column_values_to_be_of_type", "schema: column types", False, str(exc),
                             None, None, [], {}))
-    rows = files.select(F.to_json(F.struct(*files.columns)).alias("_raw"),
-                        F.col("_metadata.file_path").alias("_file"),
+    rows = files.select(F.to_json(F.struct(*files.columns)).alias("_raw"), F.col("_metadata.file_path").alias("_file"),
                         F.lit(f"quality gate: {exc}"[:1000]).alias("_reason"))
     return Validated(checks, rows, spec.source.partition_path(date), rows=rows.count(), rejects=rows)
 

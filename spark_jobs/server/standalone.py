@@ -74,8 +74,7 @@ class Standalone:
         try:
             self._part("master").start(
                 [spark_class, MASTER_CLASS, "--host", self.host, "--port", str(self.port),
-                 "--webui-port", str(self.ui_port)],
-                env=env, ready=lambda: self.status() is not None, timeout=timeout)
+                 "--webui-port", str(self.ui_port)], env=env, ready=lambda: self.status() is not None, timeout=timeout)
             for i in range(self.workers):
                 work = self.state_dir / f"worker-{i}"
                 work.mkdir(parents=True, exist_ok=True)
