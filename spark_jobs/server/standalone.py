@@ -81,7 +81,7 @@ class Standalone:
                 self._part(f"worker-{i}").start(
                     [spark_class, WORKER_CLASS, self.master_url, "--cores", str(self.cores), "--memory", self.memory,
                      "--host", self.host, "--webui-port", "0", "--work-dir", str(work)],
-                    env=env, ready=lambda n=i + 1: len(self.alive_workers()) >= n, timeout=timeout)
+                    env=env, ready=lambda: len(self.alive_workers()) > i, timeout=timeout)  # noqa: B023 (polled now)
         except BaseException:  # not a catch: whatever stopped the start (an interrupt too), stop all, re-raise
             self.stop()
             raise
