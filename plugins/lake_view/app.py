@@ -131,10 +131,9 @@ def _table_view(r: views.TableRef, *, version: int | None, where: str | None, co
     vers = _versions(r)
     v = views.open_version(r, version=version).version()
     parts = views.partitions(r, version=v)
-    rows_error = None
     try:
-        rows = _grid(views.show(r, version=v, where=where, columns=views.column_list(columns, "columns"),
-                                limit=limit, order_by=views.sort_keys(order_by)))
+        rows, rows_error = _grid(views.show(r, version=v, where=where, columns=views.column_list(columns, "columns"),
+                                            limit=limit, order_by=views.sort_keys(order_by))), None
     except InspectError as exc:
         rows, rows_error = None, str(exc)
     hist = views.history(r, limit=100)

@@ -11,8 +11,10 @@ __all__ = ["batch_date", "skip_unchanged_day"]
 
 def batch_date(context: Any) -> str:
     """What the ``DATE`` template renders: the ``date`` param, the logical date or the trigger day."""
+    if date := (context.get("params") or {}).get("date"):
+        return str(date)
     run = context["dag_run"]
-    return str((context.get("params") or {}).get("date") or (run.logical_date or run.run_after).strftime("%Y-%m-%d"))
+    return (run.logical_date or run.run_after).strftime("%Y-%m-%d")
 
 
 def skip_unchanged_day(pipeline: str) -> Callable[[Any], str | None]:

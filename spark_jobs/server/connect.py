@@ -98,8 +98,7 @@ class ConnectServer:
 
     def start(self, timeout: float = 120) -> int:
         """Start the server (or find it running); return its pid once it accepts connections."""
-        pid = self.process.pid()
-        if pid is not None:
+        if (pid := self.process.pid()) is not None:
             return pid
         probe = "127.0.0.1" if self.host == "0.0.0.0" else self.host
         if port_open(probe, self.port):

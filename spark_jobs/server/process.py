@@ -71,8 +71,7 @@ class Background:
 
     def stop(self, timeout: float = 30) -> bool:
         """SIGTERM the process group, SIGKILL it after ``timeout``; False when nothing was running."""
-        pid = self.pid()
-        if pid is None:
+        if (pid := self.pid()) is None:
             return False
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
