@@ -175,8 +175,8 @@ def _reap(selector: selectors.BaseSelector, jobs: dict[int, socket.socket]) -> N
         conn.close()
 
 
-def run_job(path: str | Path, argv: Sequence[str], *, env: Mapping[str, str], on_line: Callable[[str], None] = print,
-            on_start: Callable[[socket.socket], None] | None = None) -> int:
+def run_job(path: str | Path, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None = None,
+            on_line: Callable[[str], None] = print, on_start: Callable[[socket.socket], None] | None = None) -> int:
     """Run ``python -m spark_jobs <argv>`` in the runner at ``path``, streaming its lines; its exit code. Shutting down
     the connection ``on_start`` gets stops the job (the runner SIGTERMs it)."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -189,7 +189,7 @@ def run_job(path: str | Path, argv: Sequence[str], *, env: Mapping[str, str], on
     with conn:
         if on_start is not None:
             on_start(conn)
-        request = {"argv": list(argv), "env": dict(env), "cwd": os.getcwd()}
+        request = {"argv": list(argv), "env": dict(env), "cwd": cwd or os.getcwd()}
         conn.sendall(json.dumps(request).encode() + b"\n")
         for raw in conn.makefile("rb"):
             before, mark, rest = raw.partition(EXIT_MARK)
