@@ -18,6 +18,5 @@ class LakeViewPlugin(AirflowPlugin):
 
     name = "lake_view"
     fastapi_apps = [{"app": app, "url_prefix": URL_PREFIX, "name": "Lake"}]  # noqa: RUF012 (AirflowPlugin's own attribute)
-    # ``url_route`` embeds the page in the Airflow UI (same origin, so the login cookie applies);
-    # ``href`` is relative to the UI's base URL.
+    # url_route embeds the page in the UI (same origin: the login cookie applies); href is relative to the UI's base URL
     external_views = [{"name": "Lake", "href": "lake/", "destination": "nav", "url_route": "lake"}]  # noqa: RUF012

@@ -14,6 +14,7 @@ same views, all from :mod:`spark_jobs.inspection`. Every route:
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -72,7 +73,6 @@ ByQ = Annotated[str | None, Query(max_length=2000, pattern=r"^[A-Za-z0-9_, ]*$",
 GrainQ = Annotated[str | None, Query(max_length=40, description="rollup: all, or e.g. '1 hour', '1 day', '1 week'")]
 
 
-# ----------------------------------------------------------------------------- query parameters
 def _blank(value: str | None) -> str | None:
     """An empty form field means the parameter is not given."""
     return value if value else None
@@ -80,9 +80,7 @@ def _blank(value: str | None) -> str | None:
 
 def _strict_query(request: Request) -> None:
     """400 for query parameters the route does not take, or takes once but got twice."""
-    route = request.scope.get("route")
-    dependant = getattr(route, "dependant", None)
-    allowed = {f.alias for f in get_flat_dependant(dependant).query_params} if dependant is not None else set()
+    allowed = {f.alias for f in get_flat_dependant(request.scope["route"].dependant).query_params}
     unknown = sorted(set(request.query_params.keys()) - allowed)
     if unknown:
         raise InspectError(f"unknown query parameter {', '.join(repr(u[:40]) for u in unknown[:5])}; "
@@ -92,7 +90,6 @@ def _strict_query(request: Request) -> None:
         raise InspectError(f"query parameter {repeated[0]!r} is given more than once; give it once")
 
 
-# ----------------------------------------------------------------------------- requests
 def _is_api(request: Request) -> bool:
     root, path = request.scope.get("root_path", ""), request.url.path
     return (path[len(root):] if root and path.startswith(root) else path).startswith("/api/")
@@ -109,7 +106,6 @@ def _url_for(request: Request) -> Callable[..., str]:
     return url
 
 
-# ----------------------------------------------------------------------------- data for the pages
 def _grid(table: pa.Table, *, width: int = 80) -> dict[str, Any]:
     """Header, formatted cells and numeric flags of an Arrow table, for the templates."""
     rows = [[cell(v, width=width) for v in row.values()] for row in table.to_pylist()]
@@ -124,10 +120,8 @@ def _versions(r: views.TableRef) -> list[dict[str, Any]]:
 
 def _numeric_metrics(r: views.TableRef, version: int | None) -> list[str]:
     """The value columns a chart can plot."""
-    s = views.schema(r, version=version)
-    return [c for c, t, role in zip(s["column"].to_pylist(), s["type"].to_pylist(), s["role"].to_pylist(),
-                                    strict=True)
-            if role == "value" and (t.startswith(("int", "uint", "double", "float", "decimal")))]
+    return [c["column"] for c in views.schema(r, version=version).to_pylist()
+            if c["role"] == "value" and c["type"].startswith(("int", "uint", "double", "float", "decimal"))]
 
 
 def _table_view(r: views.TableRef, *, version: int | None, where: str | None, columns: str | None,
@@ -137,10 +131,9 @@ def _table_view(r: views.TableRef, *, version: int | None, where: str | None, co
     vers = _versions(r)
     v = views.open_version(r, version=version).version()
     parts = views.partitions(r, version=v)
-    rows_error = None
     try:
-        rows = _grid(views.show(r, version=v, where=where, columns=views.column_list(columns, "columns"),
-                                limit=limit, order_by=views.sort_keys(order_by)))
+        rows, rows_error = _grid(views.show(r, version=v, where=where, columns=views.column_list(columns, "columns"),
+                                            limit=limit, order_by=views.sort_keys(order_by))), None
     except InspectError as exc:
         rows, rows_error = None, str(exc)
     hist = views.history(r, limit=100)
@@ -169,11 +162,6 @@ def _changed_grid(d: Any) -> dict[str, Any]:
     return {"header": [*d.keys, *shown], "rows": rows}
 
 
-def _series_json(s: Any) -> Any:
-    return jsonable({"table": s.table, "version": s.version, "metric": s.metric, "keys": s.keys,
-                     "n_keys": s.n_keys, "lines": [{"label": lb, "points": pts} for lb, pts in s.lines]})
-
-
 def _rollup_request(ctx: _Context, name: str, version: int | None, *, start: str | None, end: str | None,
                     by: str | None, grain: str | None, where: str | None
                     ) -> tuple[views.TableRef, Snapshot, PipelineSpec, RecordedSpec | None, RollupForm]:
@@ -189,8 +177,7 @@ def _rollup_request(ctx: _Context, name: str, version: int | None, *, start: str
     except InspectError:
         spec, record = find_spec(pipeline), None
     snapshot = views.open_version(ref, version=version)
-    form = RollupForm.with_defaults(snapshot, spec, start=_blank(start), end=_blank(end), by=by, grain=_blank(grain),
-                                    where=_blank(where))
+    form = RollupForm.with_defaults(snapshot, spec, start=start, end=end, by=by, grain=grain, where=where)
     return ref, snapshot, spec, record, form
 
 
@@ -203,16 +190,6 @@ def _rollup_rows(snapshot: Snapshot, spec: PipelineSpec, form: RollupForm, recor
     return result
 
 
-# ----------------------------------------------------------------------------- what the routes share
-def _configured_lake_root() -> str | None:
-    """``[lake_view] lake_root`` of airflow.cfg; None without Airflow (then only the environment names the lake)."""
-    try:
-        from airflow.configuration import conf
-    except ImportError:
-        return None
-    return conf.get(*LAKE_CONF, fallback=None)
-
-
 class _Context:
     """The lake root (looked up per request, so a lake created after start-up is found) and the templates."""
 
@@ -222,7 +199,12 @@ class _Context:
                                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
 
     def lake_root(self) -> str:
-        root = self.configured or os.environ.get(views.LAKE_ENV) or _configured_lake_root()
+        root = self.configured or os.environ.get(views.LAKE_ENV)
+        if not root:
+            with contextlib.suppress(ImportError):  # without Airflow only the environment names the lake
+                from airflow.configuration import conf
+
+                root = conf.get(*LAKE_CONF, fallback=None)
         if not root:
             raise LakeError(f"no lake configured: set ${views.LAKE_ENV} (or [{LAKE_CONF[0]}] {LAKE_CONF[1]} in "
                             "airflow.cfg) for the Airflow API server")
@@ -244,10 +226,9 @@ class _Context:
         return out
 
     def page(self, request: Request, template: str, status: int = 200, **values: Any) -> HTMLResponse:
-        try:
+        root = ""
+        with contextlib.suppress(LakeError):  # the error page of a missing lake shows no root
             root = self.lake_root()
-        except LakeError:
-            root = ""
         html = self.templates.get_template(template).render(url=_url_for(request), lake_root=root, **values)
         return HTMLResponse(html, status_code=status)
 
@@ -258,10 +239,9 @@ class _Context:
         return self.page(request, "error.html", status, code=status, title=title, message=message)
 
 
-# ----------------------------------------------------------------------------- errors and headers
 async def _not_authenticated(request: Request, exc: NotAuthenticated) -> Response:
     if _is_api(request):
-        return JSONResponse({"error": exc.detail}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        return JSONResponse({"error": str(exc)}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
     try:
         target = login_url(str(request.url))
     except RuntimeError:  # no auth manager initialised (outside the API server): Airflow's default login path
@@ -270,11 +250,8 @@ async def _not_authenticated(request: Request, exc: NotAuthenticated) -> Respons
 
 
 def _validation_message(exc: RequestValidationError) -> str:
-    problems = []
-    for e in exc.errors():
-        where = ".".join(str(p) for p in e.get("loc", ())[1:]) or "request"
-        problems.append(f"{where}: {e.get('msg', 'invalid')}")
-    return "bad parameter " + "; ".join(problems)
+    return "bad parameter " + "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'request'}: "
+                                        f"{e.get('msg', 'invalid')}" for e in exc.errors())
 
 
 def _add_error_handlers(app: FastAPI, ctx: _Context) -> None:
@@ -302,9 +279,16 @@ async def _security_headers(request: Request, call_next: Any) -> Response:
     return response
 
 
-# ----------------------------------------------------------------------------- HTML pages
+def _rollup_json_url(request: Request, name: str, form: RollupForm, version: int) -> str:
+    """The JSON API's URL of the rollup the page shows."""
+    params = {"from": form.start, "to": form.end, "by": form.by, "grain": form.grain, "where": form.where,
+              "version": version}  # by='' (merge every key) is kept: it is not "not given"
+    return (f"{request.scope.get('root_path', '')}/api/table/{name}/rollup?"
+            + urlencode({k: v for k, v in params.items() if v is not None}))
+
+
 def _add_pages(router: APIRouter, ctx: _Context) -> None:
-    """The HTML pages (the longer ones in a function each)."""
+    """The HTML pages of the lake, its tables and their diffs (the charts: :func:`_add_chart_pages`)."""
 
     @router.get("/", response_class=HTMLResponse)
     def index(request: Request) -> HTMLResponse:
@@ -314,13 +298,9 @@ def _add_pages(router: APIRouter, ctx: _Context) -> None:
     def table_page(request: Request, name: NameParam, version: VersionQ = None, where: WhereQ = None,
                    columns: ColumnsQ = None, order_by: OrderQ = None, limit: LimitQ = 50) -> HTMLResponse:
         where, columns, order_by = _blank(where), _blank(columns), _blank(order_by)
-        view = _table_view(ctx.ref(name), version=version, where=where, columns=columns, order_by=order_by,
-                           limit=limit)
+        view = _table_view(ctx.ref(name), version=version, where=where, columns=columns, order_by=order_by, limit=limit)
         return ctx.page(request, "table.html", 400 if view["rows_error"] else 200, name=name, where=where,
                         columns=columns, order_by=order_by, limit=limit, max_limit=MAX_LIMIT, **view)
-
-    for add in (_add_diff_page, _add_chart_page, _add_rollup_page):
-        add(router, ctx)
 
     @router.get("/runs", response_class=HTMLResponse)
     def runs_page(request: Request, pipeline: PipelineQ = None, limit: LimitQ = 200) -> HTMLResponse:
@@ -332,8 +312,6 @@ def _add_pages(router: APIRouter, ctx: _Context) -> None:
             return ctx.page(request, "runs.html", 404, pipeline=pipeline, pipelines=pipelines, error=str(exc))
         return ctx.page(request, "runs.html", pipeline=pipeline, pipelines=pipelines, runs=runs, error=None)
 
-
-def _add_diff_page(router: APIRouter, ctx: _Context) -> None:
     @router.get("/table/{name}/diff", response_class=HTMLResponse)
     def diff_page(request: Request, name: NameParam, from_: FromQ = None,
                   to: VersionQ = None, limit: LimitQ = 50) -> HTMLResponse:
@@ -351,7 +329,7 @@ def _add_diff_page(router: APIRouter, ctx: _Context) -> None:
                         added=_grid(d.added), removed=_grid(d.removed))
 
 
-def _add_chart_page(router: APIRouter, ctx: _Context) -> None:
+def _add_chart_pages(router: APIRouter, ctx: _Context) -> None:
     @router.get("/table/{name}/chart", response_class=HTMLResponse)
     def chart_page(request: Request, name: NameParam, metric: MetricQ = None, version: VersionQ = None,
                    where: WhereQ = None) -> HTMLResponse:
@@ -364,24 +342,13 @@ def _add_chart_page(router: APIRouter, ctx: _Context) -> None:
         common: dict[str, Any] = {"name": name, "versions": vers, "version": v, "metrics": choices,
                                   "metric": chosen, "where": where}
         if chosen is None:
-            return ctx.page(request, "chart.html", 400, error=f"{name} has no numeric value columns to chart",
-                            **common)
+            return ctx.page(request, "chart.html", 400, error=f"{name} has no numeric value columns to chart", **common)
         try:
             s = views.series(r, metric=chosen, version=v, where=where)
         except InspectError as exc:
             return ctx.page(request, "chart.html", 400, error=str(exc), **common)
         return ctx.page(request, "chart.html", error=None, s=s, svg=Markup(svg_chart(s)), **common)
 
-
-def _rollup_json_url(request: Request, name: str, form: RollupForm, version: int) -> str:
-    """The JSON API's URL of the rollup the page shows."""
-    params = {"from": form.start, "to": form.end, "by": form.by, "grain": form.grain, "where": form.where,
-              "version": version}  # by='' (merge every key) is kept: it is not "not given"
-    return (f"{request.scope.get('root_path', '')}/api/table/{name}/rollup?"
-            + urlencode({k: v for k, v in params.items() if v is not None}))
-
-
-def _add_rollup_page(router: APIRouter, ctx: _Context) -> None:
     @router.get("/table/{name}/rollup", response_class=HTMLResponse)
     def rollup_page(request: Request, name: NameParam, start: StartQ = None, to: EndQ = None, by: ByQ = None,
                     grain: GrainQ = None, where: WhereQ = None, metric: MetricQ = None,
@@ -397,8 +364,7 @@ def _add_rollup_page(router: APIRouter, ctx: _Context) -> None:
             if chosen not in metrics:  # a chart draws a numeric aggregate
                 raise InspectError(f"metric {chosen!r} is not a numeric aggregate of {spec.name}; "
                                    f"choose one of {', '.join(metrics)}")
-            s = rollup_series(result, table=name, version=snapshot.version(), keys=form.request(spec).by,
-                              metric=chosen)
+            s = rollup_series(result, table=name, version=snapshot.version(), keys=form.request(spec).by, metric=chosen)
         except InspectError as exc:
             return ctx.page(request, "rollup.html", 400, error=str(exc), metrics=chart_metrics(None, spec), **common)
         shown = result.slice(0, MAX_LIMIT)
@@ -408,7 +374,6 @@ def _add_rollup_page(router: APIRouter, ctx: _Context) -> None:
                         svg=Markup(svg_chart(s, x_label="bucket start")))
 
 
-# ----------------------------------------------------------------------------- JSON API
 def _add_api(router: APIRouter, ctx: _Context) -> None:
     @router.get("/api/tables")
     def api_tables() -> JSONResponse:
@@ -424,8 +389,7 @@ def _add_api(router: APIRouter, ctx: _Context) -> None:
 
     @router.get("/api/table/{name}/rows")
     def api_rows(name: NameParam, version: VersionQ = None, as_of: AsOfQ = None, where: WhereQ = None,
-                 columns: ColumnsQ = None, order_by: OrderQ = None,
-                 limit: LimitQ = 50) -> JSONResponse:
+                 columns: ColumnsQ = None, order_by: OrderQ = None, limit: LimitQ = 50) -> JSONResponse:
         rows = views.show(ctx.ref(name), version=version, as_of=_blank(as_of), where=_blank(where),
                           columns=views.column_list(_blank(columns), "columns"), order_by=views.sort_keys(order_by),
                           limit=limit)
@@ -450,7 +414,9 @@ def _add_api(router: APIRouter, ctx: _Context) -> None:
     def api_series(name: NameParam, metric: Annotated[str, Query(max_length=128, pattern=rf"^{_IDENT}$")],
                    version: VersionQ = None, where: WhereQ = None) -> JSONResponse:
         s = views.series(ctx.ref(name), metric=metric, version=version, where=_blank(where))
-        return JSONResponse(_series_json(s))
+        lines = [{"label": label, "points": points} for label, points in s.lines]
+        return JSONResponse(jsonable({"table": s.table, "version": s.version, "metric": s.metric, "keys": s.keys,
+                                      "n_keys": s.n_keys, "lines": lines}))
 
     @router.get("/api/table/{name}/rollup")
     def api_rollup(name: NameParam, start: StartQ = None, to: EndQ = None, by: ByQ = None, grain: GrainQ = None,
@@ -464,7 +430,6 @@ def _add_api(router: APIRouter, ctx: _Context) -> None:
         return JSONResponse(jsonable(views.runs(ctx.lake_root(), pipeline=_blank(pipeline), limit=limit).to_pylist()))
 
 
-# ----------------------------------------------------------------------------- the app
 def create_app(*, lake_root: str | None = None, authenticate: bool = True) -> FastAPI:
     """The lake view app. ``authenticate=False`` is for tests that run without an Airflow API server."""
     ctx = _Context(lake_root)
@@ -474,8 +439,8 @@ def create_app(*, lake_root: str | None = None, authenticate: bool = True) -> Fa
     auth: list[Any] = [Depends(airflow_user)] if authenticate else []
     # authentication runs first: an anonymous request learns nothing about the parameters or the tables
     router = APIRouter(dependencies=[*auth, Depends(_strict_query)])
-    _add_pages(router, ctx)
-    _add_api(router, ctx)
+    for add in (_add_pages, _add_chart_pages, _add_api):
+        add(router, ctx)
     app.include_router(router)
     return app
 

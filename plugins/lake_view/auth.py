@@ -29,10 +29,6 @@ RESOURCE_NAME = "Lake"
 class NotAuthenticated(Exception):
     """No valid Airflow token: pages redirect to the login page, the JSON API answers 401."""
 
-    def __init__(self, detail: str) -> None:
-        super().__init__(detail)
-        self.detail = detail
-
 
 def _auth_manager() -> BaseAuthManager:
     """The API server's auth manager (``RuntimeError`` outside an API server). Airflow 3.3 has no public accessor

@@ -57,8 +57,7 @@ def svg_chart(series: Series, *, x_label: str = "window_start") -> str:
     out = [f'{svg} height="{height}" viewBox="0 0 {WIDTH} {height}" font-size="11" font-family="sans-serif">',
            f"<title>{escape(title)}</title>"]
     for i in range(5):  # y grid and labels
-        v = y_lo + (y_hi - y_lo) * i / 4
-        y = sy(v)
+        y = sy(v := y_lo + (y_hi - y_lo) * i / 4)
         out.append(f'<line x1="{LEFT}" y1="{y:.1f}" x2="{WIDTH - RIGHT}" y2="{y:.1f}" stroke="#ddd"/>')
         out.append(f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{escape(_fmt(v))}</text>')
     step = next((s for s in _STEPS if (x_hi - x_lo) / s <= 8), _STEPS[-1])

@@ -41,11 +41,9 @@ def default_range(snapshot: Snapshot, spec: PipelineSpec) -> tuple[dt.datetime, 
     """The last day of data: the UTC day of the newest window (or the last whole day of windows before its end,
     when windows do not divide a day; or the newest window, when windows are longer than a day)."""
     size = spec.window.tile.seconds if spec.window.tile else _DAY
-    last = None
-    if "window_start" in snapshot.schema().names:
-        last = pc.max(snapshot.read(["window_start"]).column("window_start")).as_py()
-    if last is None:  # no windows yet: today
-        last = dt.datetime.now(dt.UTC)
+    has_windows = "window_start" in snapshot.schema().names
+    last = pc.max(snapshot.read(["window_start"]).column("window_start")).as_py() if has_windows else None
+    last = last or dt.datetime.now(dt.UTC)  # no windows yet: today
     last = last if last.tzinfo else last.replace(tzinfo=dt.UTC)
     if _DAY % size == 0:
         start = last.replace(hour=0, minute=0, second=0, microsecond=0)

@@ -7,28 +7,9 @@ file or Delta log check) in ``execute``/``poke``.
 
 from __future__ import annotations
 
-from spark_jobs_airflow.operators import (
-    DATE,
-    SparkJobError,
-    SparkJobOperator,
-    SparkTarget,
-    resolve_master,
-    resolve_target,
-)
+from spark_jobs_airflow.operators import DATE, SparkJobError, SparkJobOperator
 from spark_jobs_airflow.pipelines import BrokenPipelineSpecs, aggregates_pool, load_specs, specs_folder
 from spark_jobs_airflow.sensors import DeltaVersionSensor, LandingPartitionSensor
 
-__all__ = [
-    "DATE",
-    "BrokenPipelineSpecs",
-    "DeltaVersionSensor",
-    "LandingPartitionSensor",
-    "SparkJobError",
-    "SparkJobOperator",
-    "SparkTarget",
-    "aggregates_pool",
-    "load_specs",
-    "specs_folder",
-    "resolve_master",
-    "resolve_target",
-]
+__all__ = ["DATE", "BrokenPipelineSpecs", "DeltaVersionSensor", "LandingPartitionSensor", "SparkJobError",
+           "SparkJobOperator", "aggregates_pool", "load_specs", "specs_folder"]

@@ -11,8 +11,7 @@ __all__ = ["batch_date", "skip_unchanged_day"]
 
 def batch_date(context: Any) -> str:
     """What the ``DATE`` template renders: the ``date`` param, the logical date or the trigger day."""
-    date = (context.get("params") or {}).get("date")
-    if date:
+    if date := (context.get("params") or {}).get("date"):
         return str(date)
     run = context["dag_run"]
     return (run.logical_date or run.run_after).strftime("%Y-%m-%d")
@@ -39,11 +38,10 @@ def skip_unchanged_day(pipeline: str) -> Callable[[Any], str | None]:
         combined = latest_combines(PipelineTables(spec.lake, spec.name).runs, [date], by="started_at").get(date)
         if combined is None or newest is None:
             return None
-        record = current(spec.lake, spec.name)
-        if record is not None:  # the day's partials must hold every aggregate of the spec the lake records
-            needed = max([record.layout_since, *record.coverage.values()])
-            if day_versions(PipelineTables(spec.lake, spec.name).partials).get(date, 0) < needed:
-                return None
+        record = current(spec.lake, spec.name)  # the day's partials must hold every aggregate of the spec it records
+        needed = max([record.layout_since, *record.coverage.values()]) if record is not None else 0
+        if needed and day_versions(PipelineTables(spec.lake, spec.name).partials).get(date, 0) < needed:
+            return None
         last = combined["started_at"]
         if last.timestamp() > newest:
             return (f"{date} was combined at {last:%Y-%m-%d %H:%M:%S} UTC, after its newest landing file "

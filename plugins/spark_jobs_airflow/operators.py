@@ -1,13 +1,9 @@
 """``SparkJobOperator``: run one ``spark_jobs`` command on a shared Spark Connect server or through ``spark-submit``.
 
-Where it runs (:func:`resolve_target`): with a Spark Connect server configured (the Airflow connection
-``spark_connect_default``, else ``$SPARK_REMOTE``) the job is a thin client of that long-lived server, run in the
-warm job runner at ``$SPARK_JOBS_RUNNER`` when one answers (no Python start, no imports) or else as
-``python -m spark_jobs``. Without one, each task is its own Spark application through ``spark-submit`` on the
-``spark_default`` connection's master, ``$SPARK_MASTER`` or ``local[*]``.
-
-The job's output is streamed into the task log. A non-zero exit fails the task with the job's own error message
-and exit code; exit codes a retry cannot fix (2: bad spec or arguments, 5: a failed quality gate) without retries.
+Where it runs is :func:`resolve_target`'s choice; a Connect client job runs in the warm job runner at
+``$SPARK_JOBS_RUNNER`` when one answers (no Python start, no imports). A non-zero exit fails the task with the job's
+own error message and exit code; exit codes a retry cannot fix (2: bad spec or arguments, 5: a failed quality gate)
+without retries.
 """
 
 from __future__ import annotations
@@ -38,8 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["DATE", "NO_RETRY_EXIT_CODES", "SparkJobError", "SparkJobOperator", "SparkTarget", "resolve_master",
            "resolve_target"]
 
-# The batch date of a run: the `date` param of a manual run, else the run's logical date, else the
-# day it was triggered (a manual run has no logical date unless given one).
+# the `date` param, else the logical date, else the trigger day (a manual run has no logical date unless given one)
 DATE = "{{ params.date or (dag_run.logical_date or dag_run.run_after).strftime('%Y-%m-%d') }}"
 NO_RETRY_EXIT_CODES = {2: "bad spec or arguments", 5: "quality gate failed"}
 # what spark-submit runs: the CLI's own file (it keeps its folder off sys.path; see spark_jobs/__main__.py)
@@ -86,10 +81,7 @@ def _remote_from_connection(conn_id: str) -> str | None:
     connection holds it. The quoted token is masked in the task log too (Airflow masks only the raw password).
     """
     conn = _connection(conn_id)
-    if conn is None:
-        return None
-    host = (conn.host or "").strip().removeprefix("sc://").rstrip("/")
-    if not host:
+    if conn is None or not (host := (conn.host or "").strip().removeprefix("sc://").rstrip("/")):
         return None
     params = {"user_id": conn.login, "token": conn.password,
               "use_ssl": "true" if str(conn.extra_dejson.get("use_ssl", "")).lower() in ("1", "true") else None}
@@ -104,10 +96,7 @@ def _remote_from_connection(conn_id: str) -> str | None:
 
 def _master_from_connection(conn_id: str) -> str | None:
     conn = _connection(conn_id)
-    if conn is None:
-        return None
-    host = (conn.host or "").strip()
-    if not host:
+    if conn is None or not (host := (conn.host or "").strip()):
         return None
     if host.startswith(("local", "yarn")):
         return host
@@ -177,7 +166,7 @@ class SparkJobOperator(BaseOperator):
                  conn_id: str | None = "spark_default", connect_conn_id: str | None = "spark_connect_default",
                  driver_memory: str = "1g", conf: Mapping[str, str] | None = None,
                  env: Mapping[str, str] | None = None, skip_if: Callable[[Any], str | None] | None = None,
-                 spark_submit: str | None = None, **kwargs: Any) -> None:
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.args = list(args)
         self.master = master
@@ -188,12 +177,11 @@ class SparkJobOperator(BaseOperator):
         self.conf = dict(conf or {})
         self.env = dict(env or {})
         self.skip_if = skip_if
-        self.spark_submit = spark_submit
         self._proc: subprocess.Popen[str] | None = None
         self._runner_conn: socket.socket | None = None
 
     def command(self, master: str) -> list[str]:
-        submit = self.spark_submit or shutil.which("spark-submit") or str(Path(sys.executable).parent / "spark-submit")
+        submit = shutil.which("spark-submit") or str(Path(sys.executable).parent / "spark-submit")
         cmd = [submit, "--master", master, "--driver-memory", self.driver_memory, "--name",
                f"spark_jobs {self.args[0] if self.args else ''}".strip()]
         for key, value in {"spark.log.level": "WARN", **self.conf}.items():
@@ -244,11 +232,8 @@ class SparkJobOperator(BaseOperator):
             if probe(runner):
                 self.log.info("running on %s, in the warm runner %s: spark_jobs %s", target.url, runner,
                               " ".join(map(str, self.args)))
-
-                def started(conn: socket.socket) -> None:
-                    self._runner_conn = conn
-
-                return run_job(runner, list(map(str, self.args)), env=env, on_line=line, on_start=started)
+                return run_job(runner, list(map(str, self.args)), env=env, on_line=line,
+                               on_start=lambda conn: setattr(self, "_runner_conn", conn))
             self.log.warning("no warm runner answers at %s (SPARK_JOBS_RUNNER); starting a Python for the job", runner)
         cmd = (self.command(target.url) if target.kind == "submit"
                else [sys.executable, "-m", "spark_jobs", *map(str, self.args)])

@@ -35,8 +35,7 @@ def load_specs(folder: Path) -> tuple[list[PipelineSpec], list[str]]:
         except SpecError as exc:
             broken.append(str(exc))
             continue
-        taken = next((s for s in specs if s.name == spec.name), None)
-        if taken is not None:
+        if (taken := next((s for s in specs if s.name == spec.name), None)) is not None:
             broken.append(f"invalid pipeline spec {path}:\n  - name: {spec.name!r} is also the name of {taken.origin}; "
                           "give each pipeline its own name")
             continue
@@ -48,13 +47,10 @@ def create_pools(specs: Sequence[PipelineSpec], airflow: str = "airflow", env: M
                  ) -> list[str]:
     """``airflow pools set`` each pipeline's pool: idempotent, so a deployment can run it on every start.
     Without its pool Airflow never schedules a pipeline's reduce or stream task."""
-    pools = []
     for spec in specs:
-        pool = aggregates_pool(spec.name)
-        subprocess.run([airflow, "pools", "set", pool, "1", f"writers of {spec.name}.aggregates"], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300, env=env)
-        pools.append(pool)
-    return pools
+        subprocess.run([airflow, "pools", "set", aggregates_pool(spec.name), "1", f"writers of {spec.name}.aggregates"],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300, env=env)
+    return [aggregates_pool(spec.name) for spec in specs]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

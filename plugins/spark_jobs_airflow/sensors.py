@@ -14,22 +14,20 @@ class LandingPartitionSensor(BaseSensorOperator):
     """Wait until ``<source.path>/event_date=<date>`` holds at least ``min_files`` data files. Defaults to
     ``mode="reschedule"``: no worker slot is held between pokes."""
 
-    template_fields: Sequence[str] = ("pipeline", "date", "source_path")
+    template_fields: Sequence[str] = ("pipeline", "date")
 
-    def __init__(self, *, pipeline: str, date: str, source_path: str | None = None, min_files: int = 1,
-                 **kwargs: Any) -> None:
+    def __init__(self, *, pipeline: str, date: str, min_files: int = 1, **kwargs: Any) -> None:
         kwargs.setdefault("mode", "reschedule")
         super().__init__(**kwargs)
         self.pipeline = pipeline
         self.date = date
-        self.source_path = source_path
         self.min_files = min_files
 
     def poke(self, context: Any) -> bool:
         from spark_jobs.lake import storage
         from spark_jobs.spec import load_spec
 
-        path = load_spec(self.pipeline, source_path=self.source_path or None).source.partition_path(self.date)
+        path = load_spec(self.pipeline).source.partition_path(self.date)
         files = storage.list_dir(path)
         self.log.info("%s: %d data file(s), waiting for %d", path, len(files), self.min_files)
         return len(files) >= self.min_files

@@ -1,7 +1,3 @@
 """Great Expectations quality gates over Spark DataFrames (``python -m spark_jobs validate``): ``thresholds`` (the
 bounds a pipeline's gates hold it to; no Spark, no GX), ``suites`` (the expectations a spec implies) and ``gate`` (one
 :class:`~spark_jobs.quality.gate.Suite` per gate: run it, write its report, act on its verdict in the lake)."""
-
-from __future__ import annotations
-
-__all__ = ["gate", "suites", "thresholds"]

@@ -15,7 +15,7 @@ import logging
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -108,10 +108,7 @@ class QualityReport:
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
-        return {"pipeline": self.pipeline, "suite": self.suite, "date": self.date, "target": self.target,
-                "success": self.success, "rows": self.rows, "dead_lettered": self.dead_lettered,
-                "rolled_back": self.rolled_back, "validated_at": self.validated_at, "run_id": self.run_id,
-                "checks": [c.__dict__ for c in self.checks]}
+        return {k: v for k, v in asdict(self).items() if k != "report_path"}
 
 
 def _run_suite(df: DataFrame, name: str, expectations: list[Any]) -> list[Check]:
@@ -126,9 +123,7 @@ def _run_suite(df: DataFrame, name: str, expectations: list[Any]) -> list[Check]
     context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
     batch_def = (context.data_sources.add_spark("spark_jobs").add_dataframe_asset(name)
                  .add_batch_definition_whole_dataframe(name))
-    suite = context.suites.add(gx.ExpectationSuite(name=name))
-    for expectation in expectations:
-        suite.add_expectation(expectation)
+    suite = context.suites.add(gx.ExpectationSuite(name=name, expectations=expectations))
     batch = batch_def.get_batch(batch_parameters={"dataframe": df})
     result = batch.validate(suite, result_format={"result_format": "SUMMARY", "partial_unexpected_count": 5})
     order = {getattr(e, "description", None): i for i, e in enumerate(expectations)}
@@ -175,9 +170,7 @@ class Suite(ABC):
     """One quality gate: the arguments it needs, how it loads and checks its frame, what its verdict does."""
 
     name: ClassVar[str]
-
-    def require(self, date: str | None) -> None:  # noqa: B027 (optional hook: most suites take any date)
-        """Refuse arguments this suite cannot validate, before the lake is touched."""
+    needs_date: ClassVar[bool] = False  # without --date it is refused before the lake is touched
 
     @abstractmethod
     def check(self, run: GateRun) -> Validated:
@@ -194,16 +187,13 @@ class InputSuite(Suite):
     the day, so neither ``partials`` nor ``aggregates`` change."""
 
     name = "input"
-
-    def require(self, date: str | None) -> None:
-        if date is None:
-            raise InputError("the input suite validates one landing partition: pass --date YYYY-MM-DD")
+    needs_date = True
 
     def check(self, run: GateRun) -> Validated:
         from pyspark.sql import functions as F
 
         spec, rules, date = run.spec, run.rules, run.date
-        assert date is not None, "require() refuses the input suite without a date"
+        assert date is not None, "validate() refuses the input suite without a date"
         try:
             raw = read_landing(run.spark, spec, screen_partition(spec, date))
         except SchemaMismatchError as exc:  # the files lack or mistype a declared column: every row is rejected
@@ -302,8 +292,7 @@ def _schema_rejects(spark: SparkSession, spec: PipelineSpec, date: str, exc: Sch
     if all(c.success for c in checks):
         checks.append(Check("expect_column_values_to_be_of_type", "schema: column types", False, str(exc),
                             None, None, [], {}))
-    rows = files.select(F.to_json(F.struct(*files.columns)).alias("_raw"),
-                        F.col("_metadata.file_path").alias("_file"),
+    rows = files.select(F.to_json(F.struct(*files.columns)).alias("_raw"), F.col("_metadata.file_path").alias("_file"),
                         F.lit(f"quality gate: {exc}"[:1000]).alias("_reason"))
     return Validated(checks, rows, spec.source.partition_path(date), rows=rows.count(), rejects=rows)
 
@@ -396,7 +385,7 @@ def _rollback_day(run: GateRun, date: str) -> tuple[int, int | None]:
     return restored, commit.version
 
 
-def write_report(report: QualityReport, spec: PipelineSpec, reports: str | None = None) -> Path:
+def write_report(report: QualityReport, spec: PipelineSpec, reports: str | None = None) -> None:
     root = (Path(reports) if reports else Path("quality_reports") / spec.name if "://" in spec.lake
             else Path(spec.lake) / spec.name / "_quality")
     folder = root / report.suite / (report.date or "all")
@@ -408,7 +397,6 @@ def write_report(report: QualityReport, spec: PipelineSpec, reports: str | None 
     for name, content in ((path, body), (folder / "latest.json", body), (path.with_suffix(".txt"), text),
                           (folder / "latest.txt", text)):
         name.write_text(content)
-    return path
 
 
 def validate(spark: SparkSession, spec: PipelineSpec, suite: str, *, date: str | None = None,
@@ -417,7 +405,8 @@ def validate(spark: SparkSession, spec: PipelineSpec, suite: str, *, date: str |
     if suite not in SUITES:
         raise InputError(f"unknown suite {suite!r}; use one of {', '.join(SUITES)}")
     gate = SUITES[suite]
-    gate.require(date)
+    if gate.needs_date and date is None:
+        raise InputError(f"the {gate.name} suite validates one landing partition: pass --date YYYY-MM-DD")
     date = parse_date(date) if date is not None else None
     lake = open_lake(spark)
     compiled = CompiledAggregates(spec, ensure_applied(lake, spec, run_id=run_id or ""))

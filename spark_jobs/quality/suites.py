@@ -95,12 +95,10 @@ def output_expectations(spec: PipelineSpec, rules: QualityRules | None, *, recon
             for a in spec.aggregates if a.fn in COUNT_FNS]
     bounded = {"n_rows", *(a.name for a in spec.aggregates)}
     out += [_between(col, rng) for col, rng in (rules.output_ranges if rules else {}).items() if col in bounded]
-    for what, total in reconcile.items():
-        out.append(gxe.ExpectColumnSumToBeBetween(column="n_rows", min_value=total, max_value=total,
-                                                  description=f"reconcile: sum(n_rows) equals {what} ({total:,})"))
-    for name, since in (coverage or {}).items():
-        if since > ADOPTED:
-            out.append(gxe.ExpectColumnValuesToBeNull(
-                column=f"{UNCOVERED}{name}", description=f"coverage: {name} (since spec version {since}) is NULL "
-                                                        "where the partials predate it, never a partial value"))
-    return out
+    out += [gxe.ExpectColumnSumToBeBetween(column="n_rows", min_value=total, max_value=total,
+                                           description=f"reconcile: sum(n_rows) equals {what} ({total:,})")
+            for what, total in reconcile.items()]
+    return out + [gxe.ExpectColumnValuesToBeNull(
+        column=f"{UNCOVERED}{name}", description=f"coverage: {name} (since spec version {since}) is NULL where the "
+                                                "partials predate it, never a partial value")
+        for name, since in (coverage or {}).items() if since > ADOPTED]

@@ -7,7 +7,6 @@ DAG factory may read it at parse time.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,7 +79,7 @@ def load_rules(spec_path: str | Path | None, name: str) -> QualityRules:
         problems.append(f"input.{sorted(unknown_in)}: unknown fields; allowed are max_rejected_fraction, min_rows, "
                         "ranges")
     fraction = float(inp.get("max_rejected_fraction", 0.01))
-    if not (0 <= fraction < 1) or math.isnan(fraction):
+    if not 0 <= fraction < 1:  # NaN too
         problems.append(f"input.max_rejected_fraction: {fraction} is not in [0, 1)")
     rules = QualityRules(max_rejected_fraction=fraction, min_rows=int(inp.get("min_rows", 1)),
                          input_ranges=_ranges(inp.get("ranges"), "input.ranges", problems),

@@ -3,10 +3,3 @@
 Short jobs (an Airflow DAG run's tasks, a backfill's runs, the gates) reach them instead of each
 starting a cold Spark application; ``python -m spark_jobs server start|stop|status`` manages both.
 """
-
-from __future__ import annotations
-
-from spark_jobs.server.connect import ConnectServer
-from spark_jobs.server.runner import run_job
-
-__all__ = ["ConnectServer", "run_job"]

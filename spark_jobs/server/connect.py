@@ -81,12 +81,11 @@ class ConnectServer:
     def environment(self) -> dict[str, str]:
         ensure_java_home()
         env = {k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED")}
-        venv_bin = str(Path(sys.executable).parent)
         env.update({
             "SPARK_HOME": spark_home(),
             # mapInArrow UDAFs run in the server's Python workers: they import spark_jobs from this venv
             "PYSPARK_PYTHON": env.get("PYSPARK_PYTHON", sys.executable),
-            "PATH": f"{venv_bin}{os.pathsep}{env.get('PATH', '')}",
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
             "PYARROW_IGNORE_TIMEZONE": "1",
         })
         if self.host in ("127.0.0.1", "localhost"):
@@ -99,8 +98,7 @@ class ConnectServer:
 
     def start(self, timeout: float = 120) -> int:
         """Start the server (or find it running); return its pid once it accepts connections."""
-        pid = self.process.pid()
-        if pid is not None:
+        if (pid := self.process.pid()) is not None:
             return pid
         probe = "127.0.0.1" if self.host == "0.0.0.0" else self.host
         if port_open(probe, self.port):

@@ -1,9 +1,6 @@
-"""A long-lived background process with a pid file, a log file and a bounded start and stop.
-
-Both parts of the spark_jobs server (the Spark Connect server and the warm job runner) are
-such processes: started in their own process group (so a stop reaches everything they start),
-ready when a check passes, and never waited for without a bound and a message.
-"""
+"""A long-lived background process (the Connect server, the warm runner, a standalone cluster's parts) with a pid
+file and a log: started in its own process group, so a stop reaches everything it starts, and never waited for
+without a bound and a message."""
 
 from __future__ import annotations
 
@@ -74,8 +71,7 @@ class Background:
 
     def stop(self, timeout: float = 30) -> bool:
         """SIGTERM the process group, SIGKILL it after ``timeout``; False when nothing was running."""
-        pid = self.pid()
-        if pid is None:
+        if (pid := self.pid()) is None:
             return False
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)

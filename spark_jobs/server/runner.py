@@ -44,14 +44,14 @@ PRELOAD = (
 MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux
 
 
-def serve(path: str | Path, *, preload: Sequence[str] = PRELOAD) -> None:
+def serve(path: str | Path) -> None:
     """Listen on ``path`` until SIGTERM/SIGINT, then stop the running jobs (bounded) and return."""
     path = str(path)
     if len(path) > MAX_SOCKET_PATH:
         raise ComputeError(f"runner socket path is {len(path)} characters, over {MAX_SOCKET_PATH}: {path}; "
                            "use a shorter --state-dir")
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
-    for module in preload:
+    for module in PRELOAD:
         importlib.import_module(module)
     stopping = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -135,8 +135,7 @@ def _run_child(conn: socket.socket, argv: list[str], env: dict[str, str], cwd: s
         os.setsid()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         os.dup2(conn.fileno(), 1)
         os.dup2(conn.fileno(), 2)
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True, errors="replace")
@@ -151,7 +150,6 @@ def _run_child(conn: socket.socket, argv: list[str], env: dict[str, str], cwd: s
         code = exc.code if isinstance(exc.code, int) else 2
     except BaseException:  # the job's boundary: whatever it raised, its client gets the traceback and exit code 1
         traceback.print_exc()
-        code = 1
     finally:
         with contextlib.suppress(OSError, ValueError):  # the client hung up, or the stream is closed
             sys.stdout.flush()
@@ -178,12 +176,9 @@ def _reap(selector: selectors.BaseSelector, jobs: dict[int, socket.socket]) -> N
 
 
 def run_job(path: str | Path, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None = None,
-            on_line: Callable[[str], None] = print,
-            on_start: Callable[[socket.socket], None] | None = None) -> int:
-    """Run ``python -m spark_jobs <argv>`` in the runner at ``path``; stream its lines; return its exit code.
-
-    ``on_start`` gets the connection: shutting it down stops the job (the runner SIGTERMs it).
-    """
+            on_line: Callable[[str], None] = print, on_start: Callable[[socket.socket], None] | None = None) -> int:
+    """Run ``python -m spark_jobs <argv>`` in the runner at ``path``, streaming its lines; its exit code. Shutting down
+    the connection ``on_start`` gets stops the job (the runner SIGTERMs it)."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(str(path))

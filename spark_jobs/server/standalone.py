@@ -1,16 +1,12 @@
-"""A Spark standalone cluster on one host, from the Spark that pyspark ships: a master and workers.
-
-For the tests (a real cluster where the compose file cannot start one) and for a user who wants
-to try the scale-out path on one machine. Each part is a :class:`Background` process with a pid
-file and a log; the start waits, with a bound, until the master lists every worker as alive.
-"""
+"""A Spark standalone cluster on one host, from the Spark that pyspark ships: a master and workers, each a
+:class:`Background` process. For the tests (a real cluster where the compose file cannot start one) and for a user who
+wants to try the scale-out path on one machine."""
 
 from __future__ import annotations
 
 import json
 import os
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,11 +50,6 @@ class Standalone:
     def _part(self, name: str) -> Background:
         return Background(name, self.state_dir)
 
-    def _env(self) -> dict[str, str]:
-        ensure_java_home()
-        return {**os.environ, "SPARK_HOME": spark_home(), "SPARK_LOCAL_IP": self.host,
-                "SPARK_LOG_DIR": str(self.state_dir), "SPARK_NO_DAEMONIZE": "1"}
-
     def status(self) -> dict[str, Any] | None:
         """The master's JSON status (workers, applications), None while it does not answer."""
         try:
@@ -70,9 +61,6 @@ class Standalone:
     def alive_workers(self) -> list[dict[str, Any]]:
         return [w for w in (self.status() or {}).get("workers", []) if w.get("state") == "ALIVE"]
 
-    def _registered(self, n: int) -> Callable[[], bool]:
-        return lambda: len(self.alive_workers()) >= n
-
     def start(self, timeout: float = 120) -> None:
         """Start the master, then the workers; return once all are registered (stop all on failure)."""
         for port in (self.port, self.ui_port):
@@ -80,19 +68,20 @@ class Standalone:
                 raise ComputeError(f"port {port} on {self.host} is in use; stop what listens there or choose "
                                    "other ports for the cluster")
         spark_class = str(Path(spark_home()) / "bin" / "spark-class")
-        env = self._env()
+        ensure_java_home()
+        env = {**os.environ, "SPARK_HOME": spark_home(), "SPARK_LOCAL_IP": self.host,
+               "SPARK_LOG_DIR": str(self.state_dir), "SPARK_NO_DAEMONIZE": "1"}
         try:
             self._part("master").start(
                 [spark_class, MASTER_CLASS, "--host", self.host, "--port", str(self.port),
-                 "--webui-port", str(self.ui_port)],
-                env=env, ready=lambda: self.status() is not None, timeout=timeout)
+                 "--webui-port", str(self.ui_port)], env=env, ready=lambda: self.status() is not None, timeout=timeout)
             for i in range(self.workers):
                 work = self.state_dir / f"worker-{i}"
                 work.mkdir(parents=True, exist_ok=True)
                 self._part(f"worker-{i}").start(
                     [spark_class, WORKER_CLASS, self.master_url, "--cores", str(self.cores), "--memory", self.memory,
                      "--host", self.host, "--webui-port", "0", "--work-dir", str(work)],
-                    env=env, ready=self._registered(i + 1), timeout=timeout)
+                    env=env, ready=lambda: len(self.alive_workers()) > i, timeout=timeout)  # noqa: B023 (polled now)
         except BaseException:  # not a catch: whatever stopped the start (an interrupt too), stop all, re-raise
             self.stop()
             raise

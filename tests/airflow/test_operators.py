@@ -16,15 +16,8 @@ from tests.builders import FAST_AGGREGATES, day_events, make_spec, write_day
 sys.path.insert(0, str(ROOT / "plugins"))  # Airflow puts the plugins folder on sys.path; so do we
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
-from spark_jobs_airflow import (
-    DeltaVersionSensor,
-    LandingPartitionSensor,
-    SparkJobError,
-    SparkJobOperator,
-    SparkTarget,
-    resolve_master,
-    resolve_target,
-)
+from spark_jobs_airflow import DeltaVersionSensor, LandingPartitionSensor, SparkJobError, SparkJobOperator
+from spark_jobs_airflow.operators import SparkTarget, resolve_master, resolve_target
 
 
 def test_a_bad_spec_fails_the_task_with_the_jobs_message_and_exit_code_and_no_retry(tmp_path):
