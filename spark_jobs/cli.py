@@ -40,18 +40,12 @@ def _spec(args: argparse.Namespace, *, applied: bool = False) -> PipelineSpec:
 def _session_config(args: argparse.Namespace, app: str, *, connect: bool = True) -> SessionConfig:
     from spark_jobs.spark_session import SessionConfig
 
-    kwargs: dict[str, Any] = {"app_name": f"spark_jobs {app}", "progress": sys.stderr.isatty()}
+    options = ("master", "remote", "shuffle_partitions", "executor_cores", "executor_memory")
+    given: dict[str, Any] = {k: v for k in options if (v := getattr(args, k)) not in (None, "")}  # else $SPARK_*
     if args.master or not connect:
-        kwargs["remote"] = None
-    elif args.remote:
-        kwargs["remote"] = args.remote
-    if args.master:
-        kwargs["master"] = args.master
-    for name in ("shuffle_partitions", "executor_cores", "executor_memory"):
-        if getattr(args, name) is not None:
-            kwargs[name] = getattr(args, name)
-    kwargs["extra"] = parse_confs(getattr(args, "conf", []))
-    return SessionConfig(**kwargs)  # a bad --master/--remote is a UsageError: exit code 2
+        given["remote"] = None
+    return SessionConfig(app_name=f"spark_jobs {app}", progress=sys.stderr.isatty(),  # a bad option: UsageError, 2
+                         extra=parse_confs(getattr(args, "conf", [])), **given)
 
 
 def parse_confs(confs: Sequence[str]) -> tuple[tuple[str, str], ...]:
@@ -85,7 +79,7 @@ def _dates(first: str, last: str | None) -> list[str]:
     return [(start + dt.timedelta(days=i)).isoformat() for i in range((end - start).days + 1)]
 
 
-def cmd_generate(args: argparse.Namespace) -> int:
+def cmd_generate(args: argparse.Namespace) -> None:
     from spark_jobs.jobs.generate import GenerateConfig, generate
 
     try:
@@ -96,7 +90,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     result = generate(config, progress=not args.quiet)
     print(f"wrote {result.rows:,} events ({result.bad_rows:,} bad on purpose) in {result.files} {args.format} "
           f"files, {result.dates[0]}..{result.dates[-1]}, under {args.out}")
-    return 0
 
 
 def _combine(args: argparse.Namespace, app: str) -> tuple[SparkSession, PipelineSpec]:
@@ -112,30 +105,27 @@ def _combine(args: argparse.Namespace, app: str) -> tuple[SparkSession, Pipeline
     return spark, spec
 
 
-def cmd_combine(args: argparse.Namespace) -> int:
+def cmd_combine(args: argparse.Namespace) -> None:
     _combine(args, "combine")
-    return 0
 
 
-def cmd_reduce(args: argparse.Namespace) -> int:
+def cmd_reduce(args: argparse.Namespace) -> None:
     from spark_jobs.jobs import reduce
 
     spec = _spec(args, applied=True)
     spark = _session(args, "reduce")
     print(reduce.run(spark, spec, run_id=args.run_id, full=args.full).summary())
-    return 0
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def cmd_run(args: argparse.Namespace) -> None:
     """Combine each day of a range, then reduce once: a backfill without Airflow."""
     from spark_jobs.jobs import reduce
 
     spark, spec = _combine(args, "run")  # --run-id R: combines R-<date> (R for one day), the reduce R-reduce
     print(reduce.run(spark, spec, run_id=args.run_id and f"{args.run_id}-reduce").summary())
-    return 0
 
 
-def cmd_validate(args: argparse.Namespace) -> int:
+def cmd_validate(args: argparse.Namespace) -> None:
     """Run a Great Expectations gate; exit 5 (QualityError) when it fails, after writing its report."""
     from spark_jobs.quality.gate import validate
 
@@ -146,30 +136,27 @@ def cmd_validate(args: argparse.Namespace) -> int:
     spec = _spec(args, applied=True)
     spark = _session(args, f"validate {args.suite}")
     print(validate(spark, spec, args.suite, date=args.date, reports=args.reports, run_id=args.run_id).text())
-    return 0
 
 
-def cmd_maintain(args: argparse.Namespace) -> int:
+def cmd_maintain(args: argparse.Namespace) -> None:
     from spark_jobs.lake.maintenance import maintain
 
     spec = _spec(args)
     for entry in maintain(spec.lake, spec.name, retention_hours=args.retention_hours, dry_run=args.dry_run,
                           enforce_retention=not args.allow_short_retention):
         print(("(dry run) " if args.dry_run else "") + entry.summary())
-    return 0
 
 
-def cmd_stream(args: argparse.Namespace) -> int:
+def cmd_stream(args: argparse.Namespace) -> None:
     from spark_jobs.stream import query as stream
 
     spec = _spec(args, applied=True)
     # its own application: foreachBatch and the driver merge's held state need a driver in this process
     spark = _session(args, "stream", connect=False)
     print(stream.run(spark, spec, available_now=args.available_now, run_id=args.run_id).summary())
-    return 0
 
 
-def cmd_explain(args: argparse.Namespace) -> int:
+def cmd_explain(args: argparse.Namespace) -> None:
     from spark_jobs.phases import CompiledAggregates
     from spark_jobs.phases.explain import PHASES, explain, phase_frame
 
@@ -180,7 +167,6 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(explain(spark, compiled, phase))
         print(f"\n  == Spark's physical plan of {phase} ==", flush=True)
         phase_frame(spark, compiled, phase).explain(mode=args.mode)
-    return 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -195,14 +181,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 2 if plan.diff.refused else 0
 
 
-def cmd_apply(args: argparse.Namespace) -> int:
+def cmd_apply(args: argparse.Namespace) -> None:
     from spark_jobs.jobs.apply import apply
 
     spec = _spec(args)
     result = apply(spec, spark=lambda: _session(args, "apply", connect=False), engine=args.engine, run_id=args.run_id)
     print(result.plan.text())
     print(result.summary())
-    return 0
 
 
 Command = Callable[[Any], None]  # adds a subcommand to the parser's subparsers
@@ -367,7 +352,7 @@ def main(argv: Sequence[str] | None = None, *, keep_session: bool = False, comma
 
 
 def run_parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None, *, keep_session: bool = False) -> int:
-    """Parse ``argv``, run the chosen ``func``, map a pipeline error to its exit code (the benchmarks' CLI too)."""
+    """Parse ``argv``, run the chosen ``func`` (None is exit code 0), map a pipeline error to its exit code."""
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)

@@ -17,7 +17,7 @@ import pyarrow as pa
 from spark_jobs.errors import InputError, UsageError
 from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.jobs.landing import classify, read_landing, read_one, screen_partition, spark_read_error
-from spark_jobs.jobs.landing_files import BadFile, Screen, file_columns, file_rows, isolate_unreadable
+from spark_jobs.jobs.landing_files import BadFile, Screen, file_columns, isolate_unreadable
 from spark_jobs.jobs.run_record import RunRecord, recorded_run
 from spark_jobs.lake import Commit, Lake, PipelineTables, open_lake
 from spark_jobs.lake.layout import SPEC_VERSION
@@ -82,7 +82,9 @@ def write_dead_letters(lake: Lake, tables: PipelineTables, rows: DataFrame | pa.
     else:
         rejects = rows.where(F.col("_reason").isNotNull()).select("_reason", "_raw", "_file")
         if files:
-            rejects = rejects.unionByName(file_rows(rows.sparkSession, files))
+            columns = file_columns(files)
+            rejects = rejects.unionByName(rows.sparkSession.createDataFrame(
+                list(zip(*columns.values(), strict=True)), ", ".join(f"{c} string" for c in columns)))
         bad = rejects.select(
             F.lit(run_id).alias("run_id"), F.col("_reason").alias("reason"), F.col("_raw").alias("raw"),
             F.col("_file").alias("source_file"), F.current_timestamp().alias("rejected_at"),
@@ -127,7 +129,7 @@ def run(spark: SparkSession, spec: PipelineSpec, date: str, *, lake: Lake | None
         except _Unreadable as failed:
             culprits = isolate_unreadable(found.readable, lambda f: read_one(spark, spec, found, f))
             if not culprits or len(culprits) == len(found.readable):
-                raise failed.error from failed.__cause__
+                raise InputError(str(failed)) from failed.__cause__
             found.drop(culprits)
             found.check(spec, f"combine of {date}")
             _combine(spark, spec, compiled, lake, tables, record, date, found)
@@ -135,12 +137,8 @@ def run(spark: SparkSession, spec: PipelineSpec, date: str, *, lake: Lake | None
     return record
 
 
-class _Unreadable(Exception):
+class _Unreadable(InputError):
     """Spark failed reading the day's files: one of them may be unreadable past its footer."""
-
-    def __init__(self, error: InputError) -> None:
-        super().__init__(str(error))
-        self.error = error
 
 
 def _combine(spark: SparkSession, spec: PipelineSpec, compiled: CompiledAggregates, lake: Lake,
@@ -171,8 +169,7 @@ def _combine(spark: SparkSession, spec: PipelineSpec, compiled: CompiledAggregat
         try:
             counts = rows.agg(F.count(F.lit(1)).alias("n"), F.count("_reason").alias("rejected")).first()
         except spark_errors() as exc:
-            error = InputError(f"combine of {date} failed reading {source}: {spark_read_error(exc)}")
-            raise _Unreadable(error) from exc
+            raise _Unreadable(f"combine of {date} failed reading {source}: {spark_read_error(exc)}") from exc
         assert counts is not None
         record.rows_in, record.rows_rejected = int(counts["n"]), int(counts["rejected"])
         record.rows_aggregated = record.rows_in - record.rows_rejected  # each row is one or the other

@@ -14,17 +14,13 @@ import csv
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from spark_jobs.errors import InputError
 from spark_jobs.lake import storage
 from spark_jobs.spark_failures import spark_errors
 from spark_jobs.spec import PipelineSpec
 
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
-
-__all__ = ["BadFile", "Screen", "file_columns", "file_rows", "isolate_unreadable", "screen", "spark_read_error"]
+__all__ = ["BadFile", "Screen", "file_columns", "isolate_unreadable", "screen", "spark_read_error"]
 
 QUARANTINED = "file quarantined"
 
@@ -180,18 +176,9 @@ def isolate_unreadable(paths: Sequence[str], read_one: Callable[[str], object]) 
     return bad
 
 
-def file_rows(spark: SparkSession, bad: Sequence[BadFile]) -> DataFrame:
-    """The quarantined files as rejects (``_reason``, ``_raw``, ``_file``), one per file, for ``dead_letter``:
-    ``raw`` holds the path and size, ``reason`` starts with ``file quarantined``."""
-    from pyspark.sql.types import StringType, StructField, StructType
-
-    columns = file_columns(bad)
-    schema = StructType([StructField(c, StringType()) for c in columns])
-    return spark.createDataFrame(list(zip(*columns.values(), strict=True)), schema)
-
-
 def file_columns(bad: Sequence[BadFile]) -> dict[str, list[str]]:
-    """The quarantined files' reject columns (``_reason``, ``_raw``, ``_file``), one row per file."""
+    """The quarantined files as rejects for ``dead_letter`` (``_reason``, ``_raw``, ``_file``), one row per file:
+    ``raw`` holds the path and size, ``reason`` starts with ``file quarantined``."""
     return {"_reason": [f"{QUARANTINED}: {b.reason}" for b in bad],
             "_raw": [json.dumps({"path": b.path, "size": b.size}) for b in bad], "_file": [b.path for b in bad]}
 
