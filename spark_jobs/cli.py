@@ -207,8 +207,11 @@ def build_parser(commands: Sequence[Command] = ()) -> argparse.ArgumentParser:
     return parser
 
 
-def _spec_options(p: argparse.ArgumentParser) -> None:
-    """The options of every command that runs a spec on Spark: the spec, where it runs, its application's settings."""
+def _spec_command(sub: Any, name: str, func: Callable[[Any], int | None], help: str) -> argparse.ArgumentParser:
+    """A command that runs a spec on Spark, with the options of all of them: the spec, where it runs, its
+    application's settings."""
+    p = sub.add_parser(name, help=help)
+    p.set_defaults(func=func)
     p.add_argument("--pipeline", required=True, help="pipeline spec YAML, e.g. pipelines/page_views.yaml")
     p.add_argument("--lake", help="override the spec's lake root")
     p.add_argument("--source-path", help="override the spec's source.path")
@@ -225,9 +228,11 @@ def _spec_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="a Spark setting of the job's own application (repeatable), e.g. "
                         "spark.archives=env.tar.gz#env; a Connect server takes its settings at `server start`")
+    return p
 
 
-def _add_generate(sub: Any) -> None:
+def _add_jobs(sub: Any) -> None:
+    """The jobs: sample data, the batch path (combine, reduce and run), its gates and upkeep, the stream."""
     g = sub.add_parser("generate", help="write sample events, hive-partitioned by event_date")
     g.add_argument("--out", required=True, help="landing directory, e.g. data/landing/page_views")
     g.add_argument("--days", type=int, default=3)
@@ -238,37 +243,19 @@ def _add_generate(sub: Any) -> None:
     g.add_argument("--files-per-day", type=int, default=2)
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     g.set_defaults(func=cmd_generate)
-
-
-def _add_batch(sub: Any) -> None:
-    """combine, reduce and run: the batch path's jobs."""
-    c = sub.add_parser("combine", help="pre-aggregate landing day(s) into partials (replaces those days)")
-    _spec_options(c)
+    c = _spec_command(sub, "combine", cmd_combine, "pre-aggregate landing day(s) into partials (replaces those days)")
     c.add_argument("--date", required=True, help="event_date to combine, YYYY-MM-DD")
     c.add_argument("--to", help="last date of a range to combine (inclusive)")
-    c.set_defaults(func=cmd_combine)
-    r = sub.add_parser("reduce", help="merge new partials into the aggregates table, exactly once")
-    _spec_options(r)
+    r = _spec_command(sub, "reduce", cmd_reduce, "merge new partials into the aggregates table, exactly once")
     r.add_argument("--full", action="store_true", help="re-merge every key, not only the changed ones")
-    r.set_defaults(func=cmd_reduce)
-    run = sub.add_parser("run", help="combine a date range, then reduce (one Spark session)")
-    _spec_options(run)
+    run = _spec_command(sub, "run", cmd_run, "combine a date range, then reduce (one Spark session)")
     run.add_argument("--date", "--from", dest="date", required=True, help="first date, YYYY-MM-DD")
     run.add_argument("--to", help="last date (inclusive; default: the first)")
-    run.set_defaults(func=cmd_run)
-
-
-def _add_validate(sub: Any) -> None:
-    v = sub.add_parser("validate", help="run a Great Expectations gate (input: a landing day; outputs: partials "
-                                        "of a day before reduce, or the serving table)")
-    _spec_options(v)
+    v = _spec_command(sub, "validate", cmd_validate, "run a Great Expectations gate (input: a landing day; "
+                      "outputs: partials of a day before reduce, or the serving table)")
     v.add_argument("--suite", required=True, choices=["input", "outputs"], help="which gate")
     v.add_argument("--date", help="event_date (required for input; for outputs: that day's partials, pre-reduce)")
     v.add_argument("--reports", help="report directory (default <lake>/<pipeline>/_quality)")
-    v.set_defaults(func=cmd_validate)
-
-
-def _add_maintain(sub: Any) -> None:
     m = sub.add_parser("maintain", help="compact small files, vacuum, checkpoint (delta-rs, no Spark)")
     m.add_argument("--pipeline", required=True, help="pipeline spec YAML")
     m.add_argument("--lake", help="override the spec's lake root")
@@ -277,26 +264,20 @@ def _add_maintain(sub: Any) -> None:
                    help="allow a retention below 168 hours (only when no job or reader uses older versions)")
     m.add_argument("--dry-run", action="store_true", help="list what vacuum would delete; change nothing")
     m.set_defaults(func=cmd_maintain)
-
-
-def _add_stream(sub: Any) -> None:
-    st = sub.add_parser("stream", help="windowed mini-batch aggregation of new landing files, with a changelog")
-    _spec_options(st)
+    st = _spec_command(sub, "stream", cmd_stream, "windowed mini-batch aggregation of new landing files, with a "
+                       "changelog")
     st.add_argument("--available-now", action="store_true",
                     help="process every landing file present in mini-batches, then exit (default: run until "
                          "SIGTERM/SIGINT, which stops at a mini-batch boundary)")
-    st.set_defaults(func=cmd_stream)
 
 
 def _add_spec_tools(sub: Any) -> None:
     """explain, plan and apply: what a spec compiles to, and how the lake follows a changed one."""
-    ex = sub.add_parser("explain", help="the plan of each phase: per aggregate its stored columns and local and "
-                                        "global expressions, then Spark's physical plan (reads no data)")
-    _spec_options(ex)
+    ex = _spec_command(sub, "explain", cmd_explain, "the plan of each phase: per aggregate its stored columns and "
+                       "local and global expressions, then Spark's physical plan (reads no data)")
     ex.add_argument("phase", nargs="?", choices=["combine", "reduce", "stream"], help="one phase (default: all)")
     ex.add_argument("--mode", default="simple", choices=["simple", "extended", "formatted", "cost", "codegen"],
                     help="Spark's explain mode (default simple)")
-    ex.set_defaults(func=cmd_explain)
     pl = sub.add_parser("plan", help="compare a spec with the lake's: each change, its cost, the days to recombine "
                                      "(no Spark, changes nothing)")
     pl.add_argument("--pipeline", required=True, help="the new pipeline spec YAML")
@@ -304,12 +285,10 @@ def _add_spec_tools(sub: Any) -> None:
     pl.add_argument("--source-path", help="override the spec's source.path")
     pl.add_argument("--json", action="store_true", help="JSON output for scripts")
     pl.set_defaults(func=cmd_plan)
-    ap = sub.add_parser("apply", help="make the lake match a changed spec: schemas, re-derivations from the stored "
-                                      "accumulators, the spec record (exactly once; rerun after a crash)")
-    _spec_options(ap)
+    ap = _spec_command(sub, "apply", cmd_apply, "make the lake match a changed spec: schemas, re-derivations from "
+                       "the stored accumulators, the spec record (exactly once; rerun after a crash)")
     ap.add_argument("--engine", default="auto", choices=["auto", "arrow", "spark"],
                     help="where merges run: arrow on the driver, spark, or auto (spark for tables over 2M rows)")
-    ap.set_defaults(func=cmd_apply)
 
 
 def _add_inspect(sub: Any) -> None:
@@ -319,8 +298,7 @@ def _add_inspect(sub: Any) -> None:
 
 
 # in the order ``--help`` lists them
-JOB_COMMANDS: tuple[Command, ...] = (_add_generate, _add_batch, _add_validate, _add_maintain, _add_stream,
-                                     _add_spec_tools, _add_inspect)
+JOB_COMMANDS: tuple[Command, ...] = (_add_jobs, _add_spec_tools, _add_inspect)
 
 
 EXIT_CODES = """exit codes:

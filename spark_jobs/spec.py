@@ -215,8 +215,7 @@ def parse_spec(raw: Any, *, origin: str = "<memory>", base_dir: Path | None = No
     op_column = src.get("op_column")
     keys = _check_group_by(c, top.get("group_by"), schema)
     window, problems = parse_window(top.get("window"), retracting=op_column is not None)
-    for where, message in problems:
-        c.add(where, message)
+    c.problems += [f"{where}: {message}" for where, message in problems]
     aggregates = _check_aggregates(c, top.get("aggregates"), schema, op_column)
     stream = _check_stream(c, top.get("stream"))
     rollups = _check_rollups(c, top.get("rollups"), keys, window)
@@ -318,9 +317,8 @@ def _check_aggregates(c: _Checker, raw_aggs: Any, schema: dict[str, str], op_col
         agg = _check_aggregate_entry(c, field, item, schema, seen)
         if agg is None:
             continue
-        for problem in validate_aggregate(agg.fn, agg.columns, dict(agg.args), schema,
-                                          retracting=op_column is not None):
-            c.add(f"{field}.{problem[0]}", problem[1])
+        c.problems += [f"{field}.{where}: {message}" for where, message in validate_aggregate(
+            agg.fn, agg.columns, dict(agg.args), schema, retracting=op_column is not None)]
         aggregates.append(agg)
     return aggregates
 
