@@ -154,12 +154,8 @@ def server_conf(config: SessionConfig) -> dict[str, str]:
     conf = {**_FIXED_CONF, "spark.sql.shuffle.partitions": str(initial_shuffle_partitions(config)),
             "spark.driver.memory": config.driver_memory, "spark.ui.enabled": str(config.ui).lower(),
             "spark.ui.showConsoleProgress": str(config.progress).lower()}
-    if config.executor_cores is not None:
-        conf["spark.executor.cores"] = str(config.executor_cores)
-    if config.executor_memory is not None:
-        conf["spark.executor.memory"] = config.executor_memory
-    conf.update(dict(config.extra))
-    return conf
+    executor = {"cores": config.executor_cores, "memory": config.executor_memory}
+    return conf | {f"spark.executor.{k}": str(v) for k, v in executor.items() if v is not None} | dict(config.extra)
 
 
 def _connect(config: SessionConfig) -> SparkSession:

@@ -135,10 +135,10 @@ def classify(raw: DataFrame, spec: PipelineSpec, date: str | Column | None, *kee
     stream); rows outside it are rejected."""
     from pyspark.sql import functions as F
 
-    checks: list[tuple[Column, Column]] = []  # (row fails, why): the message is built for failing rows only
-    typed: list[Column] = []
     corrupt = F.col(CORRUPT).isNotNull() if CORRUPT in raw.columns else F.lit(False)
-    checks.append((corrupt, F.lit("malformed record")))
+    # (row fails, why): the message is built for failing rows only
+    checks: list[tuple[Column, Column]] = [(corrupt, F.lit("malformed record"))]
+    typed: list[Column] = []
     kinds = {f.name: f.dataType.simpleString() for f in raw.schema.fields}
     for col, typ in spec.source.schema:
         src = F.col(col)
