@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import shutil
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -37,10 +38,9 @@ class GenerateConfig:
     bad_fraction: float = 0.0005
 
     def __post_init__(self) -> None:
-        try:
+        start_ok = False
+        with suppress(ValueError):
             start_ok = dt.date.fromisoformat(self.start) is not None
-        except ValueError:
-            start_ok = False
         problems = [message for ok, message in (
             (self.days >= 1, f"--days must be >= 1, got {self.days}"),
             (self.rows_per_day >= 1, f"--rows-per-day must be >= 1, got {self.rows_per_day}"),
@@ -106,17 +106,11 @@ def _write_text(table: pa.Table, path: Path, fmt: Format, rng: np.random.Generat
         frame.to_csv(path, index=False)
         return 0
     lines = frame.to_json(orient="records", lines=True, date_format="iso", date_unit="us").splitlines()
-    broken = 0
-    for i in rng.choice(len(lines), size=min(n_bad, len(lines)), replace=False):
-        record = json.loads(lines[i])
-        if broken % 2 == 0:  # a truncated line
-            lines[i] = lines[i][: len(lines[i]) // 2]
-        else:  # a value of the wrong type
-            record["duration_ms"] = "n/a"
-            lines[i] = json.dumps(record)
-        broken += 1
+    broken = rng.choice(len(lines), size=min(n_bad, len(lines)), replace=False)
+    for n, i in enumerate(broken):  # every other one truncated, the others with a value of the wrong type
+        lines[i] = json.dumps(json.loads(lines[i]) | {"duration_ms": "n/a"}) if n % 2 else lines[i][:len(lines[i]) // 2]
     path.write_text("\n".join(lines) + "\n")
-    return broken
+    return len(broken)
 
 
 def generate(config: GenerateConfig, *, progress: bool = True) -> GenerateResult:

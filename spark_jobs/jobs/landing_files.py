@@ -125,16 +125,13 @@ def screen(paths: Sequence[str], spec: PipelineSpec, *, exact: bool = True) -> S
                 footers[path], out.rows[path] = types, rows
     if spec.source.format != "parquet":
         return out
-    for col, want in spec.source.schema:
+    columns = spec.source.columns  # and after them the others, which a rejected row's raw record keeps
+    for col in [*columns, *sorted({c for types in footers.values() for c in types} - set(columns))]:
         held = {types[col] for types in footers.values() if col in types}
-        if not exact and len(held) == 1:  # one type for the whole day: read as it, cast row by row (or, when
-            out.types[col] = spark_type(next(iter(held)))  # it does not cast, the day's schema is refused)
-        elif held:
-            out.types[col] = want
-    for col in sorted({c for types in footers.values() for c in types} - set(spec.source.columns)):
-        held = {types[col] for types in footers.values() if col in types}
-        if len(held) == 1:  # other columns are kept in a rejected row's raw record
-            out.types[col] = spark_type(next(iter(held)))
+        if len(held) == 1 and (not exact or col not in columns):  # one type for the whole day: read as it, cast
+            out.types[col] = spark_type(next(iter(held)))  # row by row (or, when it does not cast, refused)
+        elif held and col in columns:
+            out.types[col] = columns[col]
     if any(t.split("(")[0] not in _SPARK_TYPES for t in out.types.values()):
         out.types = {}  # a nested type: read with the files' own schema, which the job then refuses
     for path, types in footers.items():
