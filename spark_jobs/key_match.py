@@ -60,11 +60,8 @@ def _flagged(table: pa.Table, keys: list[str]) -> pa.Table:
 
 
 def key_mask(table: pa.Table, keys: Sequence[str], probe: pa.Table) -> np.ndarray:
-    """Which rows of ``table`` have a key (the ``keys`` columns) that occurs in ``probe``.
-
-    A hash join on the key columns and a row number: Arrow joins carry no list or map
-    payload columns, and accumulator columns are often both.
-    """
+    """Which rows of ``table`` have a key (the ``keys`` columns) that occurs in ``probe``: a hash join on the key
+    columns and a row number, as Arrow joins carry no list or map payload columns (accumulators often are both)."""
     keys = list(keys)
     mask = np.zeros(table.num_rows, dtype=bool)
     if not keys or table.num_rows == 0 or probe.num_rows == 0:

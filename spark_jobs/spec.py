@@ -171,8 +171,6 @@ def _abs(value: str, base_dir: Path | None) -> str:
 
 
 class _Checker:
-    """Collects problems while walking the raw mapping."""
-
     def __init__(self) -> None:
         self.problems: list[str] = []
 

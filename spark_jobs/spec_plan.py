@@ -40,8 +40,6 @@ _READ = ("format", "event_time", "op_column")  # the source fields that change h
 
 @dataclass(frozen=True)
 class Change:
-    """One difference: its kind, the field, what changed, and what ``apply`` does about it."""
-
     kind: Kind
     field: str
     what: str

@@ -91,8 +91,6 @@ _Rows = TypeVar("_Rows", pa.Table, "DataFrame")  # a step's rows: Arrow on the d
 
 @dataclass
 class ApplyResult:
-    """What an apply did: the plan it followed, the version it recorded, each table's commit."""
-
     plan: Plan
     version: int
     written: dict[str, int | None] = field(default_factory=dict)
@@ -109,11 +107,8 @@ class ApplyResult:
 
 def apply(spec: PipelineSpec, *, spark: Callable[[], SparkSession] | None = None, engine: Engine = "auto",
           run_id: str | None = None) -> ApplyResult:
-    """Make the lake match ``spec`` (see the module doc). ``spark`` builds a session when a merge needs one.
-
-    Raises:
-        SpecChangedError: the change is refused (exit 2), with the reason and the way out.
-    """
+    """Make the lake match ``spec`` (see the module doc). ``spark`` builds a session when a merge needs one. A
+    refused change raises :class:`SpecChangedError` (exit 2), with the reason and the way out."""
     started = time.monotonic()
     run_id = run_id or new_run_id("apply")
     records = read_records(spec.lake, spec.name)
@@ -123,7 +118,7 @@ def apply(spec: PipelineSpec, *, spark: Callable[[], SparkSession] | None = None
         raise SpecChangedError("apply refused: " + "; ".join(f"{c.what}: {c.effect}" for c in plan.diff.refused))
     if plan.unchanged:
         return result
-    current = records[-1] if records else None
+    current = plan.current
     if current is None and plan.new_tables:  # a new lake: the spec is all there is to record
         write_record(spec.lake, spec.name, first_record(spec, run_id=run_id))
         result.seconds = time.monotonic() - started
@@ -139,15 +134,15 @@ def apply(spec: PipelineSpec, *, spark: Callable[[], SparkSession] | None = None
     lake = open_lake(session)
     target = (_adopt(spec, run_id) if current is None
               else _target(spec, current, plan.diff, tables, run_id) if current.applied else current)
+    if target is not current:
+        write_record(spec.lake, spec.name, target)
     lake.spec_txn = AppTxn(spec_app_id(spec.name), target.version)
     with recorded_run(lake, tables, job="apply", batch=f"spec-{target.version}", run_id=run_id) as record:
         record.inputs = [spec.origin]
-        migration = _Migration(lake, spec, target, plan.diff, tables, run_id, session)
-        result.written = migration.run()
+        result.written = _Migration(lake, spec, target, plan.diff, tables, run_id, session).run()
         write_record(spec.lake, spec.name, dataclasses.replace(target, status=APPLIED, recorded_at=None,
                                                                run_id=run_id))
-        compiled = CompiledAggregates(spec, target)
-        refreshed = rollups.refresh(lake, compiled, run_id=run_id)
+        refreshed = rollups.refresh(lake, CompiledAggregates(spec, target), run_id=run_id)
         result.written.update({k: v for k, v in refreshed.items() if v is not None})
         record.versions_written = dict(result.written)
         record.message = f"spec version {target.version}: " + "; ".join(c.what for c in plan.diff.changes)[:3000]
@@ -156,7 +151,7 @@ def apply(spec: PipelineSpec, *, spark: Callable[[], SparkSession] | None = None
 
 
 def _target(spec: PipelineSpec, current: RecordedSpec, diff: Diff, tables: PipelineTables, run_id: str) -> RecordedSpec:
-    """The record of the new version, written: each aggregate's coverage, and what a layout change left uncovered."""
+    """The record of the new version: each aggregate's coverage, and what a layout change left uncovered."""
     version = current.version + 1
     coverage = {a.name: version if (diff.reset or a.name in diff.added) else current.since(a.name)
                 for a in spec.aggregates}
@@ -165,11 +160,9 @@ def _target(spec: PipelineSpec, current: RecordedSpec, diff: Diff, tables: Pipel
         days = day_versions(tables.partials)
         if days:
             through = max(dt.date.fromisoformat(max(days)), through or dt.date.min)
-    target = RecordedSpec(version=version, status=APPLYING, spec=normalise(spec), coverage=coverage,
-                          layout_since=version if diff.reset else current.layout_since, uncovered_through=through,
-                          changes=[dataclasses.asdict(c) for c in diff.changes], run_id=run_id)
-    write_record(spec.lake, spec.name, target)
-    return target
+    return RecordedSpec(version=version, status=APPLYING, spec=normalise(spec), coverage=coverage,
+                        layout_since=version if diff.reset else current.layout_since, uncovered_through=through,
+                        changes=[dataclasses.asdict(c) for c in diff.changes], run_id=run_id)
 
 
 def _adopt(spec: PipelineSpec, run_id: str) -> RecordedSpec:
@@ -201,10 +194,8 @@ def _adopt(spec: PipelineSpec, run_id: str) -> RecordedSpec:
             f"the lake {spec.lake}/{spec.name} records no spec, and its tables were not written with "
             f"{spec.origin}: {' | '.join(problems)}. Apply the spec they were written with first (it becomes "
             "version 1), then this one")
-    target = first_record(spec, run_id=run_id, status=APPLYING,
-                          changes=[{"kind": "settings", "field": "spec", "what": "adopted", "effect": ""}])
-    write_record(spec.lake, spec.name, target)
-    return target
+    return first_record(spec, run_id=run_id, status=APPLYING,
+                        changes=[{"kind": "settings", "field": "spec", "what": "adopted", "effect": ""}])
 
 
 class _Migration:
@@ -426,8 +417,7 @@ class _Migration:
     def _merged(self, rows: _Rows, *, extra_keys: list[str], extra: list[tuple[str, str]]) -> _Rows:
         """The kept aggregates' accumulators merged per ``extra_keys`` and the new keys and windows."""
         if isinstance(rows, pa.Table):
-            merged, accs = self._merge(rows, extra_keys=extra_keys, extra=extra)
-            return self._encoded(merged, accs, rows.schema)
+            return self._encoded(*self._merge(rows, extra_keys=extra_keys, extra=extra), rows.schema)
         from pyspark.sql import functions as F
 
         if self.diff.window_removed:

@@ -99,12 +99,10 @@ def _footer(path: str) -> tuple[dict[str, str] | None, int, str | None]:
 
 
 def screen(paths: Sequence[str], spec: PipelineSpec, *, exact: bool = True) -> Screen:
-    """Sort ``paths`` before any is read: empty, unreadable or readable, reading no data page.
-
-    A Parquet file is unreadable when its footer is not there or a column's type cannot be read as the
-    spec's. ``exact=False`` (a day's combine) also takes a column that every file of the day holds as one
-    type that casts to the spec's, e.g. a day landed as strings: its values are cast, and rejected, row by
-    row. ``Screen.types`` is then the type to read each column with."""
+    """Sort ``paths`` before any is read (no data page): empty, unreadable or readable. A Parquet file is
+    unreadable when its footer is not there or a column's type cannot be read as the spec's. ``exact=False`` (a
+    day's combine) also takes a column that every file of the day holds as one type that casts to the spec's, e.g.
+    a day landed as strings: its values are cast, and rejected, row by row (``Screen.types``: each column's)."""
     out = Screen()
     footers: dict[str, dict[str, str]] = {}
     for path in paths:
