@@ -132,7 +132,7 @@ def apply(spec: PipelineSpec, *, spark: Callable[[], SparkSession] | None = None
                         "available")
     result.engine = "spark" if session is not None else "arrow"
     lake = open_lake(session)
-    target = (_adopt(spec, run_id) if current is None
+    target = (_adopt(spec, tables, run_id) if current is None
               else _target(spec, current, plan.diff, tables, run_id) if current.applied else current)
     if target is not current:
         write_record(spec.lake, spec.name, target)
@@ -165,10 +165,9 @@ def _target(spec: PipelineSpec, current: RecordedSpec, diff: Diff, tables: Pipel
                         changes=[dataclasses.asdict(c) for c in diff.changes], run_id=run_id)
 
 
-def _adopt(spec: PipelineSpec, run_id: str) -> RecordedSpec:
+def _adopt(spec: PipelineSpec, tables: PipelineTables, run_id: str) -> RecordedSpec:
     """A lake from before spec records: its tables must have ``spec``'s columns (and windows); then they
     gain ``spec_version`` and the spec is recorded as version 1."""
-    tables = PipelineTables(spec.lake, spec.name)
     problems = []
     named: list[tuple[str, str, RollupSpec | None]] = [
         ("state", tables.stream_state, None), ("partials", tables.partials, None),

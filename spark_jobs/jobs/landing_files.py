@@ -184,8 +184,7 @@ def spark_read_error(exc: BaseException) -> str:
     for line in (raw.strip() for raw in str(exc).splitlines()):
         if not line or line.startswith(("at ", "...", "JVM stacktrace", "Traceback", "An error occurred while")):
             continue
-        if line.startswith("Caused by:"):
-            line = line[len("Caused by:"):].strip()
+        line = line.removeprefix("Caused by:").strip()
         if ("Exception" in line.split(":")[0] or "Error" in line.split(":")[0]) and ":" in line:
             line = line.split(":", 1)[1].strip()
         if line and line not in found:
