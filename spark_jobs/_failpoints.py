@@ -24,10 +24,7 @@ def failpoint(name: str) -> None:
     action = _actions.pop(name, None)
     if action is not None:
         action()
-    wanted = os.environ.get("SPARK_JOBS_FAILPOINT")
-    if not wanted:
-        return
-    point, _, nth = wanted.partition("@")
+    point, _, nth = os.environ.get("SPARK_JOBS_FAILPOINT", "").partition("@")
     if point == name:
         _hits[name] = _hits.get(name, 0) + 1
         if _hits[name] == int(nth or 1):

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, cast, get_args
 
 import yaml
 
@@ -25,11 +25,8 @@ __all__ = ["AggregateSpec", "Duration", "PipelineSpec", "RollupSpec", "SourceSpe
            "load_spec", "parse_duration", "parse_spec"]
 
 SourceFormat = Literal["parquet", "json", "csv"]
-FORMATS: tuple[str, ...] = ("parquet", "json", "csv")
 BadFilePolicy = Literal["quarantine", "fail"]
-BAD_FILE_POLICIES: tuple[str, ...] = ("quarantine", "fail")
 NullKeyPolicy = Literal["group", "reject"]
-NULL_KEY_POLICIES: tuple[str, ...] = ("group", "reject")
 
 # spec type name -> Spark SQL type name
 TYPES: dict[str, str] = {"string": "string", "int": "int", "integer": "int", "long": "bigint", "bigint": "bigint",
@@ -239,12 +236,12 @@ def _check_source(c: _Checker, raw: Any) -> tuple[dict[str, Any], dict[str, str]
     src = c.mapping(raw, "source", ("path", "format", "event_time", "schema", "op_column", "on_bad_file",
                                     "null_keys"), ("path", "event_time", "schema"))
     fmt = src.get("format", "parquet")
-    if fmt not in FORMATS:
-        c.add("source.format", f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
-    policies = {"on_bad_file": (BAD_FILE_POLICIES, "quarantine (record an unreadable landing file in dead_letter "
-                                                   "and go on) or fail (stop the job, naming the file)"),
-                "null_keys": (NULL_KEY_POLICIES, "group (a NULL group key is a group of its own, as in SQL) or reject "
-                                                 "(the row goes to dead_letter)")}
+    if fmt not in get_args(SourceFormat):
+        c.add("source.format", f"unknown format {fmt!r}; use one of {', '.join(get_args(SourceFormat))}")
+    policies = {"on_bad_file": (get_args(BadFilePolicy), "quarantine (record an unreadable landing file in "
+                                "dead_letter and go on) or fail (stop the job, naming the file)"),
+                "null_keys": (get_args(NullKeyPolicy), "group (a NULL group key is a group of its own, as in SQL) "
+                              "or reject (the row goes to dead_letter)")}
     for key, (allowed, use) in policies.items():
         if key in src and src[key] not in allowed:
             c.add(f"source.{key}", f"unknown policy {str(src[key])[:40]!r}; use {use}")
@@ -363,12 +360,10 @@ def _check_stream(c: _Checker, raw: Any) -> StreamSpec:
     if raw is None:
         return StreamSpec()
     s = c.mapping(raw, "stream", ("max_files_per_batch", "trigger", "watermark"))
-    kwargs: dict[str, Any] = {}
     mfpb = s.get("max_files_per_batch", 100)
     if not isinstance(mfpb, int) or isinstance(mfpb, bool) or mfpb < 1:
         c.add("stream.max_files_per_batch", f"bad value {mfpb!r}; use a whole number >= 1")
-    else:
-        kwargs["max_files_per_batch"] = mfpb
+    kwargs: dict[str, Any] = {"max_files_per_batch": mfpb}  # a bad value is never used: the spec is refused
     for key in ("trigger", "watermark"):
         if key in s:
             try:
