@@ -222,13 +222,10 @@ class _Migration:
 
     def run(self) -> dict[str, int | None]:
         t = self.tables
-        steps: list[tuple[str, str, Callable[[str, int | None], int | None]]] = [
-            ("state", t.stream_state, self._state), ("partials", t.partials, self._partials),
-            ("aggregates", t.aggregates, self._aggregates),
-            # a log keeps the columns of what was dropped; a layout change adds the new keys' columns
-            ("changelog", t.changelog, lambda path, _: self._add_columns(path, "changelog"))]
-        for name, path, step in steps:
-            self._step(name, path, step)
+        # without a rewrite the tables only gain columns, and so does the log (it keeps those of what was dropped)
+        for name, path, step in (("state", t.stream_state, self._state), ("partials", t.partials, self._partials),
+                                 ("aggregates", t.aggregates, self._aggregates), ("changelog", t.changelog, None)):
+            self._step(name, path, step if self._rewrites() else None)
         told = changelog_feed.tell_commits(self.lake, self.spec, run_id=self.run_id)  # the rows re-derived
         if told is not None:
             self.written["changelog"] = told
@@ -238,12 +235,14 @@ class _Migration:
             self._step(rollup.table, t.rollup(rollup.name), partial(self._rollup, rollup))
         return self.written
 
-    def _step(self, name: str, path: str, step: Callable[[str, int | None], int | None]) -> None:
+    def _step(self, name: str, path: str, step: Callable[[str, int | None], int | None] | None) -> None:
+        """``step(path, version)`` (None: ``name``'s new columns added) on a table an earlier run has not done."""
         if not is_table(path):
             return
         at = table_spec_version(path, self.spec.name)
-        if at is None or at < self.version:  # else done by an earlier run of this apply
-            self.written[name] = retry_conflicts(lambda attempt: step(path, self.lake.version(path)),
+        if at is None or at < self.version:
+            run = step or (lambda path, _: self._add_columns(path, name))
+            self.written[name] = retry_conflicts(lambda attempt: run(path, self.lake.version(path)),
                                                  what=f"apply to {name}")
 
     # ------------------------------------------------------------------ helpers
@@ -305,8 +304,6 @@ class _Migration:
     def _state(self, path: str, read: int | None) -> int | None:
         if self.diff.reset:
             return self._rewrite(self._empty("state"), path, read)
-        if not self._rewrites():
-            return self._add_columns(path, "state")
         old = self._read(path, read)
         if self.diff.coarsened or self.diff.window_removed:  # the state held only the open fine windows
             rows = self._rebuilt_state(path, read, old)
@@ -344,8 +341,6 @@ class _Migration:
     def _partials(self, path: str, read: int | None) -> int | None:
         if self.diff.reset:
             return self._rewrite(self._empty("partials"), path, read, partition_by=PARTIALS_PARTITIONS)
-        if not self._rewrites():
-            return self._add_columns(path, "partials")
         snapshot = open_table(path, read) if self.spark is None else None
         if snapshot is None or not self._merges() or snapshot.reader_features:
             source = self.lake.read(path, version=read) if snapshot is None else snapshot.read()
@@ -374,8 +369,6 @@ class _Migration:
         extra = (AppTxn(reduce_app_id(self.spec), partials),) if partials is not None else ()
         if self.diff.reset:
             return self._rewrite(self._empty("aggregates"), path, read, extra=extra)
-        if not self._rewrites():
-            return self._add_columns(path, "aggregates")
         files = self.lake.files(self.tables.partials, partials)
         cluster = window_cluster(self.spec, len({f.partition_values.get(DAY) for f in files}))
         rows: pa.Table | DataFrame | None
