@@ -160,8 +160,7 @@ def cmd_explain(args: argparse.Namespace) -> None:
     from spark_jobs.phases import CompiledAggregates
     from spark_jobs.phases.explain import PHASES, explain, phase_frame
 
-    spec = _spec(args)
-    compiled = CompiledAggregates(spec)
+    compiled = CompiledAggregates(_spec(args))
     spark = _session(args, "explain")
     for phase in PHASES if args.phase is None else (args.phase,):
         print(explain(spark, compiled, phase))
@@ -186,8 +185,7 @@ def cmd_apply(args: argparse.Namespace) -> None:
 
     spec = _spec(args)
     result = apply(spec, spark=lambda: _session(args, "apply", connect=False), engine=args.engine, run_id=args.run_id)
-    print(result.plan.text())
-    print(result.summary())
+    print(result.plan.text(), result.summary(), sep="\n")
 
 
 Command = Callable[[Any], None]  # adds a subcommand to the parser's subparsers
@@ -208,8 +206,7 @@ def build_parser(commands: Sequence[Command] = ()) -> argparse.ArgumentParser:
 
 
 def _spec_command(sub: Any, name: str, func: Callable[[Any], int | None], help: str) -> argparse.ArgumentParser:
-    """A command that runs a spec on Spark, with the options of all of them: the spec, where it runs, its
-    application's settings."""
+    """A command that runs a spec on Spark, with the options they all take: the spec, where and how it runs."""
     p = sub.add_parser(name, help=help)
     p.set_defaults(func=func)
     p.add_argument("--pipeline", required=True, help="pipeline spec YAML, e.g. pipelines/page_views.yaml")

@@ -142,14 +142,11 @@ def _null_key_change(old: PipelineSpec, new: PipelineSpec, changes: list[Change]
     before, after = old.source.null_keys, new.source.null_keys
     if before == after:
         return None
-    what = f"source.null_keys {before} -> {after}"
-    if after == "group":
-        changes.append(Change("raw", "source.null_keys", what, "rows rejected for a NULL group key form groups from "
-                              "now on: the days whose dead letters hold them are recombined"))
-        return True
-    changes.append(Change("raw", "source.null_keys", what, "rows with a NULL group key are rejected from now on: "
-                          "every day is recombined"))
-    return False
+    effect = ("rows rejected for a NULL group key form groups from now on: the days whose dead letters hold them "
+              "are recombined" if after == "group" else
+              "rows with a NULL group key are rejected from now on: every day is recombined")
+    changes.append(Change("raw", "source.null_keys", f"source.null_keys {before} -> {after}", effect))
+    return after == "group"
 
 
 def _key_changes(old: PipelineSpec, new: PipelineSpec, changes: list[Change]) -> Kind | None:

@@ -117,7 +117,7 @@ def generate(config: GenerateConfig, *, progress: bool = True) -> GenerateResult
     """Write ``config.days`` partitions under ``config.out``, replacing any that exist."""
     from tqdm import tqdm
 
-    rows = bad_rows = files = 0
+    bad_rows = 0
     for i, date in enumerate(tqdm(config.dates, desc="generate", unit="day", disable=not progress)):
         table, bad = day_table(config, i)
         part = Path(config.out) / f"event_date={date}"
@@ -132,7 +132,6 @@ def generate(config: GenerateConfig, *, progress: bool = True) -> GenerateResult
                 pq.write_table(chunk, path)
             else:
                 bad_rows += _write_text(chunk, path, config.format, rng, max(1, len(bad) // config.files_per_day))
-            files += 1
-        rows += table.num_rows
         bad_rows += len(bad)
-    return GenerateResult(rows, bad_rows, files, config.dates)
+    files = config.days * config.files_per_day
+    return GenerateResult(config.days * config.rows_per_day, bad_rows, files, config.dates)

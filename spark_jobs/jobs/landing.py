@@ -90,10 +90,8 @@ def _text_schema(columns: list[str]) -> str:
 
 def _no_rows(spark: SparkSession, spec: PipelineSpec) -> DataFrame:
     """What :func:`read_landing` gives for no readable file: no rows, the same columns."""
-    if spec.source.format == "parquet":
-        columns = [f"`{c}` {t}" for c, t in spec.source.schema]
-    else:
-        columns = [f"`{c}` string" for c, _ in spec.source.schema] + [f"`{CORRUPT}` string"]
+    text = spec.source.format != "parquet"  # read as untyped text, with the corrupt record
+    columns = [f"`{c}` {'string' if text else t}" for c, t in spec.source.schema] + [f"`{CORRUPT}` string"] * text
     return spark.createDataFrame([], ", ".join([*columns, "_raw string", "_file string", f"{DAY} string"]))
 
 
