@@ -199,7 +199,7 @@ def build_parser(commands: Sequence[Command] = ()) -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log each step")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (*JOB_COMMANDS, *commands):
+    for add in (_add_jobs, _add_spec_tools, *commands):  # in the order ``--help`` lists them
         add(sub)
     _verbose_after_the_command(parser)
     return parser
@@ -269,7 +269,7 @@ def _add_jobs(sub: Any) -> None:
 
 
 def _add_spec_tools(sub: Any) -> None:
-    """explain, plan and apply: what a spec compiles to, and how the lake follows a changed one."""
+    """explain, plan, apply and inspect: what a spec compiles to, how the lake follows a changed one, what it holds."""
     ex = _spec_command(sub, "explain", cmd_explain, "the plan of each phase: per aggregate its stored columns and "
                        "local and global expressions, then Spark's physical plan (reads no data)")
     ex.add_argument("phase", nargs="?", choices=["combine", "reduce", "stream"], help="one phase (default: all)")
@@ -286,16 +286,9 @@ def _add_spec_tools(sub: Any) -> None:
                        "the stored accumulators, the spec record (exactly once; rerun after a crash)")
     ap.add_argument("--engine", default="auto", choices=["auto", "arrow", "spark"],
                     help="where merges run: arrow on the driver, spark, or auto (spark for tables over 2M rows)")
-
-
-def _add_inspect(sub: Any) -> None:
     from spark_jobs.inspection.inspect_cli import add_inspect_parser, run_inspect
 
     add_inspect_parser(sub).set_defaults(func=run_inspect)
-
-
-# in the order ``--help`` lists them
-JOB_COMMANDS: tuple[Command, ...] = (_add_jobs, _add_spec_tools, _add_inspect)
 
 
 EXIT_CODES = """exit codes:

@@ -70,11 +70,10 @@ class SessionConfig:
                 raise UsageError(f"bad Spark Connect address {self.remote!r} (--remote or $SPARK_REMOTE); use "
                                  "sc://host:port, e.g. sc://127.0.0.1:15002")
             address(self.remote)
-        if self.shuffle_partitions is not None and self.shuffle_partitions < 1:
-            raise UsageError(f"bad shuffle partitions {self.shuffle_partitions} (--shuffle-partitions); use 1 or more")
-        if self.executor_cores is not None and self.executor_cores < 1:
-            raise UsageError(f"bad executor cores {self.executor_cores} (--executor-cores or $SPARK_EXECUTOR_CORES); "
-                             "use 1 or more")
+        for what, value, where in (("shuffle partitions", self.shuffle_partitions, "--shuffle-partitions"),
+                                   ("executor cores", self.executor_cores, "--executor-cores or $SPARK_EXECUTOR_CORES")):
+            if value is not None and value < 1:
+                raise UsageError(f"bad {what} {value} ({where}); use 1 or more")
 
 
 def _int_env(name: str) -> int | None:

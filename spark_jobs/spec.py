@@ -159,12 +159,8 @@ def load_spec(path: str | Path, *, lake: str | None = None, source_path: str | N
 
 
 def _abs(value: str, base_dir: Path | None) -> str:
-    if "://" in value:
-        return value
-    p = Path(value).expanduser()
-    if not p.is_absolute():
-        p = (base_dir or Path.cwd()) / p
-    return str(p.resolve())
+    """A local path made absolute (a relative one against ``base_dir``, else the working directory); a URL as is."""
+    return value if "://" in value else str(((base_dir or Path()) / Path(value).expanduser()).resolve())
 
 
 class _Checker:

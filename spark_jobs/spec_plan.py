@@ -174,8 +174,7 @@ def _key_changes(old: PipelineSpec, new: PipelineSpec, changes: list[Change]) ->
 def _aggregate_changes(old: PipelineSpec, new: PipelineSpec, changes: list[Change]) -> tuple[list[str], list[str]]:
     """The aggregates added (or changed) and dropped (or changed)."""
     o_aggs, n_aggs = {a.name: a for a in old.aggregates}, {a.name: a for a in new.aggregates}
-    added: list[str] = []
-    dropped: list[str] = []
+    added, dropped = [], []
     for name, agg in n_aggs.items():
         before = o_aggs.get(name)
         if before is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections.abc import Sequence
+from contextlib import suppress
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -38,11 +39,9 @@ _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 def parse_date(text: str) -> str:
     """A strict YYYY-MM-DD date (Python also takes 20240301 and 2024-W09-5: not a landing partition's name)."""
-    try:
+    with suppress(ValueError):
         if isinstance(text, str) and _DATE.fullmatch(text):
             return dt.date.fromisoformat(text).isoformat()
-    except ValueError:
-        pass
     raise UsageError(f"bad date {str(text)[:40]!r}; use YYYY-MM-DD, e.g. 2024-03-01")
 
 
