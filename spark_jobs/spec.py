@@ -305,12 +305,10 @@ def _check_aggregates(c: _Checker, raw_aggs: Any, schema: dict[str, str], op_col
     seen: set[str] = set()
     for i, item in enumerate(raw_aggs if isinstance(raw_aggs, list) else []):
         field = f"aggregates[{i}]"
-        agg = _check_aggregate_entry(c, field, item, schema, seen)
-        if agg is None:
-            continue
-        c.problems += [f"{field}.{where}: {message}" for where, message in validate_aggregate(
-            agg.fn, agg.columns, dict(agg.args), schema, retracting=op_column is not None)]
-        aggregates.append(agg)
+        if (agg := _check_aggregate_entry(c, field, item, schema, seen)) is not None:
+            c.problems += [f"{field}.{where}: {message}" for where, message in validate_aggregate(
+                agg.fn, agg.columns, dict(agg.args), schema, retracting=op_column is not None)]
+            aggregates.append(agg)
     return aggregates
 
 
