@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -69,8 +70,6 @@ def _session(args: argparse.Namespace, app: str, *, connect: bool = True) -> Spa
 
 
 def _dates(first: str, last: str | None) -> list[str]:
-    import datetime as dt
-
     from spark_jobs.jobs.combine import parse_date
 
     start, end = dt.date.fromisoformat(parse_date(first)), dt.date.fromisoformat(parse_date(last or first))
@@ -130,9 +129,7 @@ def cmd_validate(args: argparse.Namespace) -> None:
     from spark_jobs.quality.gate import validate
 
     if args.date is not None:
-        from spark_jobs.jobs.combine import parse_date
-
-        parse_date(args.date)  # a bad --date is refused before the lake is touched
+        _dates(args.date, None)  # a bad --date is refused before the lake is touched
     spec = _spec(args, applied=True)
     spark = _session(args, f"validate {args.suite}")
     print(validate(spark, spec, args.suite, date=args.date, reports=args.reports, run_id=args.run_id).text())

@@ -111,8 +111,7 @@ def apply(spec: PipelineSpec, *, spark: Callable[[], SparkSession] | None = None
     refused change raises :class:`SpecChangedError` (exit 2), with the reason and the way out."""
     started = time.monotonic()
     run_id = run_id or new_run_id("apply")
-    records = read_records(spec.lake, spec.name)
-    plan = make_plan(spec, records)
+    plan = make_plan(spec, read_records(spec.lake, spec.name))
     result = ApplyResult(plan, plan.version)
     if plan.diff.refused:
         raise SpecChangedError("apply refused: " + "; ".join(f"{c.what}: {c.effect}" for c in plan.diff.refused))
@@ -318,8 +317,7 @@ class _Migration:
         """The new windows still open at the stream's watermark, merged from the stream's partials of the
         mini-batches the state holds (a batch committed to partials but not to the state is replayed by the
         stream, so it is left out)."""
-        done = self.lake.txn_version(path, stream_app_id(self.spec), read)
-        done = -1 if done is None else done
+        done = -1 if (txn := self.lake.txn_version(path, stream_app_id(self.spec), read)) is None else txn
         lag = dt.timedelta(seconds=self.spec.stream.watermark.seconds)
         if isinstance(old, pa.Table):
             high = pc.max(old.column("max_event_time")).as_py() if old.num_rows else None

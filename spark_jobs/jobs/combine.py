@@ -14,6 +14,7 @@ from contextlib import suppress
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from spark_jobs.errors import InputError, UsageError
 from spark_jobs.jobs.conflicts import retry_conflicts
@@ -95,8 +96,6 @@ def write_dead_letters(lake: Lake, tables: PipelineTables, rows: DataFrame | pa.
 
 def _dead_letter_rows(rows: pa.Table, files: Sequence[BadFile], *, run_id: str, job: str, batch: str) -> pa.Table:
     """``dead_letter`` rows, as the Spark path writes them, of rejects held in Arrow."""
-    import pyarrow.compute as pc
-
     text = pa.schema([(c, pa.string()) for c in ("_reason", "_raw", "_file")])
     rejects = pa.concat_tables([rows.filter(pc.is_valid(rows.column("_reason"))).select(text.names).cast(text),
                                 pa.table(file_columns(files), schema=text)])
