@@ -15,9 +15,6 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from spark_jobs.errors import InputError
 from spark_jobs.lake import storage
 from spark_jobs.spark_failures import spark_errors
@@ -90,6 +87,9 @@ class Screen:
 def _footer(path: str) -> tuple[dict[str, str] | None, int, str | None]:
     """A Parquet file's column types (Arrow names, every timestamp's ``timestamp``) and row count, or why its
     footer cannot be read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     try:
         with storage.open_input(path) as handle, pq.ParquetFile(handle) as file:
             schema, rows = file.schema_arrow, file.metadata.num_rows
