@@ -259,10 +259,9 @@ class Plan:
 
     def text(self) -> str:
         if self.current is None and self.new_tables:
-            lines = [f"{self.pipeline}: no lake at {self.lake}/{self.pipeline} yet; the first job creates these "
-                     f"tables and records this spec as version 1:"]
-            lines += [f"  {t}: {', '.join(cols)}" for t, cols in self.new_tables.items()]
-            return "\n".join(lines)
+            return "\n".join([f"{self.pipeline}: no lake at {self.lake}/{self.pipeline} yet; the first job creates "
+                              "these tables and records this spec as version 1:",
+                              *(f"  {t}: {', '.join(cols)}" for t, cols in self.new_tables.items())])
         if self.unchanged:
             assert self.current is not None
             return (f"{self.pipeline}: the lake is at spec version {self.current.version}, the same as "
@@ -317,15 +316,13 @@ def landing_rows(spec: PipelineSpec, date: str) -> tuple[int | None, int]:
     files = storage.list_dir(folder)
     rows = 0
     for f in files:
-        try:
+        with suppress(OSError, ValueError):  # unreadable (ArrowInvalid is a ValueError): no rows; combine reports it
             if spec.source.format == "parquet":
                 with storage.open_input(f) as handle:
                     rows += pq.read_metadata(handle).num_rows
             else:
                 lines = sum(1 for line in storage.read_bytes(f).splitlines() if line.strip())
                 rows += max(lines - 1, 0) if spec.source.format == "csv" else lines
-        except (OSError, ValueError):  # unreadable (ArrowInvalid is a ValueError): counts nothing, combine reports it
-            continue
     return rows, len(files)
 
 

@@ -288,14 +288,13 @@ class _Migration:
     def _conform(self, rows: _Rows, table: str, rollup: RollupSpec | None = None) -> _Rows:
         """``rows`` with ``table``'s columns in the new spec: added or changed aggregates' columns NULL."""
         schema = table_schema(self.spec, table, rollup)
+        kept = set(rows.column_names if isinstance(rows, pa.Table) else rows.columns) - self.fresh
         if isinstance(rows, pa.Table):
-            kept = set(rows.column_names) - self.fresh
             return pa.Table.from_arrays([rows.column(f.name).cast(f.type) if f.name in kept
                                          else pa.nulls(rows.num_rows, f.type) for f in schema], schema=schema)
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_type
 
-        kept = set(rows.columns) - self.fresh
         return rows.select(*((F.col(f.name) if f.name in kept else F.lit(None)).cast(from_arrow_type(f.type))
                              .alias(f.name) for f in schema))
 
@@ -328,8 +327,7 @@ class _Migration:
             return rows if high is None else rows.filter(self.spec.window.is_open_arrow(rows, high - lag))
         from pyspark.sql import functions as F
 
-        top = old.agg(F.max("max_event_time")).first()
-        high = top[0] if top is not None else None
+        high = (old.agg(F.max("max_event_time")).first() or [None])[0]
         stream = self.lake.read(self.tables.partials).where(F.col("source") == STREAM)
         ids = F.substring(F.col("batch"), len("stream-") + 1, 20).cast("bigint")
         merged = self._merged(stream.where(ids <= F.lit(done)), extra_keys=[DAY], extra=[])
