@@ -1,9 +1,5 @@
-"""``python -m spark_jobs <command>``: the job commands of :mod:`spark_jobs.cli`, and ``server``.
-
-Exit codes: 0 ok, 1 unexpected failure, 2 bad arguments or spec, 3 bad or missing input,
-4 lake (Delta) problem, 5 a data-quality suite failed (``validate``; the report says which checks),
-6 Spark cannot be reached (no Java, a Spark Connect server that is down).
-"""
+"""``python -m spark_jobs <command>``: the job commands of :mod:`spark_jobs.cli`, and ``server``; exit codes as
+:data:`spark_jobs.cli.EXIT_CODES` (``--help`` lists them)."""
 
 from __future__ import annotations
 
@@ -15,11 +11,10 @@ from collections.abc import Sequence
 from typing import Any
 
 if __name__ == "__main__" and __spec__ is None and sys.path:
-    # Run as a file (``spark-submit .../spark_jobs/__main__.py``), Python put this package's own folder
-    # first on sys.path, where its modules (errors, session, jobs, lake, ...) would be importable as
-    # top-level names and could shadow another distribution's. Put the folder holding the package there
-    # instead: ``spark_jobs`` then imports as with ``python -m spark_jobs``, installed or not. The imports
-    # above are the standard library's, which has none of those names.
+    # Run as a file (``spark-submit .../spark_jobs/__main__.py``), Python put this package's folder first on
+    # sys.path, where its modules (errors, jobs, lake, ...) could shadow another distribution's top-level names
+    # (the standard library's, imported above, has none of them). Put the package's parent there instead: it then
+    # imports as with ``python -m spark_jobs``, installed or not.
     _HERE = os.path.dirname(os.path.abspath(__file__))
     if os.path.abspath(sys.path[0] or os.curdir) == _HERE:
         sys.path[0] = os.path.dirname(_HERE)

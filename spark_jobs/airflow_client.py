@@ -63,9 +63,8 @@ class AirflowClient:
     def set_paused(self, dag_id: str, paused: bool) -> None:
         self._request("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": paused})
 
-    def trigger(self, dag_id: str, run_id: str, conf: dict[str, Any] | None = None) -> None:
-        self._request("POST", f"/api/v2/dags/{dag_id}/dagRuns",
-                      {"dag_run_id": run_id, "logical_date": None, "conf": conf or {}})
+    def trigger(self, dag_id: str, run_id: str) -> None:
+        self._request("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"dag_run_id": run_id, "logical_date": None, "conf": {}})
 
     def wait(self, dag_id: str, *, runs: int = 1, prefix: str = "", timeout: float = 900,
              on_change: Callable[[str], None] = print) -> list[dict[str, Any]]:

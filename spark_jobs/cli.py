@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -40,18 +41,12 @@ def _spec(args: argparse.Namespace, *, applied: bool = False) -> PipelineSpec:
 def _session_config(args: argparse.Namespace, app: str, *, connect: bool = True) -> SessionConfig:
     from spark_jobs.spark_session import SessionConfig
 
-    kwargs: dict[str, Any] = {"app_name": f"spark_jobs {app}", "progress": sys.stderr.isatty()}
+    options = ("master", "remote", "shuffle_partitions", "executor_cores", "executor_memory")
+    given: dict[str, Any] = {k: v for k in options if (v := getattr(args, k)) not in (None, "")}  # else $SPARK_*
     if args.master or not connect:
-        kwargs["remote"] = None
-    elif args.remote:
-        kwargs["remote"] = args.remote
-    if args.master:
-        kwargs["master"] = args.master
-    for name in ("shuffle_partitions", "executor_cores", "executor_memory"):
-        if getattr(args, name) is not None:
-            kwargs[name] = getattr(args, name)
-    kwargs["extra"] = parse_confs(getattr(args, "conf", []))
-    return SessionConfig(**kwargs)  # a bad --master/--remote is a UsageError: exit code 2
+        given["remote"] = None
+    return SessionConfig(app_name=f"spark_jobs {app}", progress=sys.stderr.isatty(),  # a bad option: UsageError, 2
+                         extra=parse_confs(getattr(args, "conf", [])), **given)
 
 
 def parse_confs(confs: Sequence[str]) -> tuple[tuple[str, str], ...]:
@@ -75,8 +70,6 @@ def _session(args: argparse.Namespace, app: str, *, connect: bool = True) -> Spa
 
 
 def _dates(first: str, last: str | None) -> list[str]:
-    import datetime as dt
-
     from spark_jobs.jobs.combine import parse_date
 
     start, end = dt.date.fromisoformat(parse_date(first)), dt.date.fromisoformat(parse_date(last or first))
@@ -85,7 +78,7 @@ def _dates(first: str, last: str | None) -> list[str]:
     return [(start + dt.timedelta(days=i)).isoformat() for i in range((end - start).days + 1)]
 
 
-def cmd_generate(args: argparse.Namespace) -> int:
+def cmd_generate(args: argparse.Namespace) -> None:
     from spark_jobs.jobs.generate import GenerateConfig, generate
 
     try:
@@ -96,7 +89,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     result = generate(config, progress=not args.quiet)
     print(f"wrote {result.rows:,} events ({result.bad_rows:,} bad on purpose) in {result.files} {args.format} "
           f"files, {result.dates[0]}..{result.dates[-1]}, under {args.out}")
-    return 0
 
 
 def _combine(args: argparse.Namespace, app: str) -> tuple[SparkSession, PipelineSpec]:
@@ -112,75 +104,65 @@ def _combine(args: argparse.Namespace, app: str) -> tuple[SparkSession, Pipeline
     return spark, spec
 
 
-def cmd_combine(args: argparse.Namespace) -> int:
+def cmd_combine(args: argparse.Namespace) -> None:
     _combine(args, "combine")
-    return 0
 
 
-def cmd_reduce(args: argparse.Namespace) -> int:
+def cmd_reduce(args: argparse.Namespace) -> None:
     from spark_jobs.jobs import reduce
 
     spec = _spec(args, applied=True)
     spark = _session(args, "reduce")
     print(reduce.run(spark, spec, run_id=args.run_id, full=args.full).summary())
-    return 0
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def cmd_run(args: argparse.Namespace) -> None:
     """Combine each day of a range, then reduce once: a backfill without Airflow."""
     from spark_jobs.jobs import reduce
 
     spark, spec = _combine(args, "run")  # --run-id R: combines R-<date> (R for one day), the reduce R-reduce
     print(reduce.run(spark, spec, run_id=args.run_id and f"{args.run_id}-reduce").summary())
-    return 0
 
 
-def cmd_validate(args: argparse.Namespace) -> int:
+def cmd_validate(args: argparse.Namespace) -> None:
     """Run a Great Expectations gate; exit 5 (QualityError) when it fails, after writing its report."""
     from spark_jobs.quality.gate import validate
 
     if args.date is not None:
-        from spark_jobs.jobs.combine import parse_date
-
-        parse_date(args.date)  # a bad --date is refused before the lake is touched
+        _dates(args.date, None)  # a bad --date is refused before the lake is touched
     spec = _spec(args, applied=True)
     spark = _session(args, f"validate {args.suite}")
     print(validate(spark, spec, args.suite, date=args.date, reports=args.reports, run_id=args.run_id).text())
-    return 0
 
 
-def cmd_maintain(args: argparse.Namespace) -> int:
+def cmd_maintain(args: argparse.Namespace) -> None:
     from spark_jobs.lake.maintenance import maintain
 
     spec = _spec(args)
     for entry in maintain(spec.lake, spec.name, retention_hours=args.retention_hours, dry_run=args.dry_run,
                           enforce_retention=not args.allow_short_retention):
         print(("(dry run) " if args.dry_run else "") + entry.summary())
-    return 0
 
 
-def cmd_stream(args: argparse.Namespace) -> int:
+def cmd_stream(args: argparse.Namespace) -> None:
     from spark_jobs.stream import query as stream
 
     spec = _spec(args, applied=True)
     # its own application: foreachBatch and the driver merge's held state need a driver in this process
     spark = _session(args, "stream", connect=False)
     print(stream.run(spark, spec, available_now=args.available_now, run_id=args.run_id).summary())
-    return 0
 
 
-def cmd_explain(args: argparse.Namespace) -> int:
+def cmd_explain(args: argparse.Namespace) -> None:
     from spark_jobs.phases import CompiledAggregates
     from spark_jobs.phases.explain import PHASES, explain, phase_frame
 
-    spec = _spec(args)
-    compiled = CompiledAggregates(spec)
+    compiled = CompiledAggregates(_spec(args))
     spark = _session(args, "explain")
     for phase in PHASES if args.phase is None else (args.phase,):
         print(explain(spark, compiled, phase))
         print(f"\n  == Spark's physical plan of {phase} ==", flush=True)
         phase_frame(spark, compiled, phase).explain(mode=args.mode)
-    return 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -195,14 +177,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 2 if plan.diff.refused else 0
 
 
-def cmd_apply(args: argparse.Namespace) -> int:
+def cmd_apply(args: argparse.Namespace) -> None:
     from spark_jobs.jobs.apply import apply
 
     spec = _spec(args)
     result = apply(spec, spark=lambda: _session(args, "apply", connect=False), engine=args.engine, run_id=args.run_id)
-    print(result.plan.text())
-    print(result.summary())
-    return 0
+    print(result.plan.text(), result.summary(), sep="\n")
 
 
 Command = Callable[[Any], None]  # adds a subcommand to the parser's subparsers
@@ -216,14 +196,16 @@ def build_parser(commands: Sequence[Command] = ()) -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log each step")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (*JOB_COMMANDS, *commands):
+    for add in (_add_jobs, _add_spec_tools, *commands):  # in the order ``--help`` lists them
         add(sub)
     _verbose_after_the_command(parser)
     return parser
 
 
-def _spec_options(p: argparse.ArgumentParser) -> None:
-    """The options of every command that runs a spec on Spark: the spec, where it runs, its application's settings."""
+def _spec_command(sub: Any, name: str, func: Callable[[Any], int | None], help: str) -> argparse.ArgumentParser:
+    """A command that runs a spec on Spark, with the options they all take: the spec, where and how it runs."""
+    p = sub.add_parser(name, help=help)
+    p.set_defaults(func=func)
     p.add_argument("--pipeline", required=True, help="pipeline spec YAML, e.g. pipelines/page_views.yaml")
     p.add_argument("--lake", help="override the spec's lake root")
     p.add_argument("--source-path", help="override the spec's source.path")
@@ -240,9 +222,11 @@ def _spec_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="a Spark setting of the job's own application (repeatable), e.g. "
                         "spark.archives=env.tar.gz#env; a Connect server takes its settings at `server start`")
+    return p
 
 
-def _add_generate(sub: Any) -> None:
+def _add_jobs(sub: Any) -> None:
+    """The jobs: sample data, the batch path (combine, reduce and run), its gates and upkeep, the stream."""
     g = sub.add_parser("generate", help="write sample events, hive-partitioned by event_date")
     g.add_argument("--out", required=True, help="landing directory, e.g. data/landing/page_views")
     g.add_argument("--days", type=int, default=3)
@@ -253,37 +237,19 @@ def _add_generate(sub: Any) -> None:
     g.add_argument("--files-per-day", type=int, default=2)
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     g.set_defaults(func=cmd_generate)
-
-
-def _add_batch(sub: Any) -> None:
-    """combine, reduce and run: the batch path's jobs."""
-    c = sub.add_parser("combine", help="pre-aggregate landing day(s) into partials (replaces those days)")
-    _spec_options(c)
+    c = _spec_command(sub, "combine", cmd_combine, "pre-aggregate landing day(s) into partials (replaces those days)")
     c.add_argument("--date", required=True, help="event_date to combine, YYYY-MM-DD")
     c.add_argument("--to", help="last date of a range to combine (inclusive)")
-    c.set_defaults(func=cmd_combine)
-    r = sub.add_parser("reduce", help="merge new partials into the aggregates table, exactly once")
-    _spec_options(r)
+    r = _spec_command(sub, "reduce", cmd_reduce, "merge new partials into the aggregates table, exactly once")
     r.add_argument("--full", action="store_true", help="re-merge every key, not only the changed ones")
-    r.set_defaults(func=cmd_reduce)
-    run = sub.add_parser("run", help="combine a date range, then reduce (one Spark session)")
-    _spec_options(run)
+    run = _spec_command(sub, "run", cmd_run, "combine a date range, then reduce (one Spark session)")
     run.add_argument("--date", "--from", dest="date", required=True, help="first date, YYYY-MM-DD")
     run.add_argument("--to", help="last date (inclusive; default: the first)")
-    run.set_defaults(func=cmd_run)
-
-
-def _add_validate(sub: Any) -> None:
-    v = sub.add_parser("validate", help="run a Great Expectations gate (input: a landing day; outputs: partials "
-                                        "of a day before reduce, or the serving table)")
-    _spec_options(v)
+    v = _spec_command(sub, "validate", cmd_validate, "run a Great Expectations gate (input: a landing day; "
+                      "outputs: partials of a day before reduce, or the serving table)")
     v.add_argument("--suite", required=True, choices=["input", "outputs"], help="which gate")
     v.add_argument("--date", help="event_date (required for input; for outputs: that day's partials, pre-reduce)")
     v.add_argument("--reports", help="report directory (default <lake>/<pipeline>/_quality)")
-    v.set_defaults(func=cmd_validate)
-
-
-def _add_maintain(sub: Any) -> None:
     m = sub.add_parser("maintain", help="compact small files, vacuum, checkpoint (delta-rs, no Spark)")
     m.add_argument("--pipeline", required=True, help="pipeline spec YAML")
     m.add_argument("--lake", help="override the spec's lake root")
@@ -292,26 +258,20 @@ def _add_maintain(sub: Any) -> None:
                    help="allow a retention below 168 hours (only when no job or reader uses older versions)")
     m.add_argument("--dry-run", action="store_true", help="list what vacuum would delete; change nothing")
     m.set_defaults(func=cmd_maintain)
-
-
-def _add_stream(sub: Any) -> None:
-    st = sub.add_parser("stream", help="windowed mini-batch aggregation of new landing files, with a changelog")
-    _spec_options(st)
+    st = _spec_command(sub, "stream", cmd_stream, "windowed mini-batch aggregation of new landing files, with a "
+                       "changelog")
     st.add_argument("--available-now", action="store_true",
                     help="process every landing file present in mini-batches, then exit (default: run until "
                          "SIGTERM/SIGINT, which stops at a mini-batch boundary)")
-    st.set_defaults(func=cmd_stream)
 
 
 def _add_spec_tools(sub: Any) -> None:
-    """explain, plan and apply: what a spec compiles to, and how the lake follows a changed one."""
-    ex = sub.add_parser("explain", help="the plan of each phase: per aggregate its stored columns and local and "
-                                        "global expressions, then Spark's physical plan (reads no data)")
-    _spec_options(ex)
+    """explain, plan, apply and inspect: what a spec compiles to, how the lake follows a changed one, what it holds."""
+    ex = _spec_command(sub, "explain", cmd_explain, "the plan of each phase: per aggregate its stored columns and "
+                       "local and global expressions, then Spark's physical plan (reads no data)")
     ex.add_argument("phase", nargs="?", choices=["combine", "reduce", "stream"], help="one phase (default: all)")
     ex.add_argument("--mode", default="simple", choices=["simple", "extended", "formatted", "cost", "codegen"],
                     help="Spark's explain mode (default simple)")
-    ex.set_defaults(func=cmd_explain)
     pl = sub.add_parser("plan", help="compare a spec with the lake's: each change, its cost, the days to recombine "
                                      "(no Spark, changes nothing)")
     pl.add_argument("--pipeline", required=True, help="the new pipeline spec YAML")
@@ -319,23 +279,13 @@ def _add_spec_tools(sub: Any) -> None:
     pl.add_argument("--source-path", help="override the spec's source.path")
     pl.add_argument("--json", action="store_true", help="JSON output for scripts")
     pl.set_defaults(func=cmd_plan)
-    ap = sub.add_parser("apply", help="make the lake match a changed spec: schemas, re-derivations from the stored "
-                                      "accumulators, the spec record (exactly once; rerun after a crash)")
-    _spec_options(ap)
+    ap = _spec_command(sub, "apply", cmd_apply, "make the lake match a changed spec: schemas, re-derivations from "
+                       "the stored accumulators, the spec record (exactly once; rerun after a crash)")
     ap.add_argument("--engine", default="auto", choices=["auto", "arrow", "spark"],
                     help="where merges run: arrow on the driver, spark, or auto (spark for tables over 2M rows)")
-    ap.set_defaults(func=cmd_apply)
-
-
-def _add_inspect(sub: Any) -> None:
     from spark_jobs.inspection.inspect_cli import add_inspect_parser, run_inspect
 
     add_inspect_parser(sub).set_defaults(func=run_inspect)
-
-
-# in the order ``--help`` lists them
-JOB_COMMANDS: tuple[Command, ...] = (_add_generate, _add_batch, _add_validate, _add_maintain, _add_stream,
-                                     _add_spec_tools, _add_inspect)
 
 
 EXIT_CODES = """exit codes:
@@ -367,7 +317,7 @@ def main(argv: Sequence[str] | None = None, *, keep_session: bool = False, comma
 
 
 def run_parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None, *, keep_session: bool = False) -> int:
-    """Parse ``argv``, run the chosen ``func``, map a pipeline error to its exit code (the benchmarks' CLI too)."""
+    """Parse ``argv``, run the chosen ``func`` (None is exit code 0), map a pipeline error to its exit code."""
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)

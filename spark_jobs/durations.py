@@ -48,9 +48,7 @@ def parse_duration(text: object) -> Duration:
             f"bad duration {text!r}; write a positive whole number and a unit, "
             "e.g. '30 seconds', '10 minutes', '1 hour', '1 day', '1 week'"
         )
-    unit = match.group(2)
-    key = "m" if unit.startswith("min") or unit == "m" else unit[0]
-    return Duration(int(match.group(1)) * _UNIT_SECONDS[key])
+    return Duration(int(match.group(1)) * _UNIT_SECONDS[match.group(2)[0]])  # each unit's first letter names it
 
 
 def utc(value: T) -> T:

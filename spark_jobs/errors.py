@@ -22,8 +22,7 @@ class SpecError(PipelineError):
     def __init__(self, origin: str, problems: list[str]) -> None:
         self.origin = origin
         self.problems = list(problems)
-        lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"invalid pipeline spec {origin}:\n{lines}")
+        super().__init__(f"invalid pipeline spec {origin}:\n" + "\n".join(f"  - {p}" for p in self.problems))
 
 
 class SpecChangedError(PipelineError):

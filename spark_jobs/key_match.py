@@ -60,17 +60,12 @@ def _flagged(table: pa.Table, keys: list[str]) -> pa.Table:
 
 
 def key_mask(table: pa.Table, keys: Sequence[str], probe: pa.Table) -> np.ndarray:
-    """Which rows of ``table`` have a key (the ``keys`` columns) that occurs in ``probe``.
-
-    A hash join on the key columns and a row number: Arrow joins carry no list or map
-    payload columns, and accumulator columns are often both.
-    """
+    """Which rows of ``table`` have a key (the ``keys`` columns) that occurs in ``probe``: a hash join on the key
+    columns and a row number, as Arrow joins carry no list or map payload columns (accumulators often are both)."""
     keys = list(keys)
     mask = np.zeros(table.num_rows, dtype=bool)
-    if table.num_rows == 0 or probe.num_rows == 0:
-        return mask
-    if not keys:  # one global key
-        mask[:] = True
+    if not keys or table.num_rows == 0 or probe.num_rows == 0:
+        mask[:] = not keys and probe.num_rows > 0  # no keys: one global key, which a probe with rows holds
         return mask
     rows = table.select(keys).append_column("__row", pa.array(np.arange(table.num_rows, dtype=np.int64)))
     hit = arrow_join(rows, probe.select(keys), keys, "left semi").column("__row")

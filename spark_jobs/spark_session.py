@@ -70,11 +70,10 @@ class SessionConfig:
                 raise UsageError(f"bad Spark Connect address {self.remote!r} (--remote or $SPARK_REMOTE); use "
                                  "sc://host:port, e.g. sc://127.0.0.1:15002")
             address(self.remote)
-        if self.shuffle_partitions is not None and self.shuffle_partitions < 1:
-            raise UsageError(f"bad shuffle partitions {self.shuffle_partitions} (--shuffle-partitions); use 1 or more")
-        if self.executor_cores is not None and self.executor_cores < 1:
-            raise UsageError(f"bad executor cores {self.executor_cores} (--executor-cores or $SPARK_EXECUTOR_CORES); "
-                             "use 1 or more")
+        for what, value, where in (("shuffle partitions", self.shuffle_partitions, "--shuffle-partitions"),
+                                   ("executor cores", self.executor_cores, "--executor-cores or $SPARK_EXECUTOR_CORES")):
+            if value is not None and value < 1:
+                raise UsageError(f"bad {what} {value} ({where}); use 1 or more")
 
 
 def _int_env(name: str) -> int | None:
@@ -154,12 +153,8 @@ def server_conf(config: SessionConfig) -> dict[str, str]:
     conf = {**_FIXED_CONF, "spark.sql.shuffle.partitions": str(initial_shuffle_partitions(config)),
             "spark.driver.memory": config.driver_memory, "spark.ui.enabled": str(config.ui).lower(),
             "spark.ui.showConsoleProgress": str(config.progress).lower()}
-    if config.executor_cores is not None:
-        conf["spark.executor.cores"] = str(config.executor_cores)
-    if config.executor_memory is not None:
-        conf["spark.executor.memory"] = config.executor_memory
-    conf.update(dict(config.extra))
-    return conf
+    executor = {"cores": config.executor_cores, "memory": config.executor_memory}
+    return conf | {f"spark.executor.{k}": str(v) for k, v in executor.items() if v is not None} | dict(config.extra)
 
 
 def _connect(config: SessionConfig) -> SparkSession:

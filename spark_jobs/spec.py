@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, cast, get_args
 
 import yaml
 
@@ -25,11 +25,8 @@ __all__ = ["AggregateSpec", "Duration", "PipelineSpec", "RollupSpec", "SourceSpe
            "load_spec", "parse_duration", "parse_spec"]
 
 SourceFormat = Literal["parquet", "json", "csv"]
-FORMATS: tuple[str, ...] = ("parquet", "json", "csv")
 BadFilePolicy = Literal["quarantine", "fail"]
-BAD_FILE_POLICIES: tuple[str, ...] = ("quarantine", "fail")
 NullKeyPolicy = Literal["group", "reject"]
-NULL_KEY_POLICIES: tuple[str, ...] = ("group", "reject")
 
 # spec type name -> Spark SQL type name
 TYPES: dict[str, str] = {"string": "string", "int": "int", "integer": "int", "long": "bigint", "bigint": "bigint",
@@ -162,17 +159,11 @@ def load_spec(path: str | Path, *, lake: str | None = None, source_path: str | N
 
 
 def _abs(value: str, base_dir: Path | None) -> str:
-    if "://" in value:
-        return value
-    p = Path(value).expanduser()
-    if not p.is_absolute():
-        p = (base_dir or Path.cwd()) / p
-    return str(p.resolve())
+    """A local path made absolute (a relative one against ``base_dir``, else the working directory); a URL as is."""
+    return value if "://" in value else str(((base_dir or Path()) / Path(value).expanduser()).resolve())
 
 
 class _Checker:
-    """Collects problems while walking the raw mapping."""
-
     def __init__(self) -> None:
         self.problems: list[str] = []
 
@@ -215,8 +206,7 @@ def parse_spec(raw: Any, *, origin: str = "<memory>", base_dir: Path | None = No
     op_column = src.get("op_column")
     keys = _check_group_by(c, top.get("group_by"), schema)
     window, problems = parse_window(top.get("window"), retracting=op_column is not None)
-    for where, message in problems:
-        c.add(where, message)
+    c.problems += [f"{where}: {message}" for where, message in problems]
     aggregates = _check_aggregates(c, top.get("aggregates"), schema, op_column)
     stream = _check_stream(c, top.get("stream"))
     rollups = _check_rollups(c, top.get("rollups"), keys, window)
@@ -242,12 +232,12 @@ def _check_source(c: _Checker, raw: Any) -> tuple[dict[str, Any], dict[str, str]
     src = c.mapping(raw, "source", ("path", "format", "event_time", "schema", "op_column", "on_bad_file",
                                     "null_keys"), ("path", "event_time", "schema"))
     fmt = src.get("format", "parquet")
-    if fmt not in FORMATS:
-        c.add("source.format", f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
-    policies = {"on_bad_file": (BAD_FILE_POLICIES, "quarantine (record an unreadable landing file in dead_letter "
-                                                   "and go on) or fail (stop the job, naming the file)"),
-                "null_keys": (NULL_KEY_POLICIES, "group (a NULL group key is a group of its own, as in SQL) or reject "
-                                                 "(the row goes to dead_letter)")}
+    if fmt not in get_args(SourceFormat):
+        c.add("source.format", f"unknown format {fmt!r}; use one of {', '.join(get_args(SourceFormat))}")
+    policies = {"on_bad_file": (get_args(BadFilePolicy), "quarantine (record an unreadable landing file in "
+                                "dead_letter and go on) or fail (stop the job, naming the file)"),
+                "null_keys": (get_args(NullKeyPolicy), "group (a NULL group key is a group of its own, as in SQL) "
+                              "or reject (the row goes to dead_letter)")}
     for key, (allowed, use) in policies.items():
         if key in src and src[key] not in allowed:
             c.add(f"source.{key}", f"unknown policy {str(src[key])[:40]!r}; use {use}")
@@ -315,13 +305,10 @@ def _check_aggregates(c: _Checker, raw_aggs: Any, schema: dict[str, str], op_col
     seen: set[str] = set()
     for i, item in enumerate(raw_aggs if isinstance(raw_aggs, list) else []):
         field = f"aggregates[{i}]"
-        agg = _check_aggregate_entry(c, field, item, schema, seen)
-        if agg is None:
-            continue
-        for problem in validate_aggregate(agg.fn, agg.columns, dict(agg.args), schema,
-                                          retracting=op_column is not None):
-            c.add(f"{field}.{problem[0]}", problem[1])
-        aggregates.append(agg)
+        if (agg := _check_aggregate_entry(c, field, item, schema, seen)) is not None:
+            c.problems += [f"{field}.{where}: {message}" for where, message in validate_aggregate(
+                agg.fn, agg.columns, dict(agg.args), schema, retracting=op_column is not None)]
+            aggregates.append(agg)
     return aggregates
 
 
@@ -367,12 +354,10 @@ def _check_stream(c: _Checker, raw: Any) -> StreamSpec:
     if raw is None:
         return StreamSpec()
     s = c.mapping(raw, "stream", ("max_files_per_batch", "trigger", "watermark"))
-    kwargs: dict[str, Any] = {}
     mfpb = s.get("max_files_per_batch", 100)
     if not isinstance(mfpb, int) or isinstance(mfpb, bool) or mfpb < 1:
         c.add("stream.max_files_per_batch", f"bad value {mfpb!r}; use a whole number >= 1")
-    else:
-        kwargs["max_files_per_batch"] = mfpb
+    kwargs: dict[str, Any] = {"max_files_per_batch": mfpb}  # a bad value is never used: the spec is refused
     for key in ("trigger", "watermark"):
         if key in s:
             try:

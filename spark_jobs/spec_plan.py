@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -34,12 +35,11 @@ Kind = Literal["settings", "stored", "raw", "refused"]
 HEADINGS = {"settings": "settings only (nothing to rewrite)", "stored": "from the stored accumulators (no raw data)",
             "raw": "needs raw data (days to recombine)", "refused": "refused"}
 _RECOMBINE = "every day's partials are dropped and must be recombined"
+_READ = ("format", "event_time", "op_column")  # the source fields that change how every row is read
 
 
 @dataclass(frozen=True)
 class Change:
-    """One difference: its kind, the field, what changed, and what ``apply`` does about it."""
-
     kind: Kind
     field: str
     what: str
@@ -94,11 +94,9 @@ def compare(old: PipelineSpec, new: PipelineSpec) -> Diff:
     if window is not None:
         changes.append(Change(window.cost, "window", window.what, window.effect))
     added, dropped = _aggregate_changes(old, new, changes)
-    for key in ("max_files_per_batch", "trigger", "watermark"):
-        a, b = getattr(old.stream, key), getattr(new.stream, key)
-        if a != b:
-            changes.append(Change("settings", f"stream.{key}", f"stream.{key} {a} -> {b}",
-                                  "the stream uses it from its next start"))
+    changes += [Change("settings", f"stream.{key}", f"stream.{key} {a} -> {b}", "the stream uses it from its next "
+                       "start") for key in ("max_files_per_batch", "trigger", "watermark")
+                if (a := getattr(old.stream, key)) != (b := getattr(new.stream, key))]
     removed = _rollup_changes(old, new, changes)
     reset = reset or keys == "raw" or (window is not None and window.cost == "raw")
     if reset:  # the layout changes: nothing is derived, every stored row goes
@@ -115,7 +113,7 @@ def _source_changes(old: PipelineSpec, new: PipelineSpec, changes: list[Change])
     """How rows are read and typed: (the layout resets, every day is recounted)."""
     reset = False
     o_src, n_src = normalise(old)["source"], normalise(new)["source"]
-    for key in ("format", "event_time", "op_column"):
+    for key in _READ:
         if o_src.get(key) != n_src.get(key):
             reset = True
             changes.append(Change("raw", f"source.{key}", f"source.{key} {o_src.get(key)} -> {n_src.get(key)}",
@@ -127,17 +125,15 @@ def _source_changes(old: PipelineSpec, new: PipelineSpec, changes: list[Change])
             changes.append(Change("raw", f"source.schema.{col}", f"column {col}: {o_cols[col]} -> {n_cols[col]}",
                                   f"values are typed differently: {_RECOMBINE}"))
     recount = set(n_cols) != set(o_cols)
-    for col in sorted(set(n_cols) - set(o_cols)):
-        changes.append(Change("raw", f"source.schema.{col}", f"column {col} ({n_cols[col]}) added",
-                              "rows whose value cannot be read as that type are rejected from now on; recombine to "
-                              "count every day so"))
-    for col in sorted(set(o_cols) - set(n_cols)):
-        changes.append(Change("raw", f"source.schema.{col}", f"column {col} removed",
-                              "rows rejected only for that column count from now on; recombine to count every day so"))
-    for key in sorted(set(o_src) | set(n_src)):
-        if key not in ("format", "event_time", "op_column", "schema", "null_keys") and o_src.get(key) != n_src.get(key):
-            changes.append(Change("settings", f"source.{key}", f"source.{key} {o_src.get(key)} -> {n_src.get(key)}",
-                                  "applies to the next runs"))
+    changes += [Change("raw", f"source.schema.{col}", f"column {col} ({n_cols[col]}) added", "rows whose value cannot "
+                       "be read as that type are rejected from now on; recombine to count every day so")
+                for col in sorted(set(n_cols) - set(o_cols))]
+    changes += [Change("raw", f"source.schema.{col}", f"column {col} removed", "rows rejected only for that column "
+                       "count from now on; recombine to count every day so")
+                for col in sorted(set(o_cols) - set(n_cols))]
+    changes += [Change("settings", f"source.{key}", f"source.{key} {o_src.get(key)} -> {n_src.get(key)}",
+                       "applies to the next runs") for key in sorted(set(o_src) | set(n_src))
+                if key not in (*_READ, "schema", "null_keys") and o_src.get(key) != n_src.get(key)]
     return reset, recount
 
 
@@ -146,14 +142,11 @@ def _null_key_change(old: PipelineSpec, new: PipelineSpec, changes: list[Change]
     before, after = old.source.null_keys, new.source.null_keys
     if before == after:
         return None
-    what = f"source.null_keys {before} -> {after}"
-    if after == "group":
-        changes.append(Change("raw", "source.null_keys", what, "rows rejected for a NULL group key form groups from "
-                              "now on: the days whose dead letters hold them are recombined"))
-        return True
-    changes.append(Change("raw", "source.null_keys", what, "rows with a NULL group key are rejected from now on: "
-                          "every day is recombined"))
-    return False
+    effect = ("rows rejected for a NULL group key form groups from now on: the days whose dead letters hold them "
+              "are recombined" if after == "group" else
+              "rows with a NULL group key are rejected from now on: every day is recombined")
+    changes.append(Change("raw", "source.null_keys", f"source.null_keys {before} -> {after}", effect))
+    return after == "group"
 
 
 def _key_changes(old: PipelineSpec, new: PipelineSpec, changes: list[Change]) -> Kind | None:
@@ -181,8 +174,7 @@ def _key_changes(old: PipelineSpec, new: PipelineSpec, changes: list[Change]) ->
 def _aggregate_changes(old: PipelineSpec, new: PipelineSpec, changes: list[Change]) -> tuple[list[str], list[str]]:
     """The aggregates added (or changed) and dropped (or changed)."""
     o_aggs, n_aggs = {a.name: a for a in old.aggregates}, {a.name: a for a in new.aggregates}
-    added: list[str] = []
-    dropped: list[str] = []
+    added, dropped = [], []
     for name, agg in n_aggs.items():
         before = o_aggs.get(name)
         if before is None:
@@ -218,9 +210,8 @@ def _rollup_changes(old: PipelineSpec, new: PipelineSpec, changes: list[Change])
                                   f"{list(o_r[name].by)} -> {r.grain} by {list(r.by)}",
                                   f"rollup_{name} is rebuilt from aggregates"))
     removed = tuple(name for name in o_r if name not in n_r)
-    for name in removed:
-        changes.append(Change("stored", f"rollups[{name}]", f"rollup removed: {name}",
-                              f"the table rollup_{name} is deleted"))
+    changes += [Change("stored", f"rollups[{name}]", f"rollup removed: {name}", f"the table rollup_{name} is deleted")
+                for name in removed]
     return removed
 
 
@@ -268,10 +259,9 @@ class Plan:
 
     def text(self) -> str:
         if self.current is None and self.new_tables:
-            lines = [f"{self.pipeline}: no lake at {self.lake}/{self.pipeline} yet; the first job creates these "
-                     f"tables and records this spec as version 1:"]
-            lines += [f"  {t}: {', '.join(cols)}" for t, cols in self.new_tables.items()]
-            return "\n".join(lines)
+            return "\n".join([f"{self.pipeline}: no lake at {self.lake}/{self.pipeline} yet; the first job creates "
+                              "these tables and records this spec as version 1:",
+                              *(f"  {t}: {', '.join(cols)}" for t, cols in self.new_tables.items())])
         if self.unchanged:
             assert self.current is not None
             return (f"{self.pipeline}: the lake is at spec version {self.current.version}, the same as "
@@ -326,15 +316,13 @@ def landing_rows(spec: PipelineSpec, date: str) -> tuple[int | None, int]:
     files = storage.list_dir(folder)
     rows = 0
     for f in files:
-        try:
+        with suppress(OSError, ValueError):  # unreadable (ArrowInvalid is a ValueError): no rows; combine reports it
             if spec.source.format == "parquet":
                 with storage.open_input(f) as handle:
                     rows += pq.read_metadata(handle).num_rows
             else:
                 lines = sum(1 for line in storage.read_bytes(f).splitlines() if line.strip())
                 rows += max(lines - 1, 0) if spec.source.format == "csv" else lines
-        except (OSError, ValueError):  # unreadable (ArrowInvalid is a ValueError): counts nothing, combine reports it
-            continue
     return rows, len(files)
 
 
@@ -350,10 +338,9 @@ def make_plan(spec: PipelineSpec, records: Sequence[RecordedSpec]) -> Plan:
     tables = PipelineTables(spec.lake, spec.name)
     current = records[-1] if records else None
     if current is None and not has_data(spec.lake, spec.name):
-        plan = Plan(spec.name, spec.origin, spec.lake, None, Diff(()), 1)
-        plan.new_tables = {t: table_schema(spec, t).names for t in ("partials", "aggregates", "changelog")}
-        plan.new_tables.update({r.table: table_schema(spec, r.table, r).names for r in spec.rollups})
-        return plan
+        new = {t: table_schema(spec, t).names for t in ("partials", "aggregates", "changelog")}
+        return Plan(spec.name, spec.origin, spec.lake, None, Diff(()), 1,
+                    new_tables=new | {r.table: table_schema(spec, r.table, r).names for r in spec.rollups})
     if current is None:  # adopting a lake from before spec records
         diff = Diff((Change("settings", "spec", "record this spec as the lake's (version 1)",
                             "its tables must have this spec's columns, and gain a spec_version column"),))
@@ -396,17 +383,14 @@ def pending_days(spec: PipelineSpec, record: RecordedSpec) -> list[str]:
 
 def landing_days(spec: PipelineSpec) -> list[str]:
     """The event days with a landing partition."""
-    prefix = "event_date="
     names = [p.rsplit("/", 1)[-1] for p in storage.list_dir(spec.source.path, dirs=True)]
-    return sorted(n[len(prefix):] for n in names if n.startswith(prefix) and _is_date(n[len(prefix):]))
+    return sorted(d for n in names if n.startswith("event_date=") and _is_date(d := n.removeprefix("event_date=")))
 
 
 def _is_date(text: str) -> bool:
-    try:
-        dt.date.fromisoformat(text)
-    except ValueError:
-        return False
-    return len(text) == 10
+    with suppress(ValueError):
+        return len(text) == 10 and dt.date.fromisoformat(text) is not None
+    return False
 
 
 def rejected_only_for(dead_letter: str, reasons: Sequence[str]) -> set[str]:
@@ -420,9 +404,7 @@ def rejected_only_for(dead_letter: str, reasons: Sequence[str]) -> set[str]:
     rows = open_table(dead_letter).read(["reason", "source_file", "batch", "job"], filter=only)
     parts = pc.split_pattern(rows.column("reason").combine_chunks(), "; ")
     other = pc.list_parent_indices(parts).filter(pc.invert(pc.is_in(pc.list_flatten(parts), allowed)))
-    keep = np.ones(rows.num_rows, dtype=bool)
-    keep[other.to_numpy()] = False
-    rows = rows.filter(keep)
+    rows = rows.filter(np.isin(np.arange(rows.num_rows), other.to_numpy(), invert=True))
     found = pc.extract_regex(rows.column("source_file"), r"event_date=(?P<day>\d{4}-\d{2}-\d{2})")
     batch = pc.if_else(pc.equal(rows.column("job"), "combine"), rows.column("batch"), pa.scalar(None, pa.string()))
     days = pc.coalesce(pc.struct_field(found, "day"), batch)

@@ -91,8 +91,6 @@ _Rows = TypeVar("_Rows", pa.Table, "DataFrame")  # a step's rows: Arrow on the d
 
 @dataclass
 class ApplyResult:
-    """What an apply did: the plan it followed, the version it recorded, each table's commit."""
-
     plan: Plan
     version: int
     written: dict[str, int | None] = field(default_factory=dict)
@@ -109,21 +107,17 @@ class ApplyResult:
 
 def apply(spec: PipelineSpec, *, spark: Callable[[], SparkSession] | None = None, engine: Engine = "auto",
           run_id: str | None = None) -> ApplyResult:
-    """Make the lake match ``spec`` (see the module doc). ``spark`` builds a session when a merge needs one.
-
-    Raises:
-        SpecChangedError: the change is refused (exit 2), with the reason and the way out.
-    """
+    """Make the lake match ``spec`` (see the module doc). ``spark`` builds a session when a merge needs one. A
+    refused change raises :class:`SpecChangedError` (exit 2), with the reason and the way out."""
     started = time.monotonic()
     run_id = run_id or new_run_id("apply")
-    records = read_records(spec.lake, spec.name)
-    plan = make_plan(spec, records)
+    plan = make_plan(spec, read_records(spec.lake, spec.name))
     result = ApplyResult(plan, plan.version)
     if plan.diff.refused:
         raise SpecChangedError("apply refused: " + "; ".join(f"{c.what}: {c.effect}" for c in plan.diff.refused))
     if plan.unchanged:
         return result
-    current = records[-1] if records else None
+    current = plan.current
     if current is None and plan.new_tables:  # a new lake: the spec is all there is to record
         write_record(spec.lake, spec.name, first_record(spec, run_id=run_id))
         result.seconds = time.monotonic() - started
@@ -137,17 +131,17 @@ def apply(spec: PipelineSpec, *, spark: Callable[[], SparkSession] | None = None
                         "available")
     result.engine = "spark" if session is not None else "arrow"
     lake = open_lake(session)
-    target = (_adopt(spec, run_id) if current is None
+    target = (_adopt(spec, tables, run_id) if current is None
               else _target(spec, current, plan.diff, tables, run_id) if current.applied else current)
+    if target is not current:
+        write_record(spec.lake, spec.name, target)
     lake.spec_txn = AppTxn(spec_app_id(spec.name), target.version)
     with recorded_run(lake, tables, job="apply", batch=f"spec-{target.version}", run_id=run_id) as record:
         record.inputs = [spec.origin]
-        migration = _Migration(lake, spec, target, plan.diff, tables, run_id, session)
-        result.written = migration.run()
+        result.written = _Migration(lake, spec, target, plan.diff, tables, run_id, session).run()
         write_record(spec.lake, spec.name, dataclasses.replace(target, status=APPLIED, recorded_at=None,
                                                                run_id=run_id))
-        compiled = CompiledAggregates(spec, target)
-        refreshed = rollups.refresh(lake, compiled, run_id=run_id)
+        refreshed = rollups.refresh(lake, CompiledAggregates(spec, target), run_id=run_id)
         result.written.update({k: v for k, v in refreshed.items() if v is not None})
         record.versions_written = dict(result.written)
         record.message = f"spec version {target.version}: " + "; ".join(c.what for c in plan.diff.changes)[:3000]
@@ -156,7 +150,7 @@ def apply(spec: PipelineSpec, *, spark: Callable[[], SparkSession] | None = None
 
 
 def _target(spec: PipelineSpec, current: RecordedSpec, diff: Diff, tables: PipelineTables, run_id: str) -> RecordedSpec:
-    """The record of the new version, written: each aggregate's coverage, and what a layout change left uncovered."""
+    """The record of the new version: each aggregate's coverage, and what a layout change left uncovered."""
     version = current.version + 1
     coverage = {a.name: version if (diff.reset or a.name in diff.added) else current.since(a.name)
                 for a in spec.aggregates}
@@ -165,17 +159,14 @@ def _target(spec: PipelineSpec, current: RecordedSpec, diff: Diff, tables: Pipel
         days = day_versions(tables.partials)
         if days:
             through = max(dt.date.fromisoformat(max(days)), through or dt.date.min)
-    target = RecordedSpec(version=version, status=APPLYING, spec=normalise(spec), coverage=coverage,
-                          layout_since=version if diff.reset else current.layout_since, uncovered_through=through,
-                          changes=[dataclasses.asdict(c) for c in diff.changes], run_id=run_id)
-    write_record(spec.lake, spec.name, target)
-    return target
+    return RecordedSpec(version=version, status=APPLYING, spec=normalise(spec), coverage=coverage,
+                        layout_since=version if diff.reset else current.layout_since, uncovered_through=through,
+                        changes=[dataclasses.asdict(c) for c in diff.changes], run_id=run_id)
 
 
-def _adopt(spec: PipelineSpec, run_id: str) -> RecordedSpec:
+def _adopt(spec: PipelineSpec, tables: PipelineTables, run_id: str) -> RecordedSpec:
     """A lake from before spec records: its tables must have ``spec``'s columns (and windows); then they
     gain ``spec_version`` and the spec is recorded as version 1."""
-    tables = PipelineTables(spec.lake, spec.name)
     problems = []
     named: list[tuple[str, str, RollupSpec | None]] = [
         ("state", tables.stream_state, None), ("partials", tables.partials, None),
@@ -201,10 +192,8 @@ def _adopt(spec: PipelineSpec, run_id: str) -> RecordedSpec:
             f"the lake {spec.lake}/{spec.name} records no spec, and its tables were not written with "
             f"{spec.origin}: {' | '.join(problems)}. Apply the spec they were written with first (it becomes "
             "version 1), then this one")
-    target = first_record(spec, run_id=run_id, status=APPLYING,
-                          changes=[{"kind": "settings", "field": "spec", "what": "adopted", "effect": ""}])
-    write_record(spec.lake, spec.name, target)
-    return target
+    return first_record(spec, run_id=run_id, status=APPLYING,
+                        changes=[{"kind": "settings", "field": "spec", "what": "adopted", "effect": ""}])
 
 
 class _Migration:
@@ -232,13 +221,10 @@ class _Migration:
 
     def run(self) -> dict[str, int | None]:
         t = self.tables
-        steps: list[tuple[str, str, Callable[[str, int | None], int | None]]] = [
-            ("state", t.stream_state, self._state), ("partials", t.partials, self._partials),
-            ("aggregates", t.aggregates, self._aggregates),
-            # a log keeps the columns of what was dropped; a layout change adds the new keys' columns
-            ("changelog", t.changelog, lambda path, _: self._add_columns(path, "changelog"))]
-        for name, path, step in steps:
-            self._step(name, path, step)
+        # without a rewrite the tables only gain columns, and so does the log (it keeps those of what was dropped)
+        for name, path, step in (("state", t.stream_state, self._state), ("partials", t.partials, self._partials),
+                                 ("aggregates", t.aggregates, self._aggregates), ("changelog", t.changelog, None)):
+            self._step(name, path, step if self._rewrites() else None)
         told = changelog_feed.tell_commits(self.lake, self.spec, run_id=self.run_id)  # the rows re-derived
         if told is not None:
             self.written["changelog"] = told
@@ -248,12 +234,14 @@ class _Migration:
             self._step(rollup.table, t.rollup(rollup.name), partial(self._rollup, rollup))
         return self.written
 
-    def _step(self, name: str, path: str, step: Callable[[str, int | None], int | None]) -> None:
+    def _step(self, name: str, path: str, step: Callable[[str, int | None], int | None] | None) -> None:
+        """``step(path, version)`` (None: ``name``'s new columns added) on a table an earlier run has not done."""
         if not is_table(path):
             return
         at = table_spec_version(path, self.spec.name)
-        if at is None or at < self.version:  # else done by an earlier run of this apply
-            self.written[name] = retry_conflicts(lambda attempt: step(path, self.lake.version(path)),
+        if at is None or at < self.version:
+            run = step or (lambda path, _: self._add_columns(path, name))
+            self.written[name] = retry_conflicts(lambda attempt: run(path, self.lake.version(path)),
                                                  what=f"apply to {name}")
 
     # ------------------------------------------------------------------ helpers
@@ -300,14 +288,13 @@ class _Migration:
     def _conform(self, rows: _Rows, table: str, rollup: RollupSpec | None = None) -> _Rows:
         """``rows`` with ``table``'s columns in the new spec: added or changed aggregates' columns NULL."""
         schema = table_schema(self.spec, table, rollup)
+        kept = set(rows.column_names if isinstance(rows, pa.Table) else rows.columns) - self.fresh
         if isinstance(rows, pa.Table):
-            kept = set(rows.column_names) - self.fresh
             return pa.Table.from_arrays([rows.column(f.name).cast(f.type) if f.name in kept
                                          else pa.nulls(rows.num_rows, f.type) for f in schema], schema=schema)
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_type
 
-        kept = set(rows.columns) - self.fresh
         return rows.select(*((F.col(f.name) if f.name in kept else F.lit(None)).cast(from_arrow_type(f.type))
                              .alias(f.name) for f in schema))
 
@@ -315,8 +302,6 @@ class _Migration:
     def _state(self, path: str, read: int | None) -> int | None:
         if self.diff.reset:
             return self._rewrite(self._empty("state"), path, read)
-        if not self._rewrites():
-            return self._add_columns(path, "state")
         old = self._read(path, read)
         if self.diff.coarsened or self.diff.window_removed:  # the state held only the open fine windows
             rows = self._rebuilt_state(path, read, old)
@@ -331,8 +316,7 @@ class _Migration:
         """The new windows still open at the stream's watermark, merged from the stream's partials of the
         mini-batches the state holds (a batch committed to partials but not to the state is replayed by the
         stream, so it is left out)."""
-        done = self.lake.txn_version(path, stream_app_id(self.spec), read)
-        done = -1 if done is None else done
+        done = -1 if (txn := self.lake.txn_version(path, stream_app_id(self.spec), read)) is None else txn
         lag = dt.timedelta(seconds=self.spec.stream.watermark.seconds)
         if isinstance(old, pa.Table):
             high = pc.max(old.column("max_event_time")).as_py() if old.num_rows else None
@@ -343,8 +327,7 @@ class _Migration:
             return rows if high is None else rows.filter(self.spec.window.is_open_arrow(rows, high - lag))
         from pyspark.sql import functions as F
 
-        top = old.agg(F.max("max_event_time")).first()
-        high = top[0] if top is not None else None
+        high = (old.agg(F.max("max_event_time")).first() or [None])[0]
         stream = self.lake.read(self.tables.partials).where(F.col("source") == STREAM)
         ids = F.substring(F.col("batch"), len("stream-") + 1, 20).cast("bigint")
         merged = self._merged(stream.where(ids <= F.lit(done)), extra_keys=[DAY], extra=[])
@@ -354,8 +337,6 @@ class _Migration:
     def _partials(self, path: str, read: int | None) -> int | None:
         if self.diff.reset:
             return self._rewrite(self._empty("partials"), path, read, partition_by=PARTIALS_PARTITIONS)
-        if not self._rewrites():
-            return self._add_columns(path, "partials")
         snapshot = open_table(path, read) if self.spark is None else None
         if snapshot is None or not self._merges() or snapshot.reader_features:
             source = self.lake.read(path, version=read) if snapshot is None else snapshot.read()
@@ -384,8 +365,6 @@ class _Migration:
         extra = (AppTxn(reduce_app_id(self.spec), partials),) if partials is not None else ()
         if self.diff.reset:
             return self._rewrite(self._empty("aggregates"), path, read, extra=extra)
-        if not self._rewrites():
-            return self._add_columns(path, "aggregates")
         files = self.lake.files(self.tables.partials, partials)
         cluster = window_cluster(self.spec, len({f.partition_values.get(DAY) for f in files}))
         rows: pa.Table | DataFrame | None
@@ -426,8 +405,7 @@ class _Migration:
     def _merged(self, rows: _Rows, *, extra_keys: list[str], extra: list[tuple[str, str]]) -> _Rows:
         """The kept aggregates' accumulators merged per ``extra_keys`` and the new keys and windows."""
         if isinstance(rows, pa.Table):
-            merged, accs = self._merge(rows, extra_keys=extra_keys, extra=extra)
-            return self._encoded(merged, accs, rows.schema)
+            return self._encoded(*self._merge(rows, extra_keys=extra_keys, extra=extra), rows.schema)
         from pyspark.sql import functions as F
 
         if self.diff.window_removed:

@@ -10,14 +10,16 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections.abc import Sequence
+from contextlib import suppress
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from spark_jobs.errors import InputError, UsageError
 from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.jobs.landing import classify, read_landing, read_one, screen_partition, spark_read_error
-from spark_jobs.jobs.landing_files import BadFile, Screen, file_columns, file_rows, isolate_unreadable
+from spark_jobs.jobs.landing_files import BadFile, Screen, file_columns, isolate_unreadable
 from spark_jobs.jobs.run_record import RunRecord, recorded_run
 from spark_jobs.lake import Commit, Lake, PipelineTables, open_lake
 from spark_jobs.lake.layout import SPEC_VERSION
@@ -38,11 +40,9 @@ _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 def parse_date(text: str) -> str:
     """A strict YYYY-MM-DD date (Python also takes 20240301 and 2024-W09-5: not a landing partition's name)."""
-    try:
+    with suppress(ValueError):
         if isinstance(text, str) and _DATE.fullmatch(text):
             return dt.date.fromisoformat(text).isoformat()
-    except ValueError:
-        pass
     raise UsageError(f"bad date {str(text)[:40]!r}; use YYYY-MM-DD, e.g. 2024-03-01")
 
 
@@ -82,7 +82,9 @@ def write_dead_letters(lake: Lake, tables: PipelineTables, rows: DataFrame | pa.
     else:
         rejects = rows.where(F.col("_reason").isNotNull()).select("_reason", "_raw", "_file")
         if files:
-            rejects = rejects.unionByName(file_rows(rows.sparkSession, files))
+            columns = file_columns(files)
+            rejects = rejects.unionByName(rows.sparkSession.createDataFrame(
+                list(zip(*columns.values(), strict=True)), ", ".join(f"{c} string" for c in columns)))
         bad = rejects.select(
             F.lit(run_id).alias("run_id"), F.col("_reason").alias("reason"), F.col("_raw").alias("raw"),
             F.col("_file").alias("source_file"), F.current_timestamp().alias("rejected_at"),
@@ -94,8 +96,6 @@ def write_dead_letters(lake: Lake, tables: PipelineTables, rows: DataFrame | pa.
 
 def _dead_letter_rows(rows: pa.Table, files: Sequence[BadFile], *, run_id: str, job: str, batch: str) -> pa.Table:
     """``dead_letter`` rows, as the Spark path writes them, of rejects held in Arrow."""
-    import pyarrow.compute as pc
-
     text = pa.schema([(c, pa.string()) for c in ("_reason", "_raw", "_file")])
     rejects = pa.concat_tables([rows.filter(pc.is_valid(rows.column("_reason"))).select(text.names).cast(text),
                                 pa.table(file_columns(files), schema=text)])
@@ -109,11 +109,10 @@ def _dead_letter_rows(rows: pa.Table, files: Sequence[BadFile], *, run_id: str, 
 
 def run(spark: SparkSession, spec: PipelineSpec, date: str, *, lake: Lake | None = None,
         run_id: str | None = None) -> RunRecord:
-    """Combine one landing day into ``partials`` (replacing that day's batch partials).
-
-    A landing file that cannot be read counts all or nothing: it is found before the day is read, or,
-    when Spark fails on it anyway, by reading the day's files one at a time; then the day is read again
-    without it (``source.on_bad_file: quarantine``) or the job stops naming it (``fail``)."""
+    """Combine one landing day into ``partials`` (replacing that day's batch partials). A landing file that
+    cannot be read counts all or nothing: it is found before the day is read, or, when Spark fails on it anyway,
+    by reading the day's files one at a time; then the day is read again without it (``source.on_bad_file:
+    quarantine``) or the job stops naming it (``fail``)."""
     date = parse_date(date)
     lake = lake or open_lake(spark)
     tables = PipelineTables(spec.lake, spec.name)
@@ -127,7 +126,7 @@ def run(spark: SparkSession, spec: PipelineSpec, date: str, *, lake: Lake | None
         except _Unreadable as failed:
             culprits = isolate_unreadable(found.readable, lambda f: read_one(spark, spec, found, f))
             if not culprits or len(culprits) == len(found.readable):
-                raise failed.error from failed.__cause__
+                raise InputError(str(failed)) from failed.__cause__
             found.drop(culprits)
             found.check(spec, f"combine of {date}")
             _combine(spark, spec, compiled, lake, tables, record, date, found)
@@ -135,12 +134,8 @@ def run(spark: SparkSession, spec: PipelineSpec, date: str, *, lake: Lake | None
     return record
 
 
-class _Unreadable(Exception):
+class _Unreadable(InputError):
     """Spark failed reading the day's files: one of them may be unreadable past its footer."""
-
-    def __init__(self, error: InputError) -> None:
-        super().__init__(str(error))
-        self.error = error
 
 
 def _combine(spark: SparkSession, spec: PipelineSpec, compiled: CompiledAggregates, lake: Lake,
@@ -171,8 +166,7 @@ def _combine(spark: SparkSession, spec: PipelineSpec, compiled: CompiledAggregat
         try:
             counts = rows.agg(F.count(F.lit(1)).alias("n"), F.count("_reason").alias("rejected")).first()
         except spark_errors() as exc:
-            error = InputError(f"combine of {date} failed reading {source}: {spark_read_error(exc)}")
-            raise _Unreadable(error) from exc
+            raise _Unreadable(f"combine of {date} failed reading {source}: {spark_read_error(exc)}") from exc
         assert counts is not None
         record.rows_in, record.rows_rejected = int(counts["n"]), int(counts["rejected"])
         record.rows_aggregated = record.rows_in - record.rows_rejected  # each row is one or the other

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import shutil
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -37,10 +38,9 @@ class GenerateConfig:
     bad_fraction: float = 0.0005
 
     def __post_init__(self) -> None:
-        try:
+        start_ok = False
+        with suppress(ValueError):
             start_ok = dt.date.fromisoformat(self.start) is not None
-        except ValueError:
-            start_ok = False
         problems = [message for ok, message in (
             (self.days >= 1, f"--days must be >= 1, got {self.days}"),
             (self.rows_per_day >= 1, f"--rows-per-day must be >= 1, got {self.rows_per_day}"),
@@ -106,24 +106,18 @@ def _write_text(table: pa.Table, path: Path, fmt: Format, rng: np.random.Generat
         frame.to_csv(path, index=False)
         return 0
     lines = frame.to_json(orient="records", lines=True, date_format="iso", date_unit="us").splitlines()
-    broken = 0
-    for i in rng.choice(len(lines), size=min(n_bad, len(lines)), replace=False):
-        record = json.loads(lines[i])
-        if broken % 2 == 0:  # a truncated line
-            lines[i] = lines[i][: len(lines[i]) // 2]
-        else:  # a value of the wrong type
-            record["duration_ms"] = "n/a"
-            lines[i] = json.dumps(record)
-        broken += 1
+    broken = rng.choice(len(lines), size=min(n_bad, len(lines)), replace=False)
+    for n, i in enumerate(broken):  # every other one truncated, the others with a value of the wrong type
+        lines[i] = json.dumps(json.loads(lines[i]) | {"duration_ms": "n/a"}) if n % 2 else lines[i][:len(lines[i]) // 2]
     path.write_text("\n".join(lines) + "\n")
-    return broken
+    return len(broken)
 
 
 def generate(config: GenerateConfig, *, progress: bool = True) -> GenerateResult:
     """Write ``config.days`` partitions under ``config.out``, replacing any that exist."""
     from tqdm import tqdm
 
-    rows = bad_rows = files = 0
+    bad_rows = 0
     for i, date in enumerate(tqdm(config.dates, desc="generate", unit="day", disable=not progress)):
         table, bad = day_table(config, i)
         part = Path(config.out) / f"event_date={date}"
@@ -138,7 +132,6 @@ def generate(config: GenerateConfig, *, progress: bool = True) -> GenerateResult
                 pq.write_table(chunk, path)
             else:
                 bad_rows += _write_text(chunk, path, config.format, rng, max(1, len(bad) // config.files_per_day))
-            files += 1
-        rows += table.num_rows
         bad_rows += len(bad)
-    return GenerateResult(rows, bad_rows, files, config.dates)
+    files = config.days * config.files_per_day
+    return GenerateResult(config.days * config.rows_per_day, bad_rows, files, config.dates)

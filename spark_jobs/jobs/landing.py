@@ -90,10 +90,8 @@ def _text_schema(columns: list[str]) -> str:
 
 def _no_rows(spark: SparkSession, spec: PipelineSpec) -> DataFrame:
     """What :func:`read_landing` gives for no readable file: no rows, the same columns."""
-    if spec.source.format == "parquet":
-        columns = [f"`{c}` {t}" for c, t in spec.source.schema]
-    else:
-        columns = [f"`{c}` string" for c, _ in spec.source.schema] + [f"`{CORRUPT}` string"]
+    text = spec.source.format != "parquet"  # read as untyped text, with the corrupt record
+    columns = [f"`{c}` {'string' if text else t}" for c, t in spec.source.schema] + [f"`{CORRUPT}` string"] * text
     return spark.createDataFrame([], ", ".join([*columns, "_raw string", "_file string", f"{DAY} string"]))
 
 
@@ -135,10 +133,10 @@ def classify(raw: DataFrame, spec: PipelineSpec, date: str | Column | None, *kee
     stream); rows outside it are rejected."""
     from pyspark.sql import functions as F
 
-    checks: list[tuple[Column, Column]] = []  # (row fails, why): the message is built for failing rows only
-    typed: list[Column] = []
     corrupt = F.col(CORRUPT).isNotNull() if CORRUPT in raw.columns else F.lit(False)
-    checks.append((corrupt, F.lit("malformed record")))
+    # (row fails, why): the message is built for failing rows only
+    checks: list[tuple[Column, Column]] = [(corrupt, F.lit("malformed record"))]
+    typed: list[Column] = []
     kinds = {f.name: f.dataType.simpleString() for f in raw.schema.fields}
     for col, typ in spec.source.schema:
         src = F.col(col)

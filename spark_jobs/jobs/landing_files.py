@@ -14,17 +14,13 @@ import csv
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from spark_jobs.errors import InputError
 from spark_jobs.lake import storage
 from spark_jobs.spark_failures import spark_errors
 from spark_jobs.spec import PipelineSpec
 
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
-
-__all__ = ["BadFile", "Screen", "file_columns", "file_rows", "isolate_unreadable", "screen", "spark_read_error"]
+__all__ = ["BadFile", "Screen", "file_columns", "isolate_unreadable", "screen", "spark_read_error"]
 
 QUARANTINED = "file quarantined"
 
@@ -103,12 +99,10 @@ def _footer(path: str) -> tuple[dict[str, str] | None, int, str | None]:
 
 
 def screen(paths: Sequence[str], spec: PipelineSpec, *, exact: bool = True) -> Screen:
-    """Sort ``paths`` before any is read: empty, unreadable or readable, reading no data page.
-
-    A Parquet file is unreadable when its footer is not there or a column's type cannot be read as the
-    spec's. ``exact=False`` (a day's combine) also takes a column that every file of the day holds as one
-    type that casts to the spec's, e.g. a day landed as strings: its values are cast, and rejected, row by
-    row. ``Screen.types`` is then the type to read each column with."""
+    """Sort ``paths`` before any is read (no data page): empty, unreadable or readable. A Parquet file is
+    unreadable when its footer is not there or a column's type cannot be read as the spec's. ``exact=False`` (a
+    day's combine) also takes a column that every file of the day holds as one type that casts to the spec's, e.g.
+    a day landed as strings: its values are cast, and rejected, row by row (``Screen.types``: each column's)."""
     out = Screen()
     footers: dict[str, dict[str, str]] = {}
     for path in paths:
@@ -129,16 +123,13 @@ def screen(paths: Sequence[str], spec: PipelineSpec, *, exact: bool = True) -> S
                 footers[path], out.rows[path] = types, rows
     if spec.source.format != "parquet":
         return out
-    for col, want in spec.source.schema:
+    columns = spec.source.columns  # and after them the others, which a rejected row's raw record keeps
+    for col in [*columns, *sorted({c for types in footers.values() for c in types} - set(columns))]:
         held = {types[col] for types in footers.values() if col in types}
-        if not exact and len(held) == 1:  # one type for the whole day: read as it, cast row by row (or, when
-            out.types[col] = spark_type(next(iter(held)))  # it does not cast, the day's schema is refused)
-        elif held:
-            out.types[col] = want
-    for col in sorted({c for types in footers.values() for c in types} - set(spec.source.columns)):
-        held = {types[col] for types in footers.values() if col in types}
-        if len(held) == 1:  # other columns are kept in a rejected row's raw record
-            out.types[col] = spark_type(next(iter(held)))
+        if len(held) == 1 and (not exact or col not in columns):  # one type for the whole day: read as it, cast
+            out.types[col] = spark_type(next(iter(held)))  # row by row (or, when it does not cast, refused)
+        elif held and col in columns:
+            out.types[col] = columns[col]
     if any(t.split("(")[0] not in _SPARK_TYPES for t in out.types.values()):
         out.types = {}  # a nested type: read with the files' own schema, which the job then refuses
     for path, types in footers.items():
@@ -180,18 +171,9 @@ def isolate_unreadable(paths: Sequence[str], read_one: Callable[[str], object]) 
     return bad
 
 
-def file_rows(spark: SparkSession, bad: Sequence[BadFile]) -> DataFrame:
-    """The quarantined files as rejects (``_reason``, ``_raw``, ``_file``), one per file, for ``dead_letter``:
-    ``raw`` holds the path and size, ``reason`` starts with ``file quarantined``."""
-    from pyspark.sql.types import StringType, StructField, StructType
-
-    columns = file_columns(bad)
-    schema = StructType([StructField(c, StringType()) for c in columns])
-    return spark.createDataFrame(list(zip(*columns.values(), strict=True)), schema)
-
-
 def file_columns(bad: Sequence[BadFile]) -> dict[str, list[str]]:
-    """The quarantined files' reject columns (``_reason``, ``_raw``, ``_file``), one row per file."""
+    """The quarantined files as rejects for ``dead_letter`` (``_reason``, ``_raw``, ``_file``), one row per file:
+    ``raw`` holds the path and size, ``reason`` starts with ``file quarantined``."""
     return {"_reason": [f"{QUARANTINED}: {b.reason}" for b in bad],
             "_raw": [json.dumps({"path": b.path, "size": b.size}) for b in bad], "_file": [b.path for b in bad]}
 
@@ -202,8 +184,7 @@ def spark_read_error(exc: BaseException) -> str:
     for line in (raw.strip() for raw in str(exc).splitlines()):
         if not line or line.startswith(("at ", "...", "JVM stacktrace", "Traceback", "An error occurred while")):
             continue
-        if line.startswith("Caused by:"):
-            line = line[len("Caused by:"):].strip()
+        line = line.removeprefix("Caused by:").strip()
         if ("Exception" in line.split(":")[0] or "Error" in line.split(":")[0]) and ":" in line:
             line = line.split(":", 1)[1].strip()
         if line and line not in found:

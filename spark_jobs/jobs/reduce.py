@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from functools import partial
 from typing import TYPE_CHECKING
 
 from spark_jobs.errors import LakeError
@@ -59,27 +60,23 @@ def run(spark: SparkSession, spec: PipelineSpec, *, lake: Lake | None = None, ru
     tables = PipelineTables(spec.lake, spec.name)
     compiled = CompiledAggregates(spec, ensure_applied(lake, spec, run_id=run_id or ""))
     with recorded_run(lake, tables, job="reduce", batch=None, run_id=run_id) as record:
-
-        def attempt(n: int) -> None:
-            record.attempts = n
-            _merge(lake, spec, tables, compiled, record, full=full)
-
-        retry_conflicts(attempt, what="reduce", recheck=lambda: ensure_applied(lake, spec))
+        retry_conflicts(partial(_merge, lake, spec, tables, compiled, record, full=full), what="reduce",
+                        recheck=lambda: ensure_applied(lake, spec))
         # also after a no-op: a stop may have left the changelog or the rollups behind aggregates
         told = changelog_feed.tell_commits(lake, spec, run_id=record.run_id)
         if told is not None:
             record.versions_written["changelog"] = told
-        if spec.rollups:
-            record.versions_written.update(rollups.refresh(lake, compiled, run_id=record.run_id))
+        record.versions_written.update(rollups.refresh(lake, compiled, run_id=record.run_id))  # {}: no rollups
     return record
 
 
 def _merge(lake: Lake, spec: PipelineSpec, tables: PipelineTables, compiled: CompiledAggregates,
-           record: RunRecord, *, full: bool) -> None:
+           record: RunRecord, attempt: int, *, full: bool) -> None:
     """One plan and commit, from the tables as they are now: the served rows the changed partial files reach
     (the window kind's reach), re-merged from every partial that counts for them."""
     from pyspark import StorageLevel
 
+    record.attempts = attempt
     version = lake.version(tables.partials)
     if version is None:
         raise LakeError(f"no partials table at {tables.partials}; run combine for at least one day first")

@@ -113,16 +113,14 @@ def rollup_rows(aggregates: Snapshot, compiled: CompiledAggregates, rollup: Roll
                 ranges: list[tuple[dt.datetime, dt.datetime]] | None, *, run_id: str) -> pa.Table:
     """The rollup table's rows for the buckets in ``ranges`` (all when None), from ``aggregates``, with its column order
     and types (``by`` keys, bucket bounds, values, ``n_rows``, accumulators, ``spec_version``)."""
-    entries = compiled.entries
     schema = aggregates.schema()
-    acc = [c for e in entries for c in e.acc_columns]
+    acc = [c for e in compiled.entries for c in e.acc_columns]
     versions = [SPEC_VERSION] if SPEC_VERSION in schema.names else []
     rows = aggregates.read([*rollup.by, "window_start", "window_end", "n_rows", *acc, *versions],
                            filter=None if ranges is None else _in_ranges(ranges))
     rows = compiled.spec.window.rollup_rows(rows).drop_columns(["window_end"])
-    grain = rollup.grain.seconds
     rows = rows.drop_columns(["window_start"]).append_column(
-        "window_start", bucket_starts(rows.column("window_start"), grain))
+        "window_start", bucket_starts(rows.column("window_start"), rollup.grain.seconds))
     pieces = split_by(rows, "window_start", 2 * cores()) if rows.num_rows >= PARALLEL_ROWS else [rows]
     rolled = forked_map(lambda piece: _rolled(piece, compiled, rollup, schema, versions, run_id=run_id), pieces)
     return pa.concat_tables(rolled) if len(rolled) > 1 else rolled[0]

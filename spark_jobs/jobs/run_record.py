@@ -60,10 +60,8 @@ class RunRecord:
         return self.rows_in == self.rows_aggregated + self.rows_rejected
 
     def to_arrow(self) -> pa.Table:
-        row: dict[str, Any] = asdict(self)
-        row["duration_s"] = self.duration_s
-        for key in ("inputs", "versions_read", "versions_written"):
-            row[key] = json.dumps(row[key])
+        row: dict[str, Any] = asdict(self) | {"duration_s": self.duration_s}
+        row |= {key: json.dumps(row[key]) for key in ("inputs", "versions_read", "versions_written")}
         return pa.Table.from_pylist([row], schema=RUNS_SCHEMA)
 
     def summary(self) -> str:
