@@ -20,14 +20,14 @@ import pyarrow.compute as pc
 from spark_jobs.aggregates.base import AggregateFunction, BoundAggregate
 from spark_jobs.aggregates.builtins import Builtin
 from spark_jobs.lake.layout import ADOPTED, SPEC_VERSION
+from spark_jobs.windows.base import EPOCH, TS, ticks
+from spark_jobs.windows.base import epoch_micros as micros  # microseconds since the Unix epoch, exactly
 
 __all__ = ["EPOCH", "MONDAY", "TS", "Merged", "Stored", "bucket_floor", "bucket_origin", "bucket_starts",
            "encoded_columns", "merge_groups", "micros", "value_columns"]
 
 WEEK = 7 * 86_400
-EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 MONDAY = dt.datetime(1970, 1, 5, tzinfo=dt.UTC)
-TS = pa.timestamp("us", tz="UTC")
 _US = 1_000_000
 
 
@@ -35,11 +35,6 @@ def bucket_origin(grain_s: int) -> dt.datetime:
     """Where buckets of ``grain_s`` are counted from: the epoch, as Spark counts windows, except that
     weeks start on a Monday (the epoch was a Thursday)."""
     return MONDAY if grain_s % WEEK == 0 else EPOCH
-
-
-def micros(t: dt.datetime) -> int:
-    """Microseconds since the Unix epoch, exactly."""
-    return (t - EPOCH) // dt.timedelta(microseconds=1)
 
 
 def bucket_floor(t: dt.datetime, grain_s: int) -> dt.datetime:
@@ -51,8 +46,7 @@ def bucket_floor(t: dt.datetime, grain_s: int) -> dt.datetime:
 def bucket_starts(window_start: pa.ChunkedArray | pa.Array, grain_s: int) -> pa.Array:
     """Each window's bucket start, vectorised (integer floor: exact at any range)."""
     origin, grain = micros(bucket_origin(grain_s)), grain_s * _US
-    ticks = window_start.cast(TS).cast(pa.int64()).to_numpy()
-    return pa.array((ticks - origin) // grain * grain + origin).cast(TS)
+    return pa.array((ticks(window_start) - origin) // grain * grain + origin).cast(TS)
 
 
 @dataclass(frozen=True)

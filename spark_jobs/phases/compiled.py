@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from spark_jobs.lake.spec_record import RecordedSpec
 
-__all__ = ["CompiledAggregates", "final_aggregate", "partial_aggregate", "with_sign"]
+__all__ = ["CompiledAggregates", "final_aggregate", "partial_aggregate"]
 
 
 class CompiledAggregates:
@@ -69,16 +69,7 @@ class CompiledAggregates:
                 if isinstance(b.function, Builtin) else F.col(b.name) for b in self.entries]
 
 
-SIGN = "_sign"
-
-
-def with_sign(rows: DataFrame, spec: PipelineSpec) -> DataFrame:
-    """Add ``_sign``: -1 for the -U/-D rows of a changelog source, else 1."""
-    from pyspark.sql import functions as F
-
-    op = spec.source.op_column
-    sign = F.when(F.col(op).isin("-U", "-D"), F.lit(-1)).otherwise(F.lit(1)) if op else F.lit(1)
-    return rows.withColumn(SIGN, sign)
+SIGN = "_sign"  # -1 for the -U/-D rows of a changelog source, else 1
 
 
 def partial_aggregate(rows: DataFrame, compiled: CompiledAggregates, *, extra_keys: Sequence[str] = (),
@@ -90,9 +81,10 @@ def partial_aggregate(rows: DataFrame, compiled: CompiledAggregates, *, extra_ke
     spec = compiled.spec
     keys = [*extra_keys, *spec.key_columns]
     event_time = F.col(spec.source.event_time)
-    sign = F.col(SIGN) if compiled.retracting else None
-    if compiled.retracting:
-        rows = with_sign(rows, spec)
+    op = spec.source.op_column
+    sign = F.col(SIGN) if op is not None else None
+    if op is not None:
+        rows = rows.withColumn(SIGN, F.when(F.col(op).isin("-U", "-D"), F.lit(-1)).otherwise(F.lit(1)))
     exprs = [F.sum(sign).cast("bigint").alias("n_rows") if sign is not None else F.count(F.lit(1)).alias("n_rows")]
     for b, impl in compiled.native:
         if not impl.map_view:

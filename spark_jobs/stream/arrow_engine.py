@@ -217,7 +217,8 @@ class ArrowEngine:
         spec = compiled.spec
         self.kind, self.group = spec.window, list(spec.group_by)
         self.tables = PipelineTables(spec.lake, spec.name)
-        self.partial_columns = [*spec.key_columns, "n_rows", *compiled.acc_columns, SPEC_VERSION]
+        self.keys = list(spec.key_columns)
+        self.partial_columns = [*self.keys, "n_rows", *compiled.acc_columns, SPEC_VERSION]
         self._held: tuple[int | None, pa.Table] | None = None  # (state version, its rows)
         self._cached: list[DataFrame] = []
 
@@ -265,30 +266,27 @@ class ArrowEngine:
 
     def _reach(self, batch: MiniBatch, groups: pa.Table, state: pa.Table, schemas: Mapping[str, pa.Schema]) -> Reached:
         """The Arrow form of the Spark engine's ``_reach`` for a kind whose reach the state does not cover."""
+        stored_schema = pa.schema([schemas["partials"].field(c) for c in self.partial_columns])
         if not state_answers(self.kind, batch, self.lake, self.tables, state):
             changed = groups.select(self.partial_columns)
             if self.kind.state_holds_served:  # per-day rows: their sessions are merged whole from partials
                 changed = pa.concat_tables([changed, older_rows_arrow(state).select(self.partial_columns).cast(
                     changed.schema)])
-            return self._reach_in_partials(batch, changed, schemas)
+            return self._reach_in_partials(batch, changed, stored_schema)
         stored = self.kind.reach_in_state_arrow(groups, state, self.group)
-        stored_schema = pa.schema([schemas["partials"].field(c) for c in self.partial_columns])
         ends = stored.column("window_end")
         prune = ("window_end", pc.min(ends).as_py(), pc.max(ends).as_py()) if stored.num_rows else (
             "window_end", _NEVER, _NEVER)
-        keys = list(self.local.compiled.spec.key_columns)
-        return Reached(stored.select(self.partial_columns).cast(stored_schema), stored.select(keys), prune=prune)
+        return Reached(stored.select(self.partial_columns).cast(stored_schema), stored.select(self.keys), prune=prune)
 
-    def _reach_in_partials(self, batch: MiniBatch, groups: pa.Table, schemas: Mapping[str, pa.Schema]) -> Reached:
+    def _reach_in_partials(self, batch: MiniBatch, groups: pa.Table, stored_schema: pa.Schema) -> Reached:
         """The window kind's reach of the batch's rows over ``partials`` (in Spark), brought to the driver."""
-        stored_schema = pa.schema([schemas["partials"].field(c) for c in self.partial_columns])
-        keys = list(self.local.compiled.spec.key_columns)
         if not groups.num_rows:
-            return Reached(stored_schema.empty_table(), groups.select(keys))
+            return Reached(stored_schema.empty_table(), groups.select(self.keys))
         reach = self.kind.reach_of(self.spark.createDataFrame(groups.select(self.partial_columns).cast(stored_schema)),
                                    partials_in_reach(self.lake, self.tables, batch), self.group)
         self._cached += reach.cached
-        touched = reach.touched.toArrow() if reach.touched is not None else groups.select(keys).slice(0, 0)
+        touched = reach.touched.toArrow() if reach.touched is not None else groups.select(self.keys).slice(0, 0)
         return Reached(reach.stored.select(*self.partial_columns).toArrow().cast(stored_schema), touched,
                        reach.read_version)
 

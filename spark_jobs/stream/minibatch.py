@@ -141,7 +141,8 @@ class MiniBatchAggregator:
         for batch_id, files in self.handoffs.pending(self.lake.txn_version(state, self.app)):
             log.warning("mini-batch %d was handed off to its commits when the stream stopped: committing it now "
                         "from its %d recorded files", batch_id, len(files))
-            self.outcomes.append(self.process(files, batch_id))
+            begun = self.begin(files, batch_id)
+            self.outcomes.append(begun if isinstance(begun, BatchOutcome) else self.finish(begun))
         self.handoffs.forget(self.lake.txn_version(state, self.app))
 
     # ------------------------------------------------------------------ rollups
@@ -193,11 +194,6 @@ class MiniBatchAggregator:
         return self._high
 
     # ------------------------------------------------------------------ batch
-    def process(self, landed: DataFrame | list[str], batch_id: int) -> BatchOutcome:
-        """One mini-batch, read, merged and committed before it returns."""
-        begun = self.begin(landed, batch_id)
-        return begun if isinstance(begun, BatchOutcome) else self.finish(begun)
-
     def begin(self, landed: DataFrame | list[str], batch_id: int) -> BatchOutcome | _Begun:
         """The batch's Spark work: its files (the stream's paths, or a hand-off record's) screened and read in one
         pass. A batch with nothing to do (already committed, no files) is done here."""

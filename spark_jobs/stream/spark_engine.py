@@ -94,39 +94,35 @@ class SparkEngine:
 
     def _sessions(self, state: DataFrame, after: DataFrame, closes: dt.datetime | None) -> DataFrame:
         """The new state of whole open sessions: the batch's merged ones in, the ones they absorbed out."""
-        from pyspark import StorageLevel
-
         new_state = self.kind.next_state(state, after, self.group, self.state_columns, day=DAY)
         if closes is not None:
             new_state = new_state.where(self.kind.is_open(closes))
         if self.compiled.retracting:
             new_state = new_state.where(F.col("n_rows") != 0)
-        new_state = new_state.persist(StorageLevel.MEMORY_AND_DISK)
-        self._cached.append(new_state)
-        return new_state
+        return self._cache(new_state)
+
+    def _cache(self, frame: DataFrame) -> DataFrame:
+        """Persisted until the batch commits (:meth:`after_commit` releases it)."""
+        from pyspark import StorageLevel
+
+        self._cached.append(frame.persist(StorageLevel.MEMORY_AND_DISK))
+        return frame
 
     def _values(self, reach: Reach, live: DataFrame) -> DataFrame:
         """The served rows the batch reaches, before (``_after`` false) and after it, in one aggregation."""
-        from pyspark import StorageLevel
-
         before = reach.stored.select(*self.partial_columns)
         sides = before.withColumn("_after", F.lit(False)).unionByName(
             before.unionByName(live.select(*self.partial_columns)).withColumn("_after", F.lit(True)))
-        values = final_aggregate(self.kind.serve(sides, ["_after", *self.group]), self.compiled, extra_keys=["_after"])
-        values = values.persist(StorageLevel.MEMORY_AND_DISK)
-        self._cached.append(values)
-        return values
+        return self._cache(final_aggregate(self.kind.serve(sides, ["_after", *self.group]), self.compiled,
+                                           extra_keys=["_after"]))
 
     def _state(self, state: DataFrame, groups: DataFrame, closes: dt.datetime | None) -> DataFrame:
         """The new state: the stored rows the batch touches merged with its rows once; closed windows leave."""
-        from pyspark import StorageLevel
-
         touched = self.kind.within(state, groups, self.day_keys).select(*self.state_columns)
         stored = self.kind.merge_stored(touched.unionByName(groups.select(*self.state_columns)), self.day_keys)
         merged = final_aggregate(stored, self.compiled, extra_keys=[DAY],
                                  extra_aggs=[F.max("max_event_time").alias("max_event_time")])
-        merged = merged.select(*self.state_columns).persist(StorageLevel.MEMORY_AND_DISK)
-        self._cached.append(merged)
+        merged = self._cache(merged.select(*self.state_columns))
         new_state = self.kind.within(state, groups, self.day_keys, anti=True).select(*self.state_columns)
         new_state = new_state.unionByName(merged)
         if closes is not None:
@@ -176,9 +172,5 @@ def partials_in_reach(lake: Lake, tables: PipelineTables, batch: MiniBatch) -> S
         rows = lake.read_files(tables.partials, paths).where(F.col("batch") != F.lit(batch.name))
         return rows if keys is None else join_on_keys(rows, keys, keys.columns, "left_semi")
 
-    def served() -> tuple[DataFrame | None, int | None]:
-        version = lake.version(tables.aggregates)
-        return (None, None) if version is None else (lake.read(tables.aggregates, version=version), version)
-
     days = (min(day_of.values()), max(day_of.values())) if day_of else None
-    return Stored(read, days, served)
+    return Stored(read, days, lambda: served_before(lake, tables, None, None))

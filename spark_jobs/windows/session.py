@@ -79,8 +79,7 @@ class Sessions(WindowKind):
 
     # ------------------------------------------------------------------ Spark forms
     def assign(self, rows: DataFrame, *, event_time: str, keys: Sequence[str]) -> DataFrame:
-        """Each row's session among these rows: a new one per key when an event is more than ``gap`` after the
-        one before it (gaps and islands)."""
+        """Gaps and islands: a new session per key when an event is more than ``gap`` after the one before it."""
         from pyspark.sql import Window
 
         gap = F.lit(self.gap.micros)
@@ -176,22 +175,20 @@ class Sessions(WindowKind):
         raise NotImplementedError("the driver merges sessions through windows.session.cut")
 
     def merge_stored_rows(self, rows: Iterable[Mapping[str, Any]], keys: Sequence[str]) -> Grouped:
-        """The driver's form of :meth:`serve`: per key, sorted by start, a partial joins the session before it when it
-        starts at or before its latest end."""
+        """The driver's form of :meth:`serve`."""
         by_key: dict[tuple[Any, ...], list[Mapping[str, Any]]] = defaultdict(list)
         for row in rows:
             by_key[tuple(row[k] for k in keys)].append(row)
         out: Grouped = {}
         for key, partials in by_key.items():
             partials.sort(key=lambda r: (r["window_start"], r["window_end"]))
-            sessions: list[tuple[Any, Any, list[Mapping[str, Any]]]] = []  # (start, latest end, partials)
+            sessions: list[list[Any]] = []  # [start, latest end, partials]
             for row in partials:
                 if sessions and row["window_start"] <= sessions[-1][1]:
-                    start, end, members = sessions[-1]
-                    members.append(row)
-                    sessions[-1] = (start, max(end, row["window_end"]), members)
+                    sessions[-1][1] = max(sessions[-1][1], row["window_end"])
+                    sessions[-1][2].append(row)
                 else:
-                    sessions.append((row["window_start"], row["window_end"], [row]))
+                    sessions.append([row["window_start"], row["window_end"], [row]])
             out.update({(*key, start, end): members for start, end, members in sessions})
         return out
 
@@ -219,9 +216,8 @@ class _Widening:
 
     def __init__(self, kind: Sessions, group: list[str], changed: DataFrame, stored: Stored,
                  days: tuple[dt.date, dt.date]) -> None:
-        self.kind, self.group, self.stored = kind, group, stored
+        self.kind, self.group, self.stored, self.changed = kind, group, stored, changed
         self.gap = dt.timedelta(seconds=kind.gap.seconds)
-        self.changed = changed
         self.pending = changed.select(*group).distinct()  # the keys whose sessions may reach past the days read
         self.lo, self.hi = days
         self.cached: list[DataFrame] = []
@@ -234,7 +230,9 @@ class _Widening:
             rows = self._read(done)
             if rows is not None:
                 known = rows if known is None else known.unionByName(rows)
-            reached = self._reached(self.changed.limit(0) if known is None else known)
+            reached = _holding(self.kind, self.group, self.changed.limit(0) if known is None else known,
+                               self.changed).persist()
+            self.cached.append(reached)
             short = self._short(reached)
             bounds = short.agg(F.min("_lo").alias("lo"), F.max("_hi").alias("hi")).first()
             if bounds is None or bounds["lo"] is None:
@@ -255,11 +253,6 @@ class _Widening:
         frames = [self.stored.read(max(a, first), min(b, last), F.broadcast(self.pending) if self.group else None)
                   for a, b in parts if a <= b and a <= last and b >= first]
         return functools.reduce(lambda a, b: a.unionByName(b), frames) if frames else None
-
-    def _reached(self, known: DataFrame) -> DataFrame:
-        reached = _holding(self.kind, self.group, known, self.changed).persist()
-        self.cached.append(reached)
-        return reached
 
     def _short(self, reached: DataFrame) -> DataFrame:
         """The reached sessions of pending keys that may reach stored partials of days not read yet."""
