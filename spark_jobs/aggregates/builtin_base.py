@@ -45,10 +45,7 @@ class Builtin(AggregateFunction[Any, Any]):
 
     def __init__(self, name: str, columns: Sequence[str] = (), args: Mapping[str, Any] | None = None,
                  input_type: str | None = None) -> None:
-        self.name = name
-        self.columns = tuple(columns)
-        self.args = dict(args or {})
-        self.input_type = input_type
+        self.name, self.columns, self.args, self.input_type = name, tuple(columns), dict(args or {}), input_type
 
     def arg(self, key: str, default: Any = None) -> Any:
         return self.args.get(key, default)

@@ -1,9 +1,6 @@
 """Merge stored accumulators into coarser buckets, in Arrow on the driver: the rollups' algebra. ``aggregates`` keeps
 every key's and window's accumulators, so a week of distinct users is a merge of hourly HLL sketches, not a
-recomputation. Where an aggregate's merge is a plain fold (``arrow_merge``: counts, sums, min, max) it runs as an
-Arrow hash aggregation; else through the aggregate's ``merge_groups`` (column-wise: one DataSketches union per group,
-first/last by an Arrow sort), or its ``decode``/``merge_all`` per group (sets, a user-defined aggregate's ``merge``).
-The ad-hoc ``inspect rollup`` and the declared rollup tables both merge here."""
+recomputation. The ad-hoc ``inspect rollup`` and the declared rollup tables both merge here."""
 
 from __future__ import annotations
 
@@ -64,12 +61,11 @@ Merged = dict[str, "list[Any] | Stored"]
 
 def merge_groups(rows: pa.Table, keys: list[str], entries: Sequence[BoundAggregate],
                  extra: Sequence[tuple[str, str]] = ()) -> tuple[pa.Table, Merged]:
-    """One row per ``keys``, and the merged accumulators of each aggregate. The table holds the keys, ``n_rows``
-    summed and the accumulator columns of the ``arrow_merge`` aggregates (merged by Arrow's hash aggregation),
-    ``spec_version`` (the oldest) when the rows have one, and the ``extra`` (column, Arrow hash aggregation) pairs.
-    Every other aggregate's merged accumulators (Python values, one per row of the table, in its order) are in the
-    dict by aggregate name: the aggregate's ``merge_groups`` where it has one, else ``decode`` and ``merge_all`` per
-    group."""
+    """One row per ``keys``: ``n_rows``, the plain folds' columns (``arrow_merge``: counts, sums, min, max), the oldest
+    ``spec_version`` and the ``extra`` (column, Arrow aggregation) pairs, by Arrow's hash aggregation. Every other
+    aggregate's merged accumulators, one per row, are in the dict by name: from its column-wise ``merge_groups_stored``
+    or ``merge_groups`` (a DataSketches union per group, first/last by an Arrow sort) where it has one, else
+    ``decode``/``merge_all`` per group (sets, a user-defined ``merge``)."""
     fast = [(c, how) for e in entries if e.function.arrow_merge for c, how in zip(e.acc_columns, e.function.arrow_merge,
                                                                                      strict=True)]
     slow = [e for e in entries if not e.function.arrow_merge]

@@ -54,9 +54,8 @@ class ChangelogRule:
 
     # ------------------------------------------------------------------ Spark
     def spark(self, before: DataFrame, after: DataFrame, first_seen: DataFrame, stamp: Mapping[str, Any]) -> DataFrame:
-        """``before`` and ``after``: identity and value columns with ``n_rows``; ``first_seen``: group key
-        columns and ``_first_seen``; ``stamp``: the changelog columns every row of this change carries (``batch_id``,
-        ``writer``, ``run_id``), as constants."""
+        """``before`` and ``after``: identity and value columns with ``n_rows``; ``first_seen``: group key columns
+        and ``_first_seen``; ``stamp``: the constants every row of this change carries (batch_id, writer, run_id)."""
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 

@@ -1,8 +1,7 @@
 """Compile a spec's aggregates into the two Spark phases, as pure DataFrame transforms: ``partial_aggregate``
 (combine: raw rows -> one accumulator row per key) and ``final_aggregate`` (reduce: accumulator rows -> merged
 accumulators and values). Built-ins run as Spark's native aggregate expressions; user-defined aggregates run
-through :mod:`spark_jobs.aggregates.vectorized` and are joined back on the keys.
-"""
+through :mod:`spark_jobs.aggregates.vectorized` and are joined back on the keys."""
 
 from __future__ import annotations
 

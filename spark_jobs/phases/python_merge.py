@@ -1,8 +1,7 @@
-"""Merge accumulator rows on the driver with the aggregates' own Python algebra. A small mini-batch touches a few
-thousand keys: merging their accumulators in Spark costs seconds of planning and job scheduling for milliseconds of
-work. Here accumulator rows, as ``partials`` and the stream's state store them (Python values of their Arrow
-columns), are decoded by each aggregate, merged with its ``merge_all`` (the definition Spark's phases compile to, and
-the one the Arrow UDAF path calls) and read with its ``get_value``."""
+"""Merge accumulator rows on the driver with the aggregates' own Python algebra: for a small mini-batch's few thousand
+keys, Spark costs seconds of planning and scheduling for milliseconds of work. Each aggregate decodes the rows as
+``partials`` and the state store them, merges them with its ``merge_all`` (what Spark's phases compile to) and reads
+them with ``get_value``."""
 
 from __future__ import annotations
 

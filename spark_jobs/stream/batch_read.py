@@ -114,14 +114,10 @@ def _rejects_apart(rows: DataFrame, spec: PipelineSpec) -> DataFrame:
     # rejects alone (a ``_raw`` column would be computed for every row before the branch)
     raw = F.to_json(F.struct(*(c for c, _ in spec.source.schema))) if spec.source.format == "parquet" else F.col("_raw")
     reject = F.when(bad, F.struct("_reason", raw.alias("_raw"), "_file", "_late").cast(_REJECT))
-    columns = []
-    for c in rows.columns:
-        if c in spec.group_by:
-            columns.append(F.when(~bad, F.col(c)).alias(c))
-        elif c == spec.source.event_time:
-            columns.append(F.when(bad, F.timestamp_seconds(F.lit(0))).otherwise(F.col(c)).alias(c))
-        elif c not in ("_reason", "_raw", "_file", "_late"):
-            columns.append(F.col(c))
+    epoch = F.timestamp_seconds(F.lit(0))
+    columns = [F.when(~bad, F.col(c)).alias(c) if c in spec.group_by
+               else F.when(bad, epoch).otherwise(F.col(c)).alias(c) if c == spec.source.event_time else F.col(c)
+               for c in rows.columns if c not in ("_reason", "_raw", "_file", "_late")]
     return rows.select(*columns, F.when(bad, F.monotonically_increasing_id()).alias(_BAD), reject.alias("_reject"))
 
 

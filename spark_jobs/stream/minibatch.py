@@ -74,8 +74,7 @@ class MiniBatchAggregator:
                  driver_max_keys: int = DRIVER_MAX_KEYS) -> None:
         self.spark, self.spec, self.lake, self.run_id, self.driver_max_keys = spark, spec, lake, run_id, driver_max_keys
         self.tables = PipelineTables(spec.lake, spec.name)
-        # the spec the lake records; each mini-batch checks it again (an ``apply`` stops the stream)
-        self.record = ensure_applied(lake, spec, run_id=run_id)
+        self.record = ensure_applied(lake, spec, run_id=run_id)  # each batch checks again: an ``apply`` stops it
         self.compiled = CompiledAggregates(spec, self.record)
         self.reader = BatchReader(spark, self.compiled, self.record, driver_max_keys)
         self.arrow = ArrowEngine(spark, self.compiled, lake, driver_max_keys)
@@ -95,9 +94,8 @@ class MiniBatchAggregator:
         self._commits: Future[None] | None = None
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
-        """One mini-batch. One that came to the driver in its read is handed off: its file list is recorded, its
-        merge and commits run on the commit thread while Spark reads the next batch, whose own merge waits for
-        them (see :mod:`spark_jobs.stream.handoff`)."""
+        """A batch that came to the driver in its read is handed off (:mod:`spark_jobs.stream.handoff`): its merge
+        and commits run on the commit thread while Spark reads the next batch."""
         with self.lock:
             if self.stopping:  # the query stops before this batch; a restart replays it
                 raise Stopped()
@@ -147,10 +145,8 @@ class MiniBatchAggregator:
 
     # ------------------------------------------------------------------ rollups
     def refresh_rollups(self, *, run_id: str) -> None:
-        """Start the rollups' refresh to the latest ``aggregates`` in the background, after the one before
-        it is done (whose failure fails this batch). It is Arrow and delta-rs work on the driver that runs
-        while the next batch reads and pre-aggregates in Spark; a refresh is idempotent (a crash leaves the
-        rollups behind until the next one), and the rollup commit records its run and ``aggregates`` version."""
+        """Refresh the rollups in the background, after the previous refresh (whose failure fails this batch): driver
+        work beside the next batch's Spark read; idempotent, so a crash only leaves the rollups behind a while."""
         self.rollups_done()
         self._rollups = self._rollup_thread.submit(rollups.refresh, self.lake, self.compiled, run_id=run_id)
 

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 
 from spark_jobs.durations import Duration, utc
 from spark_jobs.key_match import join_on_keys
-from spark_jobs.windows.base import TS, F, Grouped, Reach, Stored, WindowChange, WindowKind, ticks
+from spark_jobs.windows.base import RECOMBINE, TS, F, Grouped, Reach, Stored, WindowChange, WindowKind, ticks
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -74,25 +74,15 @@ class Sessions(WindowKind):
 
     def change_to(self, new: WindowKind) -> WindowChange:
         return WindowChange("raw", f"window {self} -> {new if new.bounds else 'none'}",
-                            "sessions are cut from the events: every day's partials are dropped and must be "
-                            "recombined")
+                            f"sessions are cut from the events: {RECOMBINE}")
 
     # ------------------------------------------------------------------ Spark forms
     def assign(self, rows: DataFrame, *, event_time: str, keys: Sequence[str]) -> DataFrame:
-        """Gaps and islands: a new session per key when an event is more than ``gap`` after the one before it."""
-        from pyspark.sql import Window
-
-        gap = F.lit(self.gap.micros)
-        t = F.unix_micros(F.col(event_time))
-        by_key = Window.partitionBy(*keys).orderBy(t)
-        before = F.lag(t).over(by_key)
-        new = F.when(before.isNull() | (t - before > gap), 1).otherwise(0)
-        rows = rows.withColumn("_session", F.sum(new).over(by_key.rowsBetween(Window.unboundedPreceding,
-                                                                               Window.currentRow)))
-        session = Window.partitionBy(*keys, "_session")
-        return (rows.withColumn("window_start", F.timestamp_micros(F.min(t).over(session)))
-                .withColumn("window_end", F.timestamp_micros(F.max(t).over(session) + gap))
-                .drop("_session"))
+        """Gaps and islands: each event is a session ``[t, t + gap)``, merged as :meth:`serve` merges partials, so a
+        new one starts per key when an event is more than ``gap`` after the one before it."""
+        t = F.col(event_time)
+        end = F.timestamp_micros(F.unix_micros(t) + F.lit(self.gap.micros))
+        return self.serve(rows.withColumns({"window_start": t, "window_end": end}), keys)
 
     def serve(self, rows: DataFrame, keys: Sequence[str]) -> DataFrame:
         """Partial sessions relabelled with the session they belong to: per key, sorted by start, a partial joins
@@ -105,9 +95,8 @@ class Sessions(WindowKind):
         rows = rows.withColumn("_new", new).withColumn(
             "_session", F.sum("_new").over(by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)))
         session = Window.partitionBy(*keys, "_session")
-        return (rows.withColumn("window_start", F.min("window_start").over(session))
-                .withColumn("window_end", F.max("window_end").over(session))
-                .drop("_new", "_session"))
+        return rows.withColumns({"window_start": F.min("window_start").over(session),
+                                 "window_end": F.max("window_end").over(session)}).drop("_new", "_session")
 
     merge_stored = serve
 
@@ -149,9 +138,8 @@ class Sessions(WindowKind):
         return Reach(_inside(known, reached, group), touched, prune, (widen.lo, widen.hi), version, tuple(widen.cached))
 
     def reach_in_state(self, changed: DataFrame, state: DataFrame, keys: Sequence[str]) -> Reach:
-        """The reach of the ``changed`` partial sessions when the state holds every session they can touch whole:
-        its sessions of their keys that merge with them (Flink's MergingWindowSet). Those are the served rows
-        replaced, as they are; nothing else is read."""
+        """Where the state holds whole every session the ``changed`` partials can touch (Flink's MergingWindowSet):
+        the ones that merge with them are the served rows replaced, as they are; nothing else is read."""
         group = list(keys)
         known = self.within(state, changed, group)
         reached = _holding(self, group, known, changed).persist()
