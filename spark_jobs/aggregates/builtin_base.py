@@ -26,11 +26,9 @@ else:  # a DAG file's parse imports the aggregates, never pyspark: Spark's funct
 __all__ = ["ARROW_TYPES", "BUILTINS", "NUMERIC", "RETRACTING", "Builtin", "Column", "DataFrame", "F", "builtin"]
 
 NUMERIC = ("int", "bigint", "float", "double")
-# Spark SQL type of a source column (spec.TYPES' values) -> the Arrow type its values are stored as
-ARROW_TYPES: dict[str, pa.DataType] = {
+ARROW_TYPES: dict[str, pa.DataType] = {  # Spark SQL type of a source column -> the Arrow type its values are stored as
     "string": pa.string(), "int": pa.int32(), "bigint": pa.int64(), "float": pa.float32(), "double": pa.float64(),
-    "boolean": pa.bool_(), "date": pa.date32(), "timestamp": pa.timestamp("us", tz="UTC"),
-}
+    "boolean": pa.bool_(), "date": pa.date32(), "timestamp": pa.timestamp("us", tz="UTC")}
 
 
 class Builtin(AggregateFunction[Any, Any]):
@@ -78,15 +76,14 @@ class Builtin(AggregateFunction[Any, Any]):
     def spark_value(self, accs: list[Column]) -> Column:
         return accs[0]
 
-    # the keyed partial phase of ``map_view`` aggregates: a count per key and value, an aggregation of its own
     def spark_partial_frame(self, rows: DataFrame, keys: list[str], sign: str, acc: str) -> DataFrame:
+        """The keyed partial phase of ``map_view`` aggregates: a count per key and value, an aggregation of its own."""
         raise NotImplementedError
 
 
 B = TypeVar("B", bound=type[Builtin])
 BUILTINS: dict[str, type[Builtin]] = {}
-# what ``fn`` resolves to when the source is a changelog (source.op_column): the retracting forms
-RETRACTING: dict[str, type[Builtin]] = {}
+RETRACTING: dict[str, type[Builtin]] = {}  # what ``fn`` resolves to for a changelog source: the retracting forms
 
 
 def builtin(*, changelog_form: bool = False) -> Callable[[B], B]:

@@ -64,9 +64,8 @@ class ApproxCountDistinct(Builtin):
         return round(acc.get_estimate())
 
     def merge_groups(self, columns: Sequence[pa.Array], offsets: np.ndarray) -> list[ds.hll_sketch]:
-        """One union per group, fed every row's sketch in order: the same sketch as folding ``merge``
-        (a union of two per step), without a union and a result per row. A group holding a sketch of
-        another ``lg_k`` (the union downsamples it, and then the fold can differ) folds ``merge``."""
+        """One union per group fed every row's sketch in order: the sketch folding ``merge`` makes, without a union and
+        a result per row. A group holding a sketch of another ``lg_k`` (which the union downsamples) folds ``merge``."""
         blobs = Blobs(columns[0])
         other_k = blobs.valid & (hll_lg_k(blobs) != self.lg_k)  # NULL is the empty sketch: any lg_k
         fold = np.add.reduceat(other_k, offsets[:-1]) > 0 if len(other_k) else np.zeros(len(offsets) - 1, dtype=bool)

@@ -2,8 +2,7 @@
 out, no Spark job (but the window kind's reach over ``partials`` where the state does not cover it): planning a
 merge's Spark jobs costs seconds, merging a few thousand keys milliseconds; the state stays in memory between batches.
 Its rules are :mod:`spark_jobs.stream.spark_engine`'s (a test holds the two to the same tables). Keys alone in a batch
-(at a realistic spread, most of them) take a column-wise path, no accumulator decoded in Python.
-"""
+(at a realistic spread, most of them) take a column-wise path, no accumulator decoded in Python."""
 
 from __future__ import annotations
 
@@ -56,12 +55,10 @@ def merge_on_driver(groups: pa.Table, state: pa.Table, local: LocalAggregates, *
                     reached: Reached | None = None,
                     served: Callable[[pa.Table, int | None], tuple[pa.Table, int | None]] | None = None
                     ) -> BatchOutputs:
-    """Merge the batch's pre-aggregated ``groups`` (state columns plus ``_first_seen``) into ``state``.
-
-    ``reached``: the stored rows in the batch's reach where the state does not cover it (the counted partials of
-    sessions); else the state's rows of days without a batch combine and the ``batch_rows`` (batch partials) of
-    days with one. ``served``: the touched rows of ``aggregates`` as they are, for the changelog's before side (else the
-    stored rows merged)."""
+    """Merge the batch's pre-aggregated ``groups`` (state columns plus ``_first_seen``) into ``state``. ``reached``:
+    the counted stored rows in the batch's reach where the state does not cover it (sessions), else the state's rows of
+    days without a batch combine and the ``batch_rows`` of days with one. ``served``: the touched rows of ``aggregates``
+    as they are, for the changelog's before side (else the stored rows merged)."""
     merge = _DriverMerge(local, schemas, run_id=run_id, now=now)
     if reached is None:  # the batch days' keys too: they are served with the batch partials that count for them
         reached = merge.reach_in_state(groups, state, batch_days, batch_rows)
@@ -122,9 +119,8 @@ class _DriverMerge:
         return Reached(pa.concat_tables(counted), self.kind.touched_arrow(changed, self.group))
 
     def alone(self, groups: pa.Table, live: np.ndarray, state: pa.Table, stored: pa.Table) -> np.ndarray:
-        """The rows of keys alone among the batch's ``live`` rows (of days without a batch combine), in no state
-        or stored row: their state row, served row and ``+I`` are the row itself (where the kind serves stored
-        rows as they are)."""
+        """The rows of keys alone among the batch's ``live`` rows and in no state or stored row: their state row, served
+        row and ``+I`` are the row itself (where the kind serves stored rows as they are)."""
         if not (live.any() and self.kind.serves_stored and not self.local.compiled.retracting and self.keys):
             return np.zeros(groups.num_rows, dtype=bool)
         counts = groups.filter(pa.array(live)).select(self.keys).group_by(self.keys, use_threads=False).aggregate(

@@ -1,7 +1,6 @@
 """A mini-batch's one pass over its files: rows read and classified (late ones too: a row every window of which has
 closed; a row counts in its open windows), pre-aggregated per (event day, key, stored window), each reject a group of
-its own; a batch that fits the driver comes to it in that same job.
-"""
+its own; a batch that fits the driver comes to it in that same job."""
 
 from __future__ import annotations
 

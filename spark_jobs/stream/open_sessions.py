@@ -36,22 +36,12 @@ def state_answers(kind: WindowKind, batch: MiniBatch, lake: Lake, tables: Pipeli
                   state: DataFrame | pa.Table) -> bool:
     """Whether the state's whole sessions answer the batch's reach without ``partials``, in either engine's form;
     checked every batch, since a batch combine may have landed after the stream's last commit."""
-    if not (kind.state_holds_served and _batch_allows(batch)):
+    before_watermark = batch.watermark is not None and batch.span[0] < batch.watermark
+    if not kind.state_holds_served or batch.batch_days or before_watermark:
         return False
-    days = _superseded_days(lake, tables)
+    days = [] if lake.version(tables.partials) is None else sorted(  # the days whose batch partials supersede
+        dt.date.fromisoformat(d) for d in batch_days(lake.files(tables.partials)))
     return _answer_arrow(state, days) if isinstance(state, pa.Table) else _answer(state, days)
-
-
-def _batch_allows(batch: MiniBatch) -> bool:
-    """The batch's own part: no batch combine of a day in its reach, no row starting before the watermark."""
-    return not batch.batch_days and (batch.watermark is None or batch.span[0] >= batch.watermark)
-
-
-def _superseded_days(lake: Lake, tables: PipelineTables) -> list[dt.date]:
-    """Event days whose batch partials supersede the stream's."""
-    if lake.version(tables.partials) is None:
-        return []
-    return sorted(dt.date.fromisoformat(d) for d in batch_days(lake.files(tables.partials)))
 
 
 def older_rows(state: DataFrame) -> DataFrame:

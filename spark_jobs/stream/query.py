@@ -126,10 +126,9 @@ def run(spark: SparkSession, spec: PipelineSpec, *, available_now: bool = False,
     # after a stop between commits: another writer's change of aggregates untold, rollups behind
     changelog_feed.tell_commits(lake, spec, run_id=run_id or "stream-start")
     rollups.refresh(lake, aggregator.compiled, run_id=run_id or "stream-start")
-    writer = (source_stream(spark, spec).writeStream.foreachBatch(aggregator)
+    trigger = {"availableNow": True} if available_now else {"processingTime": spec.stream.trigger.spark}
+    writer = (source_stream(spark, spec).writeStream.foreachBatch(aggregator).trigger(**trigger)
               .option("checkpointLocation", tables.stream_checkpoint).queryName(f"{spec.name}_stream"))
-    writer = (writer.trigger(availableNow=True) if available_now
-              else writer.trigger(processingTime=spec.stream.trigger.spark))
     stop = stop or threading.Event()
     summary = StreamSummary(aggregator.outcomes)
     conf = {**_SMALL_BATCH_CONF, "spark.sql.shuffle.partitions": str(spark.sparkContext.defaultParallelism)}

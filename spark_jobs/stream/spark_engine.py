@@ -1,7 +1,6 @@
 """The stream's Spark merge engine, for batches too large for the driver: the window kind's rules as DataFrames.
 Each stored row the batch touches is read from the state once, merged once with the batch's rows and written once;
-the served rows the batch reaches give their values before and after in one aggregation, and the changelog between.
-"""
+the served rows the batch reaches give their values before and after in one aggregation, and the changelog between."""
 
 from __future__ import annotations
 
@@ -135,9 +134,8 @@ class SparkEngine:
 def served_before(lake: Lake, tables: PipelineTables, touched: DataFrame | None, version: int | None
                   ) -> tuple[DataFrame | None, int | None]:
     """The ``touched`` rows of ``aggregates`` as they are (at ``version``, else the latest; None: no table yet), and
-    the version read. The changelog's before side in a batch that reaches days a batch combine wrote: those days are
-    served from the batch partials that count, which ``aggregates`` holds only once a reduce (or this batch) has
-    merged them."""
+    the version read: the changelog's before side where the batch reaches days a batch combine wrote, whose batch
+    partials ``aggregates`` holds only once a reduce (or this batch) merged them."""
     version = lake.version(tables.aggregates) if version is None else version
     if version is None:
         return None, None
