@@ -1,9 +1,9 @@
 """The accumulator contract every aggregate implements, after Flink's ``AggregateFunction``: rows fold into an
-*accumulator* with ``accumulate`` (combine), accumulators of different batches with ``merge`` (reduce), and ``get_value``
-makes the result, so each batch is pre-aggregated once and a backfill re-merges only what it touched. Every method
-returns the new accumulator (it may mutate its argument), so immutable ones such as numbers work too. An aggregate also
-owns how its accumulator is stored (``acc_fields``, ``encode``/``decode``): the driver's merge and Spark's phases read
-and write the same columns, so either continues the other."""
+*accumulator* with ``accumulate`` (combine), accumulators of different batches with ``merge`` (reduce), and
+``get_value`` makes the result, so each batch is pre-aggregated once and a backfill re-merges only what it touched.
+Every method returns the new accumulator (it may mutate its argument), so immutable ones such as numbers work too. An
+aggregate also owns how its accumulator is stored (``acc_fields``, ``encode``/``decode``): the driver's merge and
+Spark's phases read and write the same columns, so either continues the other."""
 
 from __future__ import annotations
 

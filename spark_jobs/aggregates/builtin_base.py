@@ -87,8 +87,7 @@ RETRACTING: dict[str, type[Builtin]] = {}  # what ``fn`` resolves to for a chang
 
 
 def builtin(*, changelog_form: bool = False) -> Callable[[B], B]:
-    """Register a built-in under its ``fn``. ``changelog_form``: it replaces the plain one for a
-    changelog source; a plain one that can retract serves both."""
+    """Register a built-in under its ``fn``; a ``changelog_form`` replaces, for a changelog source, a plain one."""
 
     def register(cls: B) -> B:
         if changelog_form:

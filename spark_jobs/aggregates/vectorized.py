@@ -94,8 +94,7 @@ def _schemas(df: DataFrame, keys: Sequence[str], aggs: Sequence[BoundAggregate],
 
 def udaf_partials(df: DataFrame, keys: Sequence[str], aggs: Sequence[BoundAggregate],
                   flush_rows: int = FLUSH_ROWS, sign: str | None = None) -> DataFrame:
-    """Combine phase: one accumulator per key (and aggregate) for the rows of ``df``; ``sign`` names a column
-    that is -1 on rows to retract (a changelog source's -U/-D)."""
+    """Combine phase: one accumulator per key and aggregate; ``sign`` names a column that is -1 on rows to retract."""
     keys, aggs = list(keys), list(aggs)
     schema, key_fields = _schemas(df, keys, aggs, with_value=False)
     inputs = sorted({c for a in aggs for c in a.columns} | ({sign} if sign else set()))

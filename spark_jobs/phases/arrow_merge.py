@@ -29,8 +29,7 @@ _US = 1_000_000
 
 
 def bucket_origin(grain_s: int) -> dt.datetime:
-    """Where buckets of ``grain_s`` are counted from: the epoch, as Spark counts windows, except that
-    weeks start on a Monday (the epoch was a Thursday)."""
+    """Where buckets of ``grain_s`` start: the epoch, as Spark's windows, but weeks on a Monday (it was a Thursday)."""
     return MONDAY if grain_s % WEEK == 0 else EPOCH
 
 
@@ -150,8 +149,7 @@ def _dicts(names: list[str], fields: list[list[Any]]) -> list[dict[str, Any]]:
 
 def value_columns(table: pa.Table, accs: Merged, entries: Sequence[BoundAggregate],
                   coverage: Mapping[str, int] | None = None) -> dict[str, pa.Array]:
-    """Each aggregate's value per row of :func:`merge_groups`' table (NULL where ``coverage`` says the
-    row predates the aggregate)."""
+    """Each aggregate's value per row of :func:`merge_groups`' table (NULL where ``coverage`` says the row is older)."""
     out: dict[str, pa.Array] = {}
     for entry in entries:
         fn = entry.function
@@ -170,8 +168,7 @@ def value_columns(table: pa.Table, accs: Merged, entries: Sequence[BoundAggregat
 
 def encoded_columns(table: pa.Table, accs: Merged, entries: Sequence[BoundAggregate],
                     schema: pa.Schema, coverage: Mapping[str, int] | None = None) -> dict[str, pa.Array]:
-    """Every accumulator column per row of :func:`merge_groups`' table, as ``schema`` stores them (NULL where
-    ``coverage`` says the row predates the aggregate)."""
+    """Every accumulator column per row of :func:`merge_groups`' table, as ``schema`` stores them (NULL as above)."""
     out: dict[str, pa.Array] = {}
     for entry in entries:
         merged = accs.get(entry.name)

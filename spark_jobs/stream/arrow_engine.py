@@ -108,8 +108,7 @@ class _DriverMerge:
 
     def reach_in_state(self, changed: pa.Table, state: pa.Table, batch_days: Set[dt.date],
                        batch_rows: pa.Table | None) -> Reached:
-        """The window kind's reach of the ``changed`` rows in the state: its rows of days without a batch combine
-        and the batch partials of days with one (the hybrid rule)."""
+        """The window kind's reach of ``changed`` in the state and, for the days with a batch combine, its partials."""
         columns = [*self.keys, "n_rows", *self.local.compiled.acc_columns, SPEC_VERSION]
         schema = pa.schema([self.schemas["partials"].field(c) for c in columns])
         held = self.kind.within_arrow(state, changed, self.group)  # the few rows in reach first: the state is large
@@ -130,8 +129,7 @@ class _DriverMerge:
             groups, self.keys, stored)
 
     def alone_values(self, alone: pa.Table) -> tuple[pa.Table, pa.Table]:
-        """The served values of rows alone (for the changelog) and their ``aggregates`` rows, column-wise; a row
-        without a spec version counts as adopted."""
+        """The served values of rows alone (for the changelog) and their ``aggregates`` rows, column-wise."""
         rows = alone if SPEC_VERSION in alone.column_names else alone.append_column(
             SPEC_VERSION, pa.nulls(alone.num_rows, pa.int64()))
         rows = rows.set_column(rows.schema.get_field_index(SPEC_VERSION), SPEC_VERSION,
@@ -157,8 +155,7 @@ class _DriverMerge:
         return pa.Table.from_pylist(rows, schema=self.value_schema)
 
     def aggregates(self, served: Mapping[tuple[Any, ...], tuple[list[Any], int, int]]) -> tuple[pa.Table, pa.Table]:
-        """The served rows' values (for the changelog) and their ``aggregates`` rows (those that exist), each value
-        read once."""
+        """The served rows' values (for the changelog) and their ``aggregates`` rows (those that exist), read once."""
         rows = [{**dict(zip(self.keys, key, strict=True)), **self.local.values(accs, version), "n_rows": n,
                  **self.local.encode(accs, version), "updated_at": self.now, "run_id": self.run_id,
                  SPEC_VERSION: version} for key, (accs, n, version) in served.items()]

@@ -104,10 +104,9 @@ _REJECT = "struct<_reason string, _raw string, _file string, _late boolean>"  # 
 
 
 def _rejects_apart(rows: DataFrame, spec: PipelineSpec) -> DataFrame:
-    """Rejects ride through the pre-aggregation as groups of their own, so that one pass over a batch's files
-    yields both. ``_bad``, a grouping key, is a row id for a reject (NULL for a valid row: a reject never
-    shares a group with one), ``_reject`` its reason, record, file and lateness; a reject's group keys are NULL and
-    its event time a constant (the epoch), so that it falls in windows no valid row shares."""
+    """Rejects ride through the pre-aggregation as groups of their own, so one pass over a batch's files yields both:
+    ``_bad``, a grouping key, is a row id for a reject (NULL for a valid row), ``_reject`` its reason, record, file and
+    lateness; a reject's group keys are NULL and its event time the epoch, so it shares no window with a valid row."""
     bad = F.col("_reason").isNotNull()
     # Parquet is read with the spec's types, so its record is its typed columns: written out here, for the
     # rejects alone (a ``_raw`` column would be computed for every row before the branch)

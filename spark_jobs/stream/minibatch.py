@@ -1,14 +1,12 @@
 """One mini-batch, from its files to its commits: the ``foreachBatch`` function of the stream.
 
 Its commits, in this order, each one Delta commit carrying the app transaction (``<pipeline>.stream``, batch id):
-rejected and late rows to ``dead_letter``; the served rows it reaches to ``aggregates`` (what readers wait for);
-the changes to ``changelog``; its partial accumulators to ``partials``; the new state, last, so a batch with a
-state commit is complete and a replay skips every table that has its commit: after a kill -9 anywhere, a restart
-gives the tables of an uninterrupted run. A batch that came to the driver is handed off where the lake commits on the
-driver (:mod:`spark_jobs.stream.handoff`). The watermark is the largest event time in state minus
-``stream.watermark``, as of the batch's start. Lateness is per window, as in Flink and Spark: a row counts in every
-window of it the watermark has not closed, and goes to ``dead_letter`` as late only when all of them have closed.
-"""
+rejected and late rows to ``dead_letter``; the served rows it reaches to ``aggregates`` (what readers wait for); the
+changes to ``changelog``; its partial accumulators to ``partials``; the new state, last, so a batch with a state commit
+is complete and a replay skips every table that has its commit: after a kill -9 anywhere, a restart gives the tables of
+an uninterrupted run. A batch that came to the driver is handed off where the lake commits on the driver
+(:mod:`spark_jobs.stream.handoff`). The watermark is the largest event time in state minus ``stream.watermark``, as of
+the batch's start; lateness is per window (:meth:`~spark_jobs.windows.WindowKind.with_late`)."""
 
 from __future__ import annotations
 
@@ -157,8 +155,8 @@ class MiniBatchAggregator:
             running.result()
 
     def close(self) -> BaseException | None:
-        """At the stream's end: wait for the last handed-off batch's commits (their error is the stream's) and
-        the last rollup refresh; the refresh's error, if it failed."""
+        """At the stream's end: wait for the last handed-off commits (their error is the stream's) and rollup refresh
+        (whose error it returns)."""
         try:
             self.wait_for_handoff()
         except BaseException as exc:

@@ -2,8 +2,7 @@
 
 Spark Structured Streaming tracks new landing files; each micro-batch is a mini-batch in Flink's sense
 (:mod:`spark_jobs.stream.minibatch`). Spark's checkpoint (``_stream/checkpoint``) fixes which files each batch id
-holds, so a replayed batch sees the same rows. docs/streaming.md tells the whole story.
-"""
+holds, so a replayed batch sees the same rows. docs/streaming.md tells the whole story."""
 
 from __future__ import annotations
 

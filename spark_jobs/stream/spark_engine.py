@@ -76,10 +76,10 @@ class SparkEngine:
 
     def _reach(self, batch: MiniBatch, changed: DataFrame, state: DataFrame
                ) -> tuple[Reach, tuple[str, Any, Any] | None]:
-        """The stored rows the batch reaches (with the batch days' keys: they are served with the batch partials
-        that count for them), and where in ``aggregates`` the rows it replaces lie, when known. Sessions: from the
-        state's whole sessions where it answers (:mod:`spark_jobs.stream.open_sessions`), else from ``partials``,
-        with the state's per-day rows, if any, reached too (so that every session they are part of is merged)."""
+        """The stored rows the batch reaches (with the batch days' keys, served with the batch partials that count for
+        them), and where in ``aggregates`` the rows it replaces lie, when known. Sessions: from the state's whole
+        sessions where it answers (:mod:`spark_jobs.stream.open_sessions`), else from ``partials``, the state's per-day
+        rows reached too (so every session they are part of is merged)."""
         if self.kind.state_covers_reach:
             return self.kind.reach_of(changed, state_in_reach(self.lake, self.tables, batch, state), self.group), None
         if state_answers(self.kind, batch, self.lake, self.tables, state):
@@ -146,8 +146,7 @@ def served_before(lake: Lake, tables: PipelineTables, touched: DataFrame | None,
 
 
 def state_in_reach(lake: Lake, tables: PipelineTables, batch: MiniBatch, state: DataFrame) -> Stored:
-    """The stored rows that count, from the stream's state: its rows of days without a batch combine, and the
-    batch partials of days with one (the hybrid rule)."""
+    """The stored rows that count (the hybrid rule): the state's, and the batch partials of days a batch combined."""
     counted = state.where(~F.col(DAY).isin(sorted(batch.batch_days))) if batch.batch_days else state
     if batch.batch_files:
         counted = counted.drop("max_event_time").unionByName(

@@ -4,8 +4,7 @@
 step-sized slice (cumulative), a partial session, or a key's rows of a day (no window). *Served* rows are what
 ``aggregates`` holds per key: :meth:`WindowKind.serve` turns stored rows into served ones (as they are, exploded into
 the windows a slice is in, or merged into sessions). Each question has its Spark form (over DataFrames) and, where
-the driver needs it, its Arrow form beside it.
-"""
+the driver needs it, its Arrow form beside it."""
 
 from __future__ import annotations
 

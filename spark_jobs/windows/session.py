@@ -1,10 +1,9 @@
 """Session windows: ``[first event, last event + gap)`` per key, as Flink's MergingWindowSet merges them.
 
-An event at or before ``last + gap`` joins a session, so sessions that touch merge (Spark's ``session_window``,
-Flink's SESSION). Each combine and mini-batch stores the partial sessions of its own rows; a served session is
-the merge of every partial that touches it, however many days and batches they came from. Merging touching
-intervals is exact: each partial holds a run of events less than ``gap`` apart.
-"""
+An event at or before ``last + gap`` joins a session, so sessions that touch merge (Spark's ``session_window``, Flink's
+SESSION). Each combine and mini-batch stores the partial sessions of its own rows; a served session is the merge of
+every partial that touches it, however many days and batches they came from. Merging touching intervals is exact: each
+partial holds a run of events less than ``gap`` apart."""
 
 from __future__ import annotations
 
@@ -113,13 +112,12 @@ class Sessions(WindowKind):
         return F.col("window_end") >= F.lit(watermark)
 
     def reach_of(self, changed: DataFrame, stored: Stored, keys: Sequence[str]) -> Reach:
-        """The sessions the ``changed`` partial sessions reach, whole, reading only the days of stored partials
-        they reach. A partial session of day d starts on d and ends before d + 1 day + gap: so sessions merged
-        from the partials of days [a, b] and the changed ones are whole when each that holds a changed partial
-        starts at or after a + gap (no partial of an earlier day can touch it) and ends before b + 1 day (nor of
-        a later one); otherwise the days widen, for the keys of those sessions only, and they merge again (a heavy
-        user's session may span every day). Sessions that hold no changed partial are the same after the change:
-        they are neither read whole nor rewritten."""
+        """The sessions the ``changed`` partial sessions reach, whole, reading only the days of stored partials they
+        reach. A partial session of day d starts on d and ends before d + 1 day + gap, so sessions merged from the
+        partials of days [a, b] and the changed ones are whole when each holding a changed partial starts at or after
+        a + gap (no earlier day's partial can touch it) and ends before b + 1 day (nor a later one's); otherwise the
+        days widen, for those sessions' keys only, and they merge again (a heavy user's session may span every day).
+        Sessions holding no changed partial are the same after the change: neither read whole nor rewritten."""
         group = list(keys)
         span = changed.agg(F.min("window_start").alias("lo"), F.max("window_end").alias("hi")).first()
         if span is None or span["lo"] is None:
@@ -199,8 +197,7 @@ class Sessions(WindowKind):
 
 
 class _Widening:
-    """The days of stored partials read for a reach, widened until every session holding a changed partial is
-    whole (see :meth:`Sessions.reach_of`)."""
+    """The days of stored partials read for a reach, widened until every session holding a changed partial is whole."""
 
     def __init__(self, kind: Sessions, group: list[str], changed: DataFrame, stored: Stored,
                  days: tuple[dt.date, dt.date]) -> None:
@@ -270,8 +267,7 @@ def _inside(rows: DataFrame, reached: DataFrame, group: list[str]) -> DataFrame:
 
 
 def _merged_with(rows: pa.Table, changed: pa.Table, keys: Sequence[str]) -> np.ndarray:
-    """Which ``rows`` merge into one session with a ``changed`` row of their key (they touch, directly or through
-    others): :meth:`Sessions.serve` over both, column-wise."""
+    """Which ``rows`` merge into a session with a ``changed`` row of their key: :meth:`Sessions.serve`, column-wise."""
     both = pa.concat_tables([t.select([*keys, "window_start", "window_end"]).cast(
         pa.schema([*(rows.schema.field(k) for k in keys), pa.field("window_start", TS), pa.field("window_end", TS)]))
         for t in (rows, changed)])
