@@ -64,10 +64,9 @@ class _ByEventTime(Builtin):
         if groups == 0:
             return [acc.slice(0, 0)]
         at, value = acc.flatten()
-        valid = np.asarray(acc.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
-        at_valid = np.asarray(at.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
-        if (valid & ~(at_valid & np.asarray(value.is_valid().to_numpy(zero_copy_only=False), dtype=bool))).any():
+        if pc.any(pc.and_(acc.is_valid(), pc.or_(at.is_null(), value.is_null()))).as_py():
             return None  # a stored (time, NULL) or (NULL, value): leave it to the tuples
+        valid = np.asarray(acc.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
         earliest = type(self)._pick is min
         how, sentinel = ("min", np.iinfo(np.int64).max) if earliest else ("max", np.iinfo(np.int64).min)
         ticks = np.where(valid, at.cast(pa.int64()).fill_null(0).to_numpy(), sentinel)

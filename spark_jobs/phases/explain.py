@@ -81,8 +81,7 @@ def explain(spark: SparkSession, compiled: CompiledAggregates, phase: Phase) -> 
     lines = [f"{spec.name}: {phase} = {_OPERATOR[phase]}",
              f"  group by: {', '.join(keys) or '(one global group)'}"
              + ("; source is a changelog: -U/-D rows retract (_sign = -1)" if compiled.retracting else "")]
-    line = spec.window.explain(phase)
-    if line is not None:
+    if (line := spec.window.explain(phase)) is not None:
         lines.append(f"  {line}")
     lines.append("")
     for row in aggregate_table(compiled):

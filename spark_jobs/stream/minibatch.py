@@ -142,12 +142,6 @@ class MiniBatchAggregator:
         self.handoffs.forget(self.lake.txn_version(state, self.app))
 
     # ------------------------------------------------------------------ rollups
-    def refresh_rollups(self, *, run_id: str) -> None:
-        """Refresh the rollups in the background, after the previous refresh (whose failure fails this batch): driver
-        work beside the next batch's Spark read; idempotent, so a crash only leaves the rollups behind a while."""
-        self.rollups_done()
-        self._rollups = self._rollup_thread.submit(rollups.refresh, self.lake, self.compiled, run_id=run_id)
-
     def rollups_done(self) -> None:
         """Wait for the running rollup refresh; raise its error."""
         running, self._rollups = self._rollups, None
@@ -264,9 +258,11 @@ class MiniBatchAggregator:
                 return commits
 
             commits = retry_conflicts(step, what=f"mini-batch {batch_id}", recheck=lambda: ensure_applied(lake, spec))
-            if spec.rollups:
-                with phase("rollups"):  # the wait for the previous batch's refresh, if it is still running
-                    self.refresh_rollups(run_id=record.run_id)
+            if spec.rollups:  # refreshed beside the next batch's read; idempotent, so a crash only leaves them behind
+                with phase("rollups"):  # the wait for the previous batch's refresh (its error fails this batch)
+                    self.rollups_done()
+                    self._rollups = self._rollup_thread.submit(rollups.refresh, lake, self.compiled,
+                                                               run_id=record.run_id)
             read.combined.unpersist()
             outcome.state_writes, outcome.changes = commits.state_writes, commits.changes
             outcome.visible_at, record.versions_written = commits.visible_at, commits.written

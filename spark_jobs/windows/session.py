@@ -291,10 +291,9 @@ def session_labels(rows: pa.Table, keys: Sequence[str]) -> np.ndarray:
     new_key[0] = True
     for k in keys:
         column = ordered.column(k).combine_chunks()
-        this, before = column.slice(1), column.slice(0, n - 1)
-        nulls = (pc.is_null(this).to_numpy(zero_copy_only=False), pc.is_null(before).to_numpy(zero_copy_only=False))
-        differ = np.asarray(pc.fill_null(pc.not_equal(this, before), True).to_numpy(zero_copy_only=False), dtype=bool)
-        new_key[1:] |= np.where(nulls[0] & nulls[1], False, differ)
+        this, before = column.slice(1), column.slice(0, n - 1)  # NULL equals NULL and differs from a value
+        differ = pc.fill_null(pc.not_equal(this, before), pc.xor(pc.is_null(this), pc.is_null(before)))
+        new_key[1:] |= np.asarray(differ.to_numpy(zero_copy_only=False), dtype=bool)
     start, end = ticks(ordered.column("window_start")), ticks(ordered.column("window_end"))
     base, width = int(start.min()), int(end.max() - start.min()) + 1
     key_id = np.cumsum(new_key) - 1
