@@ -16,6 +16,7 @@ from spark_jobs.aggregates.vectorized import udaf_merge, udaf_partials
 from spark_jobs.key_match import join_on_keys
 from spark_jobs.lake.layout import ADOPTED, SPEC_VERSION
 from spark_jobs.spec import PipelineSpec
+from spark_jobs.windows.base import F
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -62,8 +63,6 @@ class CompiledAggregates:
         return [b.name for b in self.entries]
 
     def value_columns(self) -> list[Column]:
-        from pyspark.sql import functions as F
-
         return [b.function.spark_value([F.col(c) for c in b.acc_columns]).alias(b.name)
                 if isinstance(b.function, Builtin) else F.col(b.name) for b in self.entries]
 
@@ -75,8 +74,6 @@ def partial_aggregate(rows: DataFrame, compiled: CompiledAggregates, *, extra_ke
                       extra_aggs: Sequence[Column] = ()) -> DataFrame:
     """Combine phase over typed, windowed rows: keys, ``n_rows`` and accumulator columns. ``extra_keys`` group
     finer than the spec's keys (the stream keeps state per event day); ``extra_aggs`` follow the accumulators."""
-    from pyspark.sql import functions as F
-
     spec = compiled.spec
     keys = [*extra_keys, *spec.key_columns]
     event_time = F.col(spec.source.event_time)
@@ -104,8 +101,6 @@ def partial_aggregate(rows: DataFrame, compiled: CompiledAggregates, *, extra_ke
 def final_aggregate(partials: DataFrame, compiled: CompiledAggregates, *, extra_keys: Sequence[str] = (),
                     extra_aggs: Sequence[Column] = ()) -> DataFrame:
     """Reduce phase over partial rows: keys, one value column per aggregate, merged accumulators."""
-    from pyspark.sql import functions as F
-
     keys = [*extra_keys, *compiled.spec.key_columns]
     exprs = [F.sum("n_rows").alias("n_rows")]
     if SPEC_VERSION in partials.columns:  # rows from before the lake recorded its spec are its first version

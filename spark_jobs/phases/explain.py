@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Literal
 from spark_jobs.aggregates.builtins import Builtin
 from spark_jobs.lake.table_rules import DAY
 from spark_jobs.phases.compiled import SIGN, CompiledAggregates, final_aggregate, partial_aggregate
+from spark_jobs.windows.base import F
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -28,8 +29,6 @@ def _text(column: Column) -> str:
 
 def aggregate_table(compiled: CompiledAggregates) -> list[dict[str, str]]:
     """One row per aggregate: stored columns and the expressions of each phase."""
-    from pyspark.sql import functions as F
-
     sign = F.col(SIGN) if compiled.retracting else None
     event_time = F.col(compiled.spec.source.event_time)
     rows = []
@@ -55,8 +54,6 @@ def aggregate_table(compiled: CompiledAggregates) -> list[dict[str, str]]:
 
 def phase_frame(spark: SparkSession, compiled: CompiledAggregates, phase: Phase) -> DataFrame:
     """The phase's DataFrame over an empty, typed input."""
-    from pyspark.sql import functions as F
-
     spec = compiled.spec
     ddl = ", ".join(f"`{c}` {t}" for c, t in spec.source.schema)
     rows = spec.window.assign(spark.createDataFrame([], ddl), event_time=spec.source.event_time, keys=spec.group_by)

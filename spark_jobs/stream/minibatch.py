@@ -36,6 +36,7 @@ from spark_jobs.stream.batch_read import BatchRead, BatchReader
 from spark_jobs.stream.handoff import Handoffs
 from spark_jobs.stream.outputs import BatchCommits, MergeEngine, MiniBatch, commit_outputs
 from spark_jobs.stream.spark_engine import SparkEngine
+from spark_jobs.windows.base import F
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -172,8 +173,6 @@ class MiniBatchAggregator:
         return high - dt.timedelta(seconds=self.spec.stream.watermark.seconds)
 
     def _load_high(self) -> dt.datetime | None:
-        from pyspark.sql import functions as F
-
         state = self.tables.stream_state
         if not self._high_loaded and self.lake.version(state) is not None:
             row = self.lake.read(state).agg(F.max("max_event_time").alias("m")).first()
