@@ -40,9 +40,7 @@ class _ByEventTime(Builtin):
         return (at, value) if acc is None else type(self)._pick(acc, (at, value))
 
     def merge(self, acc: tuple[Any, Any] | None, other: tuple[Any, Any] | None) -> tuple[Any, Any] | None:
-        if other is None:
-            return acc
-        return self.accumulate(acc, other[1], other[0])
+        return acc if other is None else self.accumulate(acc, other[1], other[0])
 
     def get_value(self, acc: tuple[Any, Any] | None) -> Any:
         return None if acc is None else acc[1]

@@ -8,8 +8,7 @@ that grew keeps its name, ``-U`` with its old end and ``+U`` with its new one; o
 merge moved, is deleted and the merged one inserted or updated under its own start). ``seq`` orders the rows within the
 change: by the first event of their group key in a stream's batch (when known), then by identity, ``-U`` before ``+U``.
 Every writer of ``aggregates`` tells its changes with this rule: the stream for its batches, and
-:mod:`spark_jobs.jobs.changelog_feed` for every other commit; ``stamp`` names the writer.
-"""
+:mod:`spark_jobs.jobs.changelog_feed` for every other commit; ``stamp`` names the writer."""
 
 from __future__ import annotations
 

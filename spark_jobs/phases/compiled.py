@@ -27,22 +27,18 @@ __all__ = ["CompiledAggregates", "final_aggregate", "partial_aggregate"]
 
 
 class CompiledAggregates:
-    """A spec's aggregates bound to their implementations, in spec order. ``record`` (the lake's spec record, see
-    :mod:`spark_jobs.lake.spec_record`) says which spec version new rows are written by and from which version each
-    aggregate is covered: a merged row older than an aggregate's ``since`` serves NULL for it, never the part of the
-    value its newer rows hold. Without a record every row is covered (version 1)."""
+    """A spec's aggregates bound to their implementations, in spec order. The lake's spec ``record`` gives the version
+    new rows are written by and the one from which each aggregate is covered: a merged row older than an aggregate
+    serves NULL for it, never the part of the value its newer rows hold (without a record every row is version 1)."""
 
     def __init__(self, spec: PipelineSpec, record: RecordedSpec | None = None) -> None:
         self.spec = spec
         self.spec_version = record.version if record is not None else ADOPTED
         self.coverage = {a.name: (record.since(a.name) if record is not None else ADOPTED) for a in spec.aggregates}
         self.retracting = spec.source.op_column is not None
-        schema = spec.source.columns
-        self.entries: list[BoundAggregate] = [
-            BoundAggregate(agg.name, agg.columns, create(
-                agg.fn, name=agg.name, columns=agg.columns, args=dict(agg.args),
-                input_type=schema.get(agg.columns[0]) if agg.columns else None, retracting=self.retracting))
-            for agg in spec.aggregates]
+        self.entries: list[BoundAggregate] = [BoundAggregate(agg.name, agg.columns, create(
+            agg.fn, name=agg.name, columns=agg.columns, args=dict(agg.args), retracting=self.retracting,
+            input_type=spec.source.columns.get(agg.columns[0]) if agg.columns else None)) for agg in spec.aggregates]
 
     @cached_property
     def native(self) -> list[tuple[BoundAggregate, Builtin]]:

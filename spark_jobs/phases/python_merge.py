@@ -40,10 +40,9 @@ class LocalAggregates:
 
     def encode(self, accs: list[Any], version: int = ADOPTED) -> dict[str, Any]:
         """Accumulator columns, as Spark's phases store them (NULL for aggregates newer than ``version``)."""
-        out: dict[str, Any] = {}
-        for (fn, columns), acc, since in zip(self._entries, accs, self._since, strict=True):
-            out.update(zip(columns, fn.encode(acc) if version >= since else [None] * len(columns), strict=True))
-        return out
+        return {column: cell for (fn, columns), acc, since in zip(self._entries, accs, self._since, strict=True)
+                for column, cell in zip(columns, fn.encode(acc) if version >= since else [None] * len(columns),
+                                        strict=True)}
 
     def values(self, accs: list[Any], version: int = ADOPTED) -> dict[str, Any]:
         """Each aggregate's value (NULL for aggregates newer than ``version``: the rows lack part of it)."""

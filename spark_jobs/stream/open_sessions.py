@@ -1,7 +1,6 @@
 """When the stream's state alone answers a session batch: the state holds each open session whole (one merged
-accumulator, its bounds and spec version, as Flink's keyed state holds a MergingWindowSet's windows), so a batch
-reads the state rows of the keys it touches and nothing else. ``partials`` are read (the window kind's reach over
-them) only where the state may not hold what counts:
+accumulator, its bounds and spec version, as Flink's keyed state holds a MergingWindowSet's windows), so a batch reads
+the state rows of the keys it touches and nothing else; ``partials`` only where the state may not hold what counts:
 
 - a row that starts before the watermark may reach a session that closed and left the state;
 - a day a batch combine wrote supersedes the stream's rows of it, so a state session over that day may hold rows
@@ -9,8 +8,7 @@ them) only where the state may not hold what counts:
 - state rows of the older per-day form (a partial session per event day, written before the state held whole
   sessions): their sessions are merged from ``partials`` once, and held whole from then on.
 
-A state session has no event day (NULL): one row holds all its days.
-"""
+A state session has no event day (NULL): one row holds all its days."""
 
 from __future__ import annotations
 

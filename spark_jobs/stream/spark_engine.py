@@ -77,9 +77,8 @@ class SparkEngine:
     def _reach(self, batch: MiniBatch, changed: DataFrame, state: DataFrame
                ) -> tuple[Reach, tuple[str, Any, Any] | None]:
         """The stored rows the batch reaches (with the batch days' keys, served with the batch partials that count for
-        them), and where in ``aggregates`` the rows it replaces lie, when known. Sessions: from the state's whole
-        sessions where it answers (:mod:`spark_jobs.stream.open_sessions`), else from ``partials``, the state's per-day
-        rows reached too (so every session they are part of is merged)."""
+        them), and where in ``aggregates`` the replaced rows lie, when known. Sessions: the state's whole sessions where
+        it answers (:mod:`~spark_jobs.stream.open_sessions`), else ``partials`` and the state's per-day rows."""
         if self.kind.state_covers_reach:
             return self.kind.reach_of(changed, state_in_reach(self.lake, self.tables, batch, state), self.group), None
         if state_answers(self.kind, batch, self.lake, self.tables, state):
