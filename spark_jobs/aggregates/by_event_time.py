@@ -15,8 +15,7 @@ __all__ = ["First", "Last"]
 
 
 class _ByEventTime(Builtin):
-    """The accumulator is the struct (event time, value): ordering structs makes both phases plain ``min``/``max``,
-    associative and independent of how rows were split."""
+    """The accumulator is the struct (event time, value): ordered structs make both phases a plain ``min``/``max``."""
 
     uses_event_time = True
     _pick: ClassVar[Any]

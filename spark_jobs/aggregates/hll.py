@@ -78,8 +78,7 @@ class ApproxCountDistinct(Builtin):
     def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
         assert value is not None
         if self.input_type not in ("int", "bigint"):
-            # as UTF-8 bytes: the sketch hashes a string's UTF-8 bytes either way (the same sketch), but Spark
-            # turns each string into a Java string and back first (0.3 s of a 2.2M-row mini-batch's pass)
+            # as UTF-8 bytes: the same sketch, without Spark's round trip through Java strings (0.3 s of 2.2M rows)
             value = (value if self.input_type == "string" else value.cast("string")).cast("binary")
         return [F.hll_sketch_agg(value, self.lg_k)]
 

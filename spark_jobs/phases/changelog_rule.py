@@ -51,7 +51,6 @@ class ChangelogRule:
         return cls(tuple(window.identity(spec.group_by)), (*window.changelog_values, *values), spec.group_by,
                    (*spec.key_columns, *values))
 
-    # ------------------------------------------------------------------ Spark
     def spark(self, before: DataFrame, after: DataFrame, first_seen: DataFrame, stamp: Mapping[str, Any]) -> DataFrame:
         """``before`` and ``after``: identity and value columns with ``n_rows``; ``first_seen``: group key columns
         and ``_first_seen``; ``stamp``: the constants every row of this change carries (batch_id, writer, run_id)."""
@@ -84,7 +83,6 @@ class ChangelogRule:
         seq = (F.row_number().over(order) - 1).cast("bigint").alias("seq")
         return rows.select("op", *self.columns, *batch, seq, *stamped.values())  # the changelog's column order
 
-    # ------------------------------------------------------------------ Arrow
     def arrow(self, before: pa.Table, after: pa.Table, first_seen: pa.Table | None, stamp: Mapping[str, Any],
               schema: pa.Schema) -> pa.Table:
         """The Arrow form of :meth:`spark`, as ``schema`` (the changelog table's) lays out the columns it has;

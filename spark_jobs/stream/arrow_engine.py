@@ -69,10 +69,8 @@ def merge_on_driver(groups: pa.Table, state: pa.Table, local: LocalAggregates, *
     before, after = merge.served(stored), merge.served([*stored, *groups.filter(pa.array(live & ~quick)).to_pylist()])
     quick_values, quick_rows = merge.alone_values(alone)
     after_values, after_rows = merge.aggregates(after)
-    if merge.kind.state_holds_served:
-        new_state = merge.kind.next_state_arrow(state, after_rows, merge.group, day=DAY)
-    else:
-        new_state = pa.concat_tables([merge.state(state, rest), alone.select(state.column_names).cast(state.schema)])
+    new_state = (merge.kind.next_state_arrow(state, after_rows, merge.group, day=DAY) if merge.kind.state_holds_served
+                 else pa.concat_tables([merge.state(state, rest), alone.select(state.column_names).cast(state.schema)]))
     if closes is not None:
         new_state = new_state.filter(merge.kind.is_open_arrow(new_state, closes))
     if local.compiled.retracting:

@@ -142,7 +142,6 @@ class MiniBatchAggregator:
             self.outcomes.append(begun if isinstance(begun, BatchOutcome) else self.finish(begun))
         self.handoffs.forget(self.lake.txn_version(state, self.app))
 
-    # ------------------------------------------------------------------ rollups
     def rollups_done(self) -> None:
         """Wait for the running rollup refresh; raise its error."""
         running, self._rollups = self._rollups, None
@@ -166,7 +165,6 @@ class MiniBatchAggregator:
             self._commit_thread.shutdown()
             self._rollup_thread.shutdown()
 
-    # ------------------------------------------------------------------ state
     def _watermark(self, high: dt.datetime | None) -> dt.datetime | None:
         if not self.spec.window.closes or high is None:
             return None
@@ -180,7 +178,6 @@ class MiniBatchAggregator:
         self._high_loaded = True
         return self._high
 
-    # ------------------------------------------------------------------ batch
     def begin(self, landed: DataFrame | list[str], batch_id: int) -> BatchOutcome | _Begun:
         """The batch's Spark work: its files (the stream's paths, or a hand-off record's) screened and read in one
         pass. A batch with nothing to do (already committed, no files) is done here."""

@@ -69,10 +69,9 @@ def source_stream(spark: SparkSession, spec: PipelineSpec) -> DataFrame:
 
 
 # Mini-batch plans are many small joins and aggregations: with adaptive execution and broadcast joins each stage and
-# broadcast is a Spark job (about 30 a batch instead of 6), and their scheduling would set the latency. After the
+# broadcast is a Spark job (about 30 a batch instead of 6) whose scheduling would set the latency. After the
 # pre-aggregation every shuffle holds touched keys only: one partition per core is enough (set in ``run``). A batch's
-# groups hold small sketches, so a task may keep 64k in its object hash map before sorting (at the session's 16k,
-# sorting took a fifth of a 20-file batch's time).
+# groups hold small sketches: 64k may stay in a task's hash map (sorting at 16k took a fifth of a 20-file batch).
 _SMALL_BATCH_CONF = {"spark.sql.adaptive.enabled": "false", "spark.sql.autoBroadcastJoinThreshold": "-1",
                      "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "65536"}
 

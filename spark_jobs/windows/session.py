@@ -77,8 +77,7 @@ class Sessions(WindowKind):
 
     # ------------------------------------------------------------------ Spark forms
     def assign(self, rows: DataFrame, *, event_time: str, keys: Sequence[str]) -> DataFrame:
-        """Gaps and islands: each event is a session ``[t, t + gap)``, merged as :meth:`serve` merges partials, so a
-        new one starts per key when an event is more than ``gap`` after the one before it."""
+        """Gaps and islands: each event is a session ``[t, t + gap)``, merged as :meth:`serve` merges partials."""
         t = F.col(event_time)
         end = F.timestamp_micros(F.unix_micros(t) + F.lit(self.gap.micros))
         return self.serve(rows.withColumns({"window_start": t, "window_end": end}), keys)
