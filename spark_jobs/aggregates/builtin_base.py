@@ -45,9 +45,6 @@ class Builtin(AggregateFunction[Any, Any]):
                  input_type: str | None = None) -> None:
         self.name, self.columns, self.args, self.input_type = name, tuple(columns), dict(args or {}), input_type
 
-    def arg(self, key: str, default: Any = None) -> Any:
-        return self.args.get(key, default)
-
     # stored types: Spark's phases produce these (tests/integration/test_stored_types.py holds them to it)
     @property
     def input_arrow(self) -> pa.DataType:

@@ -41,7 +41,7 @@ class ApproxCountDistinct(Builtin):
 
     @property
     def lg_k(self) -> int:
-        return int(self.arg("lg_k", 12))
+        return int(self.args.get("lg_k", 12))
 
     def create_accumulator(self) -> ds.hll_sketch:
         return ds.hll_sketch(self.lg_k, ds.tgt_hll_type.HLL_8)

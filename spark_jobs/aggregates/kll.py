@@ -45,11 +45,11 @@ class ApproxPercentile(Builtin):
 
     @property
     def q(self) -> float:
-        return float(self.arg("q"))
+        return float(self.args["q"])
 
     @property
     def k(self) -> int:
-        return int(self.arg("k", 200))
+        return int(self.args.get("k", 200))
 
     def create_accumulator(self) -> ds.kll_doubles_sketch:
         return ds.kll_doubles_sketch(self.k)

@@ -32,9 +32,8 @@ def _grouped(table: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, list[tuple
     groups = (table.select(list(keys)).append_column("__row", index)
               .group_by(list(keys), use_threads=False).aggregate([("__row", "list")]))
     rows = groups.column("__row_list").combine_chunks()
-    offsets = rows.offsets.to_numpy()
     key_values = [_plain(groups.column(k)) for k in keys]
-    return table.take(rows.flatten()).combine_chunks(), list(zip(*key_values, strict=True)), offsets
+    return table.take(rows.flatten()).combine_chunks(), list(zip(*key_values, strict=True)), rows.offsets.to_numpy()
 
 
 def _plain(column: pa.ChunkedArray) -> list[Any]:

@@ -23,7 +23,7 @@ from spark_jobs.phases import CompiledAggregates
 from spark_jobs.phases.arrow_merge import encoded_columns, value_columns
 from spark_jobs.phases.changelog_rule import FIRST_SEEN, ChangelogRule
 from spark_jobs.phases.python_merge import LocalAggregates
-from spark_jobs.stream.open_sessions import older_rows_arrow, state_answers
+from spark_jobs.stream.open_sessions import state_answers
 from spark_jobs.stream.outputs import BatchOutputs, MiniBatch, stream_stamp
 from spark_jobs.stream.spark_engine import NEVER as _NEVER
 from spark_jobs.stream.spark_engine import partials_in_reach, served_before
@@ -183,8 +183,6 @@ class _DriverMerge:
 
 
 def _in_days(table: pa.Table, days: Set[dt.date]) -> pa.Array:
-    if not days:
-        return pa.array(np.zeros(table.num_rows, dtype=bool))
     return pc.fill_null(pc.is_in(table.column(DAY), pa.array(sorted(days), pa.date32())), False)
 
 
@@ -261,8 +259,8 @@ class ArrowEngine:
         if not state_answers(self.kind, batch, self.lake, self.tables, state):
             changed = groups.select(self.partial_columns)
             if self.kind.state_holds_served:  # per-day rows: their sessions are merged whole from partials
-                changed = pa.concat_tables([changed, older_rows_arrow(state).select(self.partial_columns).cast(
-                    changed.schema)])
+                older = state.filter(pc.is_valid(state.column(DAY))).select(self.partial_columns)
+                changed = pa.concat_tables([changed, older.cast(changed.schema)])
             return self._reach_in_partials(batch, changed, stored_schema)
         stored = self.kind.reach_in_state_arrow(groups, state, self.group)
         ends = stored.column("window_end")

@@ -160,6 +160,5 @@ class BatchRead:
         return self.combined.where(F.col(_BAD).isNull()).drop(_BAD, "_reject", "_rows")
 
     def rejects(self) -> Rows:
-        if self._rejects is not None:
-            return self._rejects
-        return self.combined.where(F.col(_BAD).isNotNull()).select("_reject.*")
+        return self._rejects if self._rejects is not None else (
+            self.combined.where(F.col(_BAD).isNotNull()).select("_reject.*"))

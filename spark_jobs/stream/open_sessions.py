@@ -27,7 +27,7 @@ from spark_jobs.windows.base import TS, F, WindowKind
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["older_rows", "older_rows_arrow", "state_answers"]
+__all__ = ["state_answers"]
 
 
 def state_answers(kind: WindowKind, batch: MiniBatch, lake: Lake, tables: PipelineTables,
@@ -42,21 +42,12 @@ def state_answers(kind: WindowKind, batch: MiniBatch, lake: Lake, tables: Pipeli
     return _answer_arrow(state, days) if isinstance(state, pa.Table) else _answer(state, days)
 
 
-def older_rows(state: DataFrame) -> DataFrame:
-    """State rows of the per-day form."""
-    return state.where(F.col(DAY).isNotNull())
-
-
 def _answer(state: DataFrame, days: list[dt.date]) -> bool:
     """No state row of the per-day form, and no state session over a superseded day (one Spark job)."""
     bad = F.col(DAY).isNotNull()
     for day in days:
         bad = bad | ((F.to_date("window_start") <= F.lit(day)) & (F.to_date("window_end") >= F.lit(day)))
     return not state.where(bad).limit(1).collect()
-
-
-def older_rows_arrow(state: pa.Table) -> pa.Table:
-    return state.filter(pc.is_valid(state.column(DAY)))
 
 
 def _answer_arrow(state: pa.Table, days: list[dt.date]) -> bool:

@@ -15,7 +15,7 @@ from spark_jobs.lake.layout import SPEC_VERSION
 from spark_jobs.lake.table_rules import DAY, STREAM, counted_files
 from spark_jobs.phases import CompiledAggregates, final_aggregate
 from spark_jobs.phases.changelog_rule import FIRST_SEEN, ChangelogRule
-from spark_jobs.stream.open_sessions import older_rows, state_answers
+from spark_jobs.stream.open_sessions import state_answers
 from spark_jobs.stream.outputs import BatchOutputs, MiniBatch, stream_stamp
 from spark_jobs.windows import Reach, Stored
 from spark_jobs.windows.base import F
@@ -86,8 +86,8 @@ class SparkEngine:
             ends = reach.stored.agg(F.min("window_end").alias("lo"), F.max("window_end").alias("hi")).first()
             return reach, ("window_end", ends["lo"], ends["hi"]) if ends is not None and ends["lo"] is not None else (
                 "window_end", NEVER, NEVER)
-        if self.kind.state_holds_served:
-            changed = changed.unionByName(older_rows(state).select(*self.partial_columns))
+        if self.kind.state_holds_served:  # state rows of the older per-day form: their sessions merge whole
+            changed = changed.unionByName(state.where(F.col(DAY).isNotNull()).select(*self.partial_columns))
         return self.kind.reach_of(changed, partials_in_reach(self.lake, self.tables, batch), self.group), None
 
     def _sessions(self, state: DataFrame, after: DataFrame, closes: dt.datetime | None) -> DataFrame:
