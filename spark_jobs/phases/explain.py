@@ -23,8 +23,7 @@ _OPERATOR = {"combine": "LocalGroupAggregate", "reduce": "GlobalGroupAggregate",
 
 
 def _text(column: Column) -> str:
-    text = str(column)
-    return text[len("Column<'"):-len("'>")] if text.startswith("Column<'") else text
+    return str(column).removeprefix("Column<'").removesuffix("'>")
 
 
 def aggregate_table(compiled: CompiledAggregates) -> list[dict[str, str]]:
