@@ -1,7 +1,6 @@
 """Merge accumulator rows on the driver with the aggregates' own Python algebra: for a small mini-batch's few thousand
-keys, Spark costs seconds of planning and scheduling for milliseconds of work. Each aggregate decodes the rows as
-``partials`` and the state store them, merges them with its ``merge_all`` (what Spark's phases compile to) and reads
-them with ``get_value``."""
+keys, Spark costs seconds of planning and scheduling for milliseconds of work. Each aggregate decodes the stored rows,
+merges them with its ``merge_all`` (what Spark's phases compile to) and reads them with ``get_value``."""
 
 from __future__ import annotations
 
