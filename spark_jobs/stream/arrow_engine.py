@@ -1,7 +1,7 @@
 """The stream's driver merge engine: a small mini-batch merged with the aggregates' Python algebra
 (:mod:`spark_jobs.phases.python_merge`), Arrow in, Arrow out, no Spark job but the window kind's reach over ``partials``
 where the state does not cover it; the state stays in memory between batches. The Spark engine's rules (a test holds
-the two to the same tables); keys alone in a batch (most, at a realistic spread) take a column-wise path, no decoding."""
+the two to the same tables); keys alone in a batch (most, at a realistic spread) take a column-wise path."""
 
 from __future__ import annotations
 
