@@ -1,12 +1,9 @@
-"""The accumulator contract every aggregate implements, after Flink's ``AggregateFunction``. Rows fold into an
-*accumulator* with ``accumulate`` (combine), accumulators of different batches fold with ``merge`` (reduce), and
-``get_value`` makes the result: so the pipeline pre-aggregates each batch once, keeps the partial accumulators and
-re-merges only what a backfill touched. Every method returns the new accumulator (it may mutate and return its
-argument), so immutable ones such as plain numbers work too.
-
-An aggregate also owns how its accumulator is stored (``acc_fields``, ``encode``/``decode``, to and from Arrow
-values): the driver's merge and Spark's phases read and write the same columns, so either continues the other.
-"""
+"""The accumulator contract every aggregate implements, after Flink's ``AggregateFunction``: rows fold into an
+*accumulator* with ``accumulate`` (combine), accumulators of different batches with ``merge`` (reduce), and
+``get_value`` makes the result, so each batch is pre-aggregated once and a backfill re-merges only what it touched.
+Every method returns the new accumulator (it may mutate its argument), so immutable ones such as numbers work too. An
+aggregate also owns how its accumulator is stored (``acc_fields``, ``encode``/``decode``): the driver's merge and
+Spark's phases read and write the same columns, so either continues the other."""
 
 from __future__ import annotations
 
@@ -29,12 +26,11 @@ OUT = TypeVar("OUT")
 
 
 class AggregateFunction(ABC, Generic[ACC, OUT]):
-    """Base class for built-in and user-defined aggregates. A user-defined aggregate
-    (spec ``fn: "package.module:Class"``) subclasses this and sets ``accumulator_type`` (the Arrow type its accumulator
-    is stored as; a struct of numbers stays portable, and the accumulator handed around is its Python value, a ``dict``
-    for a struct), ``result_type`` (of ``get_value``) and ``num_inputs`` (the spec's ``columns``). It should override
-    ``accumulate_batch`` with a vectorised version: the engine calls it once per group and Arrow batch, never once per
-    row."""
+    """Base class for built-in and user-defined aggregates. A user-defined one (spec ``fn: "package.module:Class"``)
+    sets ``accumulator_type`` (the Arrow type its accumulator is stored as; a struct of numbers stays portable, and the
+    accumulator handed around is its Python value, a ``dict`` for a struct), ``result_type`` (of ``get_value``) and
+    ``num_inputs`` (the spec's ``columns``), and should override ``accumulate_batch`` with a vectorised version: the
+    engine calls it once per group and Arrow batch, never once per row."""
 
     accumulator_type: ClassVar[pa.DataType | None] = None
     result_type: ClassVar[pa.DataType | None] = None

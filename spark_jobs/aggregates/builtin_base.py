@@ -26,11 +26,9 @@ else:  # a DAG file's parse imports the aggregates, never pyspark: Spark's funct
 __all__ = ["ARROW_TYPES", "BUILTINS", "NUMERIC", "RETRACTING", "Builtin", "Column", "DataFrame", "F", "builtin"]
 
 NUMERIC = ("int", "bigint", "float", "double")
-# Spark SQL type of a source column (spec.TYPES' values) -> the Arrow type its values are stored as
-ARROW_TYPES: dict[str, pa.DataType] = {
+ARROW_TYPES: dict[str, pa.DataType] = {  # Spark SQL type of a source column -> the Arrow type its values are stored as
     "string": pa.string(), "int": pa.int32(), "bigint": pa.int64(), "float": pa.float32(), "double": pa.float64(),
-    "boolean": pa.bool_(), "date": pa.date32(), "timestamp": pa.timestamp("us", tz="UTC"),
-}
+    "boolean": pa.bool_(), "date": pa.date32(), "timestamp": pa.timestamp("us", tz="UTC")}
 
 
 class Builtin(AggregateFunction[Any, Any]):
@@ -45,13 +43,7 @@ class Builtin(AggregateFunction[Any, Any]):
 
     def __init__(self, name: str, columns: Sequence[str] = (), args: Mapping[str, Any] | None = None,
                  input_type: str | None = None) -> None:
-        self.name = name
-        self.columns = tuple(columns)
-        self.args = dict(args or {})
-        self.input_type = input_type
-
-    def arg(self, key: str, default: Any = None) -> Any:
-        return self.args.get(key, default)
+        self.name, self.columns, self.args, self.input_type = name, tuple(columns), dict(args or {}), input_type
 
     # stored types: Spark's phases produce these (tests/integration/test_stored_types.py holds them to it)
     @property
@@ -81,20 +73,18 @@ class Builtin(AggregateFunction[Any, Any]):
     def spark_value(self, accs: list[Column]) -> Column:
         return accs[0]
 
-    # the keyed partial phase of ``map_view`` aggregates: a count per key and value, an aggregation of its own
     def spark_partial_frame(self, rows: DataFrame, keys: list[str], sign: str, acc: str) -> DataFrame:
+        """The keyed partial phase of ``map_view`` aggregates: a count per key and value, an aggregation of its own."""
         raise NotImplementedError
 
 
 B = TypeVar("B", bound=type[Builtin])
 BUILTINS: dict[str, type[Builtin]] = {}
-# what ``fn`` resolves to when the source is a changelog (source.op_column): the retracting forms
-RETRACTING: dict[str, type[Builtin]] = {}
+RETRACTING: dict[str, type[Builtin]] = {}  # what ``fn`` resolves to for a changelog source: the retracting forms
 
 
 def builtin(*, changelog_form: bool = False) -> Callable[[B], B]:
-    """Register a built-in under its ``fn``. ``changelog_form``: it replaces the plain one for a
-    changelog source; a plain one that can retract serves both."""
+    """Register a built-in under its ``fn``; a ``changelog_form`` replaces, for a changelog source, a plain one."""
 
     def register(cls: B) -> B:
         if changelog_form:

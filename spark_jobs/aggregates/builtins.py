@@ -1,11 +1,8 @@
-"""Built-in aggregates: each one is its algebra in Python and its two phases in Spark.
-
-Each is a module of this package, imported below, whose ``Builtin`` subclass registers with ``@builtin``. Its Python
-algebra is the reference, testable without Spark, that the driver merges with; ``spark_partial`` (combine),
-``spark_merge`` (reduce) and ``spark_value`` compile it to Spark's native expressions. Accumulators are plain columns
-(numbers, arrays, DataSketches' HLL_8 and KLL bytes) any Delta reader can use. SQL NULL semantics: NULL inputs are
-ignored; over no non-NULL input an aggregate is NULL, the counts 0.
-"""
+"""Built-in aggregates, a module each (imported below, registering with ``@builtin``): each is its Python algebra, the
+reference the driver merges with, testable without Spark, and ``spark_partial`` (combine), ``spark_merge`` (reduce) and
+``spark_value`` compiling it to Spark's native expressions. Accumulators are plain columns (numbers, arrays,
+DataSketches' HLL_8 and KLL bytes) any Delta reader can use. SQL NULL semantics: NULL inputs are ignored; over no
+non-NULL input an aggregate is NULL, the counts 0."""
 
 from __future__ import annotations
 

@@ -15,8 +15,7 @@ __all__ = ["First", "Last"]
 
 
 class _ByEventTime(Builtin):
-    """The accumulator is the struct (event time, value): ordering structs makes both phases plain ``min``/``max``,
-    associative and independent of how rows were split."""
+    """The accumulator is the struct (event time, value): ordered structs make both phases a plain ``min``/``max``."""
 
     uses_event_time = True
     _pick: ClassVar[Any]
@@ -40,9 +39,7 @@ class _ByEventTime(Builtin):
         return (at, value) if acc is None else type(self)._pick(acc, (at, value))
 
     def merge(self, acc: tuple[Any, Any] | None, other: tuple[Any, Any] | None) -> tuple[Any, Any] | None:
-        if other is None:
-            return acc
-        return self.accumulate(acc, other[1], other[0])
+        return acc if other is None else self.accumulate(acc, other[1], other[0])
 
     def get_value(self, acc: tuple[Any, Any] | None) -> Any:
         return None if acc is None else acc[1]
@@ -64,10 +61,9 @@ class _ByEventTime(Builtin):
         if groups == 0:
             return [acc.slice(0, 0)]
         at, value = acc.flatten()
-        valid = np.asarray(acc.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
-        at_valid = np.asarray(at.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
-        if (valid & ~(at_valid & np.asarray(value.is_valid().to_numpy(zero_copy_only=False), dtype=bool))).any():
+        if pc.any(pc.and_(acc.is_valid(), pc.or_(at.is_null(), value.is_null()))).as_py():
             return None  # a stored (time, NULL) or (NULL, value): leave it to the tuples
+        valid = np.asarray(acc.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
         earliest = type(self)._pick is min
         how, sentinel = ("min", np.iinfo(np.int64).max) if earliest else ("max", np.iinfo(np.int64).min)
         ticks = np.where(valid, at.cast(pa.int64()).fill_null(0).to_numpy(), sentinel)

@@ -45,11 +45,11 @@ class ApproxPercentile(Builtin):
 
     @property
     def q(self) -> float:
-        return float(self.arg("q"))
+        return float(self.args["q"])
 
     @property
     def k(self) -> int:
-        return int(self.arg("k", 200))
+        return int(self.args.get("k", 200))
 
     def create_accumulator(self) -> ds.kll_doubles_sketch:
         return ds.kll_doubles_sketch(self.k)
@@ -70,11 +70,10 @@ class ApproxPercentile(Builtin):
         return acc
 
     def merge_groups(self, columns: Sequence[pa.Array], offsets: np.ndarray) -> list[ds.kll_doubles_sketch]:
-        """``merge_all`` per group, without deserialising the sketches that hold their items in level 0 only.
-
-        DataSketches' merge of such a sketch is an ``update`` with each of its items in stored order (the same count,
-        minimum, maximum and compactions), so their items are cut from the bytes and fed to the group's accumulator by
-        vectorised ``update``; a group's first row and any other sketch go through ``decode`` and ``merge``."""
+        """``merge_all`` per group, without deserialising the sketches that hold their items in level 0 only: merging
+        one is an ``update`` with each of its items in stored order (the same count, minimum, maximum and compactions),
+        so their items are cut from the bytes and fed to a vectorised ``update``; a group's first row and any other
+        sketch go through ``decode`` and ``merge``."""
         blobs = Blobs(columns[0])
         header = kll_level0_header(blobs)
         feed = header >= 0

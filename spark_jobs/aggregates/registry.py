@@ -51,8 +51,7 @@ _NO_RETRACT = ("cannot retract, so it cannot consume a changelog source's -U/-D 
 
 def validate_aggregate(fn: str, columns: Sequence[str], args: Mapping[str, Any], schema: Mapping[str, str], *,
                        retracting: bool = False) -> list[tuple[str, str]]:
-    """Problems with one spec entry as (field, message) pairs; ``retracting``: the source is a changelog
-    (+I/-U/+U/-D), so the aggregate must retract."""
+    """Problems with one spec entry as (field, message); ``retracting``: a changelog source, so it must retract."""
     if is_user_defined(fn):
         return _validate_user_defined(fn, columns, args, retracting=retracting)
     builtin = BUILTINS.get(fn)

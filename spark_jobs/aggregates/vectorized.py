@@ -32,9 +32,8 @@ def _grouped(table: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, list[tuple
     groups = (table.select(list(keys)).append_column("__row", index)
               .group_by(list(keys), use_threads=False).aggregate([("__row", "list")]))
     rows = groups.column("__row_list").combine_chunks()
-    offsets = rows.offsets.to_numpy()
     key_values = [_plain(groups.column(k)) for k in keys]
-    return table.take(rows.flatten()).combine_chunks(), list(zip(*key_values, strict=True)), offsets
+    return table.take(rows.flatten()).combine_chunks(), list(zip(*key_values, strict=True)), rows.offsets.to_numpy()
 
 
 def _plain(column: pa.ChunkedArray) -> list[Any]:
@@ -94,8 +93,7 @@ def _schemas(df: DataFrame, keys: Sequence[str], aggs: Sequence[BoundAggregate],
 
 def udaf_partials(df: DataFrame, keys: Sequence[str], aggs: Sequence[BoundAggregate],
                   flush_rows: int = FLUSH_ROWS, sign: str | None = None) -> DataFrame:
-    """Combine phase: one accumulator per key (and aggregate) for the rows of ``df``; ``sign`` names a column
-    that is -1 on rows to retract (a changelog source's -U/-D)."""
+    """Combine phase: one accumulator per key and aggregate; ``sign`` names a column that is -1 on rows to retract."""
     keys, aggs = list(keys), list(aggs)
     schema, key_fields = _schemas(df, keys, aggs, with_value=False)
     inputs = sorted({c for a in aggs for c in a.columns} | ({sign} if sign else set()))

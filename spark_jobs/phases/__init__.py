@@ -1,5 +1,5 @@
 """A pipeline's aggregates bound to its spec: the combine and reduce phases, on Spark, in Arrow or on the driver."""
 
-from spark_jobs.phases.compiled import CompiledAggregates, final_aggregate, partial_aggregate, with_sign
+from spark_jobs.phases.compiled import CompiledAggregates, final_aggregate, partial_aggregate
 
-__all__ = ["CompiledAggregates", "final_aggregate", "partial_aggregate", "with_sign"]
+__all__ = ["CompiledAggregates", "final_aggregate", "partial_aggregate"]

@@ -1,9 +1,6 @@
 """Merge stored accumulators into coarser buckets, in Arrow on the driver: the rollups' algebra. ``aggregates`` keeps
 every key's and window's accumulators, so a week of distinct users is a merge of hourly HLL sketches, not a
-recomputation. Where an aggregate's merge is a plain fold (``arrow_merge``: counts, sums, min, max) it runs as an
-Arrow hash aggregation; else through the aggregate's ``merge_groups`` (column-wise: one DataSketches union per group,
-first/last by an Arrow sort), or its ``decode``/``merge_all`` per group (sets, a user-defined aggregate's ``merge``).
-The ad-hoc ``inspect rollup`` and the declared rollup tables both merge here."""
+recomputation. The ad-hoc ``inspect rollup`` and the declared rollup tables both merge here."""
 
 from __future__ import annotations
 
@@ -20,26 +17,20 @@ import pyarrow.compute as pc
 from spark_jobs.aggregates.base import AggregateFunction, BoundAggregate
 from spark_jobs.aggregates.builtins import Builtin
 from spark_jobs.lake.layout import ADOPTED, SPEC_VERSION
+from spark_jobs.windows.base import EPOCH, TS, ticks
+from spark_jobs.windows.base import epoch_micros as micros  # microseconds since the Unix epoch, exactly
 
 __all__ = ["EPOCH", "MONDAY", "TS", "Merged", "Stored", "bucket_floor", "bucket_origin", "bucket_starts",
            "encoded_columns", "merge_groups", "micros", "value_columns"]
 
 WEEK = 7 * 86_400
-EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 MONDAY = dt.datetime(1970, 1, 5, tzinfo=dt.UTC)
-TS = pa.timestamp("us", tz="UTC")
 _US = 1_000_000
 
 
 def bucket_origin(grain_s: int) -> dt.datetime:
-    """Where buckets of ``grain_s`` are counted from: the epoch, as Spark counts windows, except that
-    weeks start on a Monday (the epoch was a Thursday)."""
+    """Where buckets of ``grain_s`` start: the epoch, as Spark's windows, but weeks on a Monday (it was a Thursday)."""
     return MONDAY if grain_s % WEEK == 0 else EPOCH
-
-
-def micros(t: dt.datetime) -> int:
-    """Microseconds since the Unix epoch, exactly."""
-    return (t - EPOCH) // dt.timedelta(microseconds=1)
 
 
 def bucket_floor(t: dt.datetime, grain_s: int) -> dt.datetime:
@@ -51,8 +42,7 @@ def bucket_floor(t: dt.datetime, grain_s: int) -> dt.datetime:
 def bucket_starts(window_start: pa.ChunkedArray | pa.Array, grain_s: int) -> pa.Array:
     """Each window's bucket start, vectorised (integer floor: exact at any range)."""
     origin, grain = micros(bucket_origin(grain_s)), grain_s * _US
-    ticks = window_start.cast(TS).cast(pa.int64()).to_numpy()
-    return pa.array((ticks - origin) // grain * grain + origin).cast(TS)
+    return pa.array((ticks(window_start) - origin) // grain * grain + origin).cast(TS)
 
 
 @dataclass(frozen=True)
@@ -70,12 +60,11 @@ Merged = dict[str, "list[Any] | Stored"]
 
 def merge_groups(rows: pa.Table, keys: list[str], entries: Sequence[BoundAggregate],
                  extra: Sequence[tuple[str, str]] = ()) -> tuple[pa.Table, Merged]:
-    """One row per ``keys``, and the merged accumulators of each aggregate. The table holds the keys, ``n_rows``
-    summed and the accumulator columns of the ``arrow_merge`` aggregates (merged by Arrow's hash aggregation),
-    ``spec_version`` (the oldest) when the rows have one, and the ``extra`` (column, Arrow hash aggregation) pairs.
-    Every other aggregate's merged accumulators (Python values, one per row of the table, in its order) are in the
-    dict by aggregate name: the aggregate's ``merge_groups`` where it has one, else ``decode`` and ``merge_all`` per
-    group."""
+    """One row per ``keys``: ``n_rows``, the plain folds' columns (``arrow_merge``: counts, sums, min, max), the oldest
+    ``spec_version`` and the ``extra`` (column, Arrow aggregation) pairs, by Arrow's hash aggregation. Every other
+    aggregate's merged accumulators, one per row, are in the dict by name: from its column-wise ``merge_groups_stored``
+    or ``merge_groups`` (a DataSketches union per group, first/last by an Arrow sort) where it has one, else
+    ``decode``/``merge_all`` per group (sets, a user-defined ``merge``)."""
     fast = [(c, how) for e in entries if e.function.arrow_merge for c, how in zip(e.acc_columns, e.function.arrow_merge,
                                                                                      strict=True)]
     slow = [e for e in entries if not e.function.arrow_merge]
@@ -160,8 +149,7 @@ def _dicts(names: list[str], fields: list[list[Any]]) -> list[dict[str, Any]]:
 
 def value_columns(table: pa.Table, accs: Merged, entries: Sequence[BoundAggregate],
                   coverage: Mapping[str, int] | None = None) -> dict[str, pa.Array]:
-    """Each aggregate's value per row of :func:`merge_groups`' table (NULL where ``coverage`` says the
-    row predates the aggregate)."""
+    """Each aggregate's value per row of :func:`merge_groups`' table (NULL where ``coverage`` says the row is older)."""
     out: dict[str, pa.Array] = {}
     for entry in entries:
         fn = entry.function
@@ -180,8 +168,7 @@ def value_columns(table: pa.Table, accs: Merged, entries: Sequence[BoundAggregat
 
 def encoded_columns(table: pa.Table, accs: Merged, entries: Sequence[BoundAggregate],
                     schema: pa.Schema, coverage: Mapping[str, int] | None = None) -> dict[str, pa.Array]:
-    """Every accumulator column per row of :func:`merge_groups`' table, as ``schema`` stores them (NULL where
-    ``coverage`` says the row predates the aggregate)."""
+    """Every accumulator column per row of :func:`merge_groups`' table, as ``schema`` stores them (NULL as above)."""
     out: dict[str, pa.Array] = {}
     for entry in entries:
         merged = accs.get(entry.name)

@@ -8,8 +8,7 @@ that grew keeps its name, ``-U`` with its old end and ``+U`` with its new one; o
 merge moved, is deleted and the merged one inserted or updated under its own start). ``seq`` orders the rows within the
 change: by the first event of their group key in a stream's batch (when known), then by identity, ``-U`` before ``+U``.
 Every writer of ``aggregates`` tells its changes with this rule: the stream for its batches, and
-:mod:`spark_jobs.jobs.changelog_feed` for every other commit; ``stamp`` names the writer.
-"""
+:mod:`spark_jobs.jobs.changelog_feed` for every other commit; ``stamp`` names the writer."""
 
 from __future__ import annotations
 
@@ -52,11 +51,9 @@ class ChangelogRule:
         return cls(tuple(window.identity(spec.group_by)), (*window.changelog_values, *values), spec.group_by,
                    (*spec.key_columns, *values))
 
-    # ------------------------------------------------------------------ Spark
     def spark(self, before: DataFrame, after: DataFrame, first_seen: DataFrame, stamp: Mapping[str, Any]) -> DataFrame:
-        """``before`` and ``after``: identity and value columns with ``n_rows``; ``first_seen``: group key
-        columns and ``_first_seen``; ``stamp``: the changelog columns every row of this change carries (``batch_id``,
-        ``writer``, ``run_id``), as constants."""
+        """``before`` and ``after``: identity and value columns with ``n_rows``; ``first_seen``: group key columns
+        and ``_first_seen``; ``stamp``: the constants every row of this change carries (batch_id, writer, run_id)."""
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
@@ -86,7 +83,6 @@ class ChangelogRule:
         seq = (F.row_number().over(order) - 1).cast("bigint").alias("seq")
         return rows.select("op", *self.columns, *batch, seq, *stamped.values())  # the changelog's column order
 
-    # ------------------------------------------------------------------ Arrow
     def arrow(self, before: pa.Table, after: pa.Table, first_seen: pa.Table | None, stamp: Mapping[str, Any],
               schema: pa.Schema) -> pa.Table:
         """The Arrow form of :meth:`spark`, as ``schema`` (the changelog table's) lays out the columns it has;

@@ -1,8 +1,7 @@
 """Compile a spec's aggregates into the two Spark phases, as pure DataFrame transforms: ``partial_aggregate``
 (combine: raw rows -> one accumulator row per key) and ``final_aggregate`` (reduce: accumulator rows -> merged
 accumulators and values). Built-ins run as Spark's native aggregate expressions; user-defined aggregates run
-through :mod:`spark_jobs.aggregates.vectorized` and are joined back on the keys.
-"""
+through :mod:`spark_jobs.aggregates.vectorized` and are joined back on the keys."""
 
 from __future__ import annotations
 
@@ -17,32 +16,29 @@ from spark_jobs.aggregates.vectorized import udaf_merge, udaf_partials
 from spark_jobs.key_match import join_on_keys
 from spark_jobs.lake.layout import ADOPTED, SPEC_VERSION
 from spark_jobs.spec import PipelineSpec
+from spark_jobs.windows.base import F
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
     from spark_jobs.lake.spec_record import RecordedSpec
 
-__all__ = ["CompiledAggregates", "final_aggregate", "partial_aggregate", "with_sign"]
+__all__ = ["CompiledAggregates", "final_aggregate", "partial_aggregate"]
 
 
 class CompiledAggregates:
-    """A spec's aggregates bound to their implementations, in spec order. ``record`` (the lake's spec record, see
-    :mod:`spark_jobs.lake.spec_record`) says which spec version new rows are written by and from which version each
-    aggregate is covered: a merged row older than an aggregate's ``since`` serves NULL for it, never the part of the
-    value its newer rows hold. Without a record every row is covered (version 1)."""
+    """A spec's aggregates bound to their implementations, in spec order. The lake's spec ``record`` gives the version
+    new rows are written by and the one from which each aggregate is covered: a merged row older than an aggregate
+    serves NULL for it, never the part of the value its newer rows hold (without a record every row is version 1)."""
 
     def __init__(self, spec: PipelineSpec, record: RecordedSpec | None = None) -> None:
         self.spec = spec
         self.spec_version = record.version if record is not None else ADOPTED
         self.coverage = {a.name: (record.since(a.name) if record is not None else ADOPTED) for a in spec.aggregates}
         self.retracting = spec.source.op_column is not None
-        schema = spec.source.columns
-        self.entries: list[BoundAggregate] = [
-            BoundAggregate(agg.name, agg.columns, create(
-                agg.fn, name=agg.name, columns=agg.columns, args=dict(agg.args),
-                input_type=schema.get(agg.columns[0]) if agg.columns else None, retracting=self.retracting))
-            for agg in spec.aggregates]
+        self.entries: list[BoundAggregate] = [BoundAggregate(agg.name, agg.columns, create(
+            agg.fn, name=agg.name, columns=agg.columns, args=dict(agg.args), retracting=self.retracting,
+            input_type=spec.source.columns.get(agg.columns[0]) if agg.columns else None)) for agg in spec.aggregates]
 
     @cached_property
     def native(self) -> list[tuple[BoundAggregate, Builtin]]:
@@ -63,36 +59,24 @@ class CompiledAggregates:
         return [b.name for b in self.entries]
 
     def value_columns(self) -> list[Column]:
-        from pyspark.sql import functions as F
-
         return [b.function.spark_value([F.col(c) for c in b.acc_columns]).alias(b.name)
                 if isinstance(b.function, Builtin) else F.col(b.name) for b in self.entries]
 
 
-SIGN = "_sign"
-
-
-def with_sign(rows: DataFrame, spec: PipelineSpec) -> DataFrame:
-    """Add ``_sign``: -1 for the -U/-D rows of a changelog source, else 1."""
-    from pyspark.sql import functions as F
-
-    op = spec.source.op_column
-    sign = F.when(F.col(op).isin("-U", "-D"), F.lit(-1)).otherwise(F.lit(1)) if op else F.lit(1)
-    return rows.withColumn(SIGN, sign)
+SIGN = "_sign"  # -1 for the -U/-D rows of a changelog source, else 1
 
 
 def partial_aggregate(rows: DataFrame, compiled: CompiledAggregates, *, extra_keys: Sequence[str] = (),
                       extra_aggs: Sequence[Column] = ()) -> DataFrame:
     """Combine phase over typed, windowed rows: keys, ``n_rows`` and accumulator columns. ``extra_keys`` group
     finer than the spec's keys (the stream keeps state per event day); ``extra_aggs`` follow the accumulators."""
-    from pyspark.sql import functions as F
-
     spec = compiled.spec
     keys = [*extra_keys, *spec.key_columns]
     event_time = F.col(spec.source.event_time)
-    sign = F.col(SIGN) if compiled.retracting else None
-    if compiled.retracting:
-        rows = with_sign(rows, spec)
+    op = spec.source.op_column
+    sign = F.col(SIGN) if op is not None else None
+    if op is not None:
+        rows = rows.withColumn(SIGN, F.when(F.col(op).isin("-U", "-D"), F.lit(-1)).otherwise(F.lit(1)))
     exprs = [F.sum(sign).cast("bigint").alias("n_rows") if sign is not None else F.count(F.lit(1)).alias("n_rows")]
     for b, impl in compiled.native:
         if not impl.map_view:
@@ -113,8 +97,6 @@ def partial_aggregate(rows: DataFrame, compiled: CompiledAggregates, *, extra_ke
 def final_aggregate(partials: DataFrame, compiled: CompiledAggregates, *, extra_keys: Sequence[str] = (),
                     extra_aggs: Sequence[Column] = ()) -> DataFrame:
     """Reduce phase over partial rows: keys, one value column per aggregate, merged accumulators."""
-    from pyspark.sql import functions as F
-
     keys = [*extra_keys, *compiled.spec.key_columns]
     exprs = [F.sum("n_rows").alias("n_rows")]
     if SPEC_VERSION in partials.columns:  # rows from before the lake recorded its spec are its first version

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Literal
 from spark_jobs.aggregates.builtins import Builtin
 from spark_jobs.lake.table_rules import DAY
 from spark_jobs.phases.compiled import SIGN, CompiledAggregates, final_aggregate, partial_aggregate
+from spark_jobs.windows.base import F
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -22,14 +23,11 @@ _OPERATOR = {"combine": "LocalGroupAggregate", "reduce": "GlobalGroupAggregate",
 
 
 def _text(column: Column) -> str:
-    text = str(column)
-    return text[len("Column<'"):-len("'>")] if text.startswith("Column<'") else text
+    return str(column).removeprefix("Column<'").removesuffix("'>")
 
 
 def aggregate_table(compiled: CompiledAggregates) -> list[dict[str, str]]:
     """One row per aggregate: stored columns and the expressions of each phase."""
-    from pyspark.sql import functions as F
-
     sign = F.col(SIGN) if compiled.retracting else None
     event_time = F.col(compiled.spec.source.event_time)
     rows = []
@@ -55,8 +53,6 @@ def aggregate_table(compiled: CompiledAggregates) -> list[dict[str, str]]:
 
 def phase_frame(spark: SparkSession, compiled: CompiledAggregates, phase: Phase) -> DataFrame:
     """The phase's DataFrame over an empty, typed input."""
-    from pyspark.sql import functions as F
-
     spec = compiled.spec
     ddl = ", ".join(f"`{c}` {t}" for c, t in spec.source.schema)
     rows = spec.window.assign(spark.createDataFrame([], ddl), event_time=spec.source.event_time, keys=spec.group_by)
@@ -81,8 +77,7 @@ def explain(spark: SparkSession, compiled: CompiledAggregates, phase: Phase) -> 
     lines = [f"{spec.name}: {phase} = {_OPERATOR[phase]}",
              f"  group by: {', '.join(keys) or '(one global group)'}"
              + ("; source is a changelog: -U/-D rows retract (_sign = -1)" if compiled.retracting else "")]
-    line = spec.window.explain(phase)
-    if line is not None:
+    if (line := spec.window.explain(phase)) is not None:
         lines.append(f"  {line}")
     lines.append("")
     for row in aggregate_table(compiled):

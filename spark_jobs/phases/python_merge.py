@@ -1,8 +1,6 @@
-"""Merge accumulator rows on the driver with the aggregates' own Python algebra. A small mini-batch touches a few
-thousand keys: merging their accumulators in Spark costs seconds of planning and job scheduling for milliseconds of
-work. Here accumulator rows, as ``partials`` and the stream's state store them (Python values of their Arrow
-columns), are decoded by each aggregate, merged with its ``merge_all`` (the definition Spark's phases compile to, and
-the one the Arrow UDAF path calls) and read with its ``get_value``."""
+"""Merge accumulator rows on the driver with the aggregates' own Python algebra: for a small mini-batch's few thousand
+keys, Spark costs seconds of planning and scheduling for milliseconds of work. Each aggregate decodes the stored rows,
+merges them with its ``merge_all`` (what Spark's phases compile to) and reads them with ``get_value``."""
 
 from __future__ import annotations
 
@@ -41,10 +39,9 @@ class LocalAggregates:
 
     def encode(self, accs: list[Any], version: int = ADOPTED) -> dict[str, Any]:
         """Accumulator columns, as Spark's phases store them (NULL for aggregates newer than ``version``)."""
-        out: dict[str, Any] = {}
-        for (fn, columns), acc, since in zip(self._entries, accs, self._since, strict=True):
-            out.update(zip(columns, fn.encode(acc) if version >= since else [None] * len(columns), strict=True))
-        return out
+        return {column: cell for (fn, columns), acc, since in zip(self._entries, accs, self._since, strict=True)
+                for column, cell in zip(columns, fn.encode(acc) if version >= since else [None] * len(columns),
+                                        strict=True)}
 
     def values(self, accs: list[Any], version: int = ADOPTED) -> dict[str, Any]:
         """Each aggregate's value (NULL for aggregates newer than ``version``: the rows lack part of it)."""

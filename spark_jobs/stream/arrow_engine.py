@@ -1,9 +1,7 @@
-"""The stream's driver merge engine: a small mini-batch merged with the aggregates' Python algebra, Arrow in, Arrow
-out, no Spark job (but the window kind's reach over ``partials`` where the state does not cover it): planning a
-merge's Spark jobs costs seconds, merging a few thousand keys milliseconds; the state stays in memory between batches.
-Its rules are :mod:`spark_jobs.stream.spark_engine`'s (a test holds the two to the same tables). Keys alone in a batch
-(at a realistic spread, most of them) take a column-wise path, no accumulator decoded in Python.
-"""
+"""The stream's driver merge engine: a small mini-batch merged with the aggregates' Python algebra
+(:mod:`spark_jobs.phases.python_merge`), Arrow in, Arrow out, no Spark job but the window kind's reach over ``partials``
+where the state does not cover it; the state stays in memory between batches. The Spark engine's rules (a test holds
+the two to the same tables); keys alone in a batch (most, at a realistic spread) take a column-wise path."""
 
 from __future__ import annotations
 
@@ -24,7 +22,7 @@ from spark_jobs.phases import CompiledAggregates
 from spark_jobs.phases.arrow_merge import encoded_columns, value_columns
 from spark_jobs.phases.changelog_rule import FIRST_SEEN, ChangelogRule
 from spark_jobs.phases.python_merge import LocalAggregates
-from spark_jobs.stream.open_sessions import older_rows_arrow, state_answers
+from spark_jobs.stream.open_sessions import state_answers
 from spark_jobs.stream.outputs import BatchOutputs, MiniBatch, stream_stamp
 from spark_jobs.stream.spark_engine import NEVER as _NEVER
 from spark_jobs.stream.spark_engine import partials_in_reach, served_before
@@ -56,12 +54,10 @@ def merge_on_driver(groups: pa.Table, state: pa.Table, local: LocalAggregates, *
                     reached: Reached | None = None,
                     served: Callable[[pa.Table, int | None], tuple[pa.Table, int | None]] | None = None
                     ) -> BatchOutputs:
-    """Merge the batch's pre-aggregated ``groups`` (state columns plus ``_first_seen``) into ``state``.
-
-    ``reached``: the stored rows in the batch's reach where the state does not cover it (the counted partials of
-    sessions); else the state's rows of days without a batch combine and the ``batch_rows`` (batch partials) of
-    days with one. ``served``: the touched rows of ``aggregates`` as they are, for the changelog's before side (else the
-    stored rows merged)."""
+    """Merge the batch's pre-aggregated ``groups`` (state columns plus ``_first_seen``) into ``state``. ``reached``:
+    the counted stored rows in the batch's reach where the state does not cover it (sessions), else the state's rows of
+    days without a batch combine and the ``batch_rows`` of days with one. ``served``: the touched rows of ``aggregates``
+    as they are, for the changelog's before side (else the stored rows merged)."""
     merge = _DriverMerge(local, schemas, run_id=run_id, now=now)
     if reached is None:  # the batch days' keys too: they are served with the batch partials that count for them
         reached = merge.reach_in_state(groups, state, batch_days, batch_rows)
@@ -72,10 +68,8 @@ def merge_on_driver(groups: pa.Table, state: pa.Table, local: LocalAggregates, *
     before, after = merge.served(stored), merge.served([*stored, *groups.filter(pa.array(live & ~quick)).to_pylist()])
     quick_values, quick_rows = merge.alone_values(alone)
     after_values, after_rows = merge.aggregates(after)
-    if merge.kind.state_holds_served:
-        new_state = merge.kind.next_state_arrow(state, after_rows, merge.group, day=DAY)
-    else:
-        new_state = pa.concat_tables([merge.state(state, rest), alone.select(state.column_names).cast(state.schema)])
+    new_state = (merge.kind.next_state_arrow(state, after_rows, merge.group, day=DAY) if merge.kind.state_holds_served
+                 else pa.concat_tables([merge.state(state, rest), alone.select(state.column_names).cast(state.schema)]))
     if closes is not None:
         new_state = new_state.filter(merge.kind.is_open_arrow(new_state, closes))
     if local.compiled.retracting:
@@ -111,8 +105,7 @@ class _DriverMerge:
 
     def reach_in_state(self, changed: pa.Table, state: pa.Table, batch_days: Set[dt.date],
                        batch_rows: pa.Table | None) -> Reached:
-        """The window kind's reach of the ``changed`` rows in the state: its rows of days without a batch combine
-        and the batch partials of days with one (the hybrid rule)."""
+        """The window kind's reach of ``changed`` in the state and, for the days with a batch combine, its partials."""
         columns = [*self.keys, "n_rows", *self.local.compiled.acc_columns, SPEC_VERSION]
         schema = pa.schema([self.schemas["partials"].field(c) for c in columns])
         held = self.kind.within_arrow(state, changed, self.group)  # the few rows in reach first: the state is large
@@ -122,9 +115,8 @@ class _DriverMerge:
         return Reached(pa.concat_tables(counted), self.kind.touched_arrow(changed, self.group))
 
     def alone(self, groups: pa.Table, live: np.ndarray, state: pa.Table, stored: pa.Table) -> np.ndarray:
-        """The rows of keys alone among the batch's ``live`` rows (of days without a batch combine), in no state
-        or stored row: their state row, served row and ``+I`` are the row itself (where the kind serves stored
-        rows as they are)."""
+        """The rows of keys alone among the batch's ``live`` rows and in no state or stored row: their state row, served
+        row and ``+I`` are the row itself (where the kind serves stored rows as they are)."""
         if not (live.any() and self.kind.serves_stored and not self.local.compiled.retracting and self.keys):
             return np.zeros(groups.num_rows, dtype=bool)
         counts = groups.filter(pa.array(live)).select(self.keys).group_by(self.keys, use_threads=False).aggregate(
@@ -134,8 +126,7 @@ class _DriverMerge:
             groups, self.keys, stored)
 
     def alone_values(self, alone: pa.Table) -> tuple[pa.Table, pa.Table]:
-        """The served values of rows alone (for the changelog) and their ``aggregates`` rows, column-wise; a row
-        without a spec version counts as adopted."""
+        """The served values of rows alone (for the changelog) and their ``aggregates`` rows, column-wise."""
         rows = alone if SPEC_VERSION in alone.column_names else alone.append_column(
             SPEC_VERSION, pa.nulls(alone.num_rows, pa.int64()))
         rows = rows.set_column(rows.schema.get_field_index(SPEC_VERSION), SPEC_VERSION,
@@ -161,8 +152,7 @@ class _DriverMerge:
         return pa.Table.from_pylist(rows, schema=self.value_schema)
 
     def aggregates(self, served: Mapping[tuple[Any, ...], tuple[list[Any], int, int]]) -> tuple[pa.Table, pa.Table]:
-        """The served rows' values (for the changelog) and their ``aggregates`` rows (those that exist), each value
-        read once."""
+        """The served rows' values (for the changelog) and their ``aggregates`` rows (those that exist), read once."""
         rows = [{**dict(zip(self.keys, key, strict=True)), **self.local.values(accs, version), "n_rows": n,
                  **self.local.encode(accs, version), "updated_at": self.now, "run_id": self.run_id,
                  SPEC_VERSION: version} for key, (accs, n, version) in served.items()]
@@ -192,8 +182,6 @@ class _DriverMerge:
 
 
 def _in_days(table: pa.Table, days: Set[dt.date]) -> pa.Array:
-    if not days:
-        return pa.array(np.zeros(table.num_rows, dtype=bool))
     return pc.fill_null(pc.is_in(table.column(DAY), pa.array(sorted(days), pa.date32())), False)
 
 
@@ -217,7 +205,8 @@ class ArrowEngine:
         spec = compiled.spec
         self.kind, self.group = spec.window, list(spec.group_by)
         self.tables = PipelineTables(spec.lake, spec.name)
-        self.partial_columns = [*spec.key_columns, "n_rows", *compiled.acc_columns, SPEC_VERSION]
+        self.keys = list(spec.key_columns)
+        self.partial_columns = [*self.keys, "n_rows", *compiled.acc_columns, SPEC_VERSION]
         self._held: tuple[int | None, pa.Table] | None = None  # (state version, its rows)
         self._cached: list[DataFrame] = []
 
@@ -265,30 +254,27 @@ class ArrowEngine:
 
     def _reach(self, batch: MiniBatch, groups: pa.Table, state: pa.Table, schemas: Mapping[str, pa.Schema]) -> Reached:
         """The Arrow form of the Spark engine's ``_reach`` for a kind whose reach the state does not cover."""
+        stored_schema = pa.schema([schemas["partials"].field(c) for c in self.partial_columns])
         if not state_answers(self.kind, batch, self.lake, self.tables, state):
             changed = groups.select(self.partial_columns)
             if self.kind.state_holds_served:  # per-day rows: their sessions are merged whole from partials
-                changed = pa.concat_tables([changed, older_rows_arrow(state).select(self.partial_columns).cast(
-                    changed.schema)])
-            return self._reach_in_partials(batch, changed, schemas)
+                older = state.filter(pc.is_valid(state.column(DAY))).select(self.partial_columns)
+                changed = pa.concat_tables([changed, older.cast(changed.schema)])
+            return self._reach_in_partials(batch, changed, stored_schema)
         stored = self.kind.reach_in_state_arrow(groups, state, self.group)
-        stored_schema = pa.schema([schemas["partials"].field(c) for c in self.partial_columns])
         ends = stored.column("window_end")
         prune = ("window_end", pc.min(ends).as_py(), pc.max(ends).as_py()) if stored.num_rows else (
             "window_end", _NEVER, _NEVER)
-        keys = list(self.local.compiled.spec.key_columns)
-        return Reached(stored.select(self.partial_columns).cast(stored_schema), stored.select(keys), prune=prune)
+        return Reached(stored.select(self.partial_columns).cast(stored_schema), stored.select(self.keys), prune=prune)
 
-    def _reach_in_partials(self, batch: MiniBatch, groups: pa.Table, schemas: Mapping[str, pa.Schema]) -> Reached:
+    def _reach_in_partials(self, batch: MiniBatch, groups: pa.Table, stored_schema: pa.Schema) -> Reached:
         """The window kind's reach of the batch's rows over ``partials`` (in Spark), brought to the driver."""
-        stored_schema = pa.schema([schemas["partials"].field(c) for c in self.partial_columns])
-        keys = list(self.local.compiled.spec.key_columns)
         if not groups.num_rows:
-            return Reached(stored_schema.empty_table(), groups.select(keys))
+            return Reached(stored_schema.empty_table(), groups.select(self.keys))
         reach = self.kind.reach_of(self.spark.createDataFrame(groups.select(self.partial_columns).cast(stored_schema)),
                                    partials_in_reach(self.lake, self.tables, batch), self.group)
         self._cached += reach.cached
-        touched = reach.touched.toArrow() if reach.touched is not None else groups.select(keys).slice(0, 0)
+        touched = reach.touched.toArrow() if reach.touched is not None else groups.select(self.keys).slice(0, 0)
         return Reached(reach.stored.select(*self.partial_columns).toArrow().cast(stored_schema), touched,
                        reach.read_version)
 

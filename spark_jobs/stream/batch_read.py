@@ -1,7 +1,6 @@
 """A mini-batch's one pass over its files: rows read and classified (late ones too: a row every window of which has
 closed; a row counts in its open windows), pre-aggregated per (event day, key, stored window), each reject a group of
-its own; a batch that fits the driver comes to it in that same job.
-"""
+its own; a batch that fits the driver comes to it in that same job."""
 
 from __future__ import annotations
 
@@ -105,23 +104,18 @@ _REJECT = "struct<_reason string, _raw string, _file string, _late boolean>"  # 
 
 
 def _rejects_apart(rows: DataFrame, spec: PipelineSpec) -> DataFrame:
-    """Rejects ride through the pre-aggregation as groups of their own, so that one pass over a batch's files
-    yields both. ``_bad``, a grouping key, is a row id for a reject (NULL for a valid row: a reject never
-    shares a group with one), ``_reject`` its reason, record, file and lateness; a reject's group keys are NULL and
-    its event time a constant (the epoch), so that it falls in windows no valid row shares."""
+    """Rejects ride through the pre-aggregation as groups of their own, so one pass over a batch's files yields both:
+    ``_bad``, a grouping key, is a row id for a reject (NULL for a valid row), ``_reject`` its reason, record, file and
+    lateness; a reject's group keys are NULL and its event time the epoch, so it shares no window with a valid row."""
     bad = F.col("_reason").isNotNull()
     # Parquet is read with the spec's types, so its record is its typed columns: written out here, for the
     # rejects alone (a ``_raw`` column would be computed for every row before the branch)
     raw = F.to_json(F.struct(*(c for c, _ in spec.source.schema))) if spec.source.format == "parquet" else F.col("_raw")
     reject = F.when(bad, F.struct("_reason", raw.alias("_raw"), "_file", "_late").cast(_REJECT))
-    columns = []
-    for c in rows.columns:
-        if c in spec.group_by:
-            columns.append(F.when(~bad, F.col(c)).alias(c))
-        elif c == spec.source.event_time:
-            columns.append(F.when(bad, F.timestamp_seconds(F.lit(0))).otherwise(F.col(c)).alias(c))
-        elif c not in ("_reason", "_raw", "_file", "_late"):
-            columns.append(F.col(c))
+    epoch = F.timestamp_seconds(F.lit(0))
+    columns = [F.when(~bad, F.col(c)).alias(c) if c in spec.group_by
+               else F.when(bad, epoch).otherwise(F.col(c)).alias(c) if c == spec.source.event_time else F.col(c)
+               for c in rows.columns if c not in ("_reason", "_raw", "_file", "_late")]
     return rows.select(*columns, F.when(bad, F.monotonically_increasing_id()).alias(_BAD), reject.alias("_reject"))
 
 
@@ -166,6 +160,5 @@ class BatchRead:
         return self.combined.where(F.col(_BAD).isNull()).drop(_BAD, "_reject", "_rows")
 
     def rejects(self) -> Rows:
-        if self._rejects is not None:
-            return self._rejects
-        return self.combined.where(F.col(_BAD).isNotNull()).select("_reject.*")
+        return self._rejects if self._rejects is not None else (
+            self.combined.where(F.col(_BAD).isNotNull()).select("_reject.*"))

@@ -1,12 +1,11 @@
 """The file lists of mini-batches whose commits run behind the next batch's read.
 
-Spark marks a micro-batch done when ``foreachBatch`` returns, and its restart starts after the last batch
-marked done. A batch that came to the driver in its read returns before its merge and commits, which run
-on the stream's commit thread while Spark reads the next batch's files; so before it returns, its file
-list is recorded here (``<checkpoint>/handoff/<batch id>.json``, written whole or not at all). A restart
-first replays every recorded batch the state has no commit of, as Spark replays a batch it had not marked
-done, with the same files, batch id and (state as it was) watermark; records the state covers are removed.
-"""
+Spark marks a micro-batch done when ``foreachBatch`` returns, and its restart starts after the last batch marked done.
+A batch that came to the driver in its read returns before its merge and commits, which run on the stream's commit
+thread while Spark reads the next batch's files; so before it returns, its file list is recorded here
+(``<checkpoint>/handoff/<batch id>.json``, written whole or not at all). A restart first replays every recorded batch
+the state has no commit of, as Spark replays a batch it had not marked done, with the same files, batch id and (state as
+it was) watermark; records the state covers are removed."""
 
 from __future__ import annotations
 

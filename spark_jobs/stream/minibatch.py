@@ -1,14 +1,12 @@
 """One mini-batch, from its files to its commits: the ``foreachBatch`` function of the stream.
 
 Its commits, in this order, each one Delta commit carrying the app transaction (``<pipeline>.stream``, batch id):
-rejected and late rows to ``dead_letter``; the served rows it reaches to ``aggregates`` (what readers wait for);
-the changes to ``changelog``; its partial accumulators to ``partials``; the new state, last, so a batch with a
-state commit is complete and a replay skips every table that has its commit: after a kill -9 anywhere, a restart
-gives the tables of an uninterrupted run. A batch that came to the driver is handed off where the lake commits on the
-driver (:mod:`spark_jobs.stream.handoff`). The watermark is the largest event time in state minus
-``stream.watermark``, as of the batch's start. Lateness is per window, as in Flink and Spark: a row counts in every
-window of it the watermark has not closed, and goes to ``dead_letter`` as late only when all of them have closed.
-"""
+rejected and late rows to ``dead_letter``; the served rows it reaches to ``aggregates`` (what readers wait for); the
+changes to ``changelog``; its partial accumulators to ``partials``; the new state, last, so a batch with a state commit
+is complete and a replay skips every table that has its commit: after a kill -9 anywhere, a restart gives the tables of
+an uninterrupted run. A batch that came to the driver is handed off where the lake commits on the driver
+(:mod:`spark_jobs.stream.handoff`). The watermark is the largest event time in state minus ``stream.watermark``, as of
+the batch's start; lateness is per window (:meth:`~spark_jobs.windows.WindowKind.with_late`)."""
 
 from __future__ import annotations
 
@@ -38,6 +36,7 @@ from spark_jobs.stream.batch_read import BatchRead, BatchReader
 from spark_jobs.stream.handoff import Handoffs
 from spark_jobs.stream.outputs import BatchCommits, MergeEngine, MiniBatch, commit_outputs
 from spark_jobs.stream.spark_engine import SparkEngine
+from spark_jobs.windows.base import F
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -74,8 +73,7 @@ class MiniBatchAggregator:
                  driver_max_keys: int = DRIVER_MAX_KEYS) -> None:
         self.spark, self.spec, self.lake, self.run_id, self.driver_max_keys = spark, spec, lake, run_id, driver_max_keys
         self.tables = PipelineTables(spec.lake, spec.name)
-        # the spec the lake records; each mini-batch checks it again (an ``apply`` stops the stream)
-        self.record = ensure_applied(lake, spec, run_id=run_id)
+        self.record = ensure_applied(lake, spec, run_id=run_id)  # each batch checks again: an ``apply`` stops it
         self.compiled = CompiledAggregates(spec, self.record)
         self.reader = BatchReader(spark, self.compiled, self.record, driver_max_keys)
         self.arrow = ArrowEngine(spark, self.compiled, lake, driver_max_keys)
@@ -95,9 +93,8 @@ class MiniBatchAggregator:
         self._commits: Future[None] | None = None
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
-        """One mini-batch. One that came to the driver in its read is handed off: its file list is recorded, its
-        merge and commits run on the commit thread while Spark reads the next batch, whose own merge waits for
-        them (see :mod:`spark_jobs.stream.handoff`)."""
+        """A batch that came to the driver in its read is handed off (:mod:`spark_jobs.stream.handoff`): its merge
+        and commits run on the commit thread while Spark reads the next batch."""
         with self.lock:
             if self.stopping:  # the query stops before this batch; a restart replays it
                 raise Stopped()
@@ -141,17 +138,9 @@ class MiniBatchAggregator:
         for batch_id, files in self.handoffs.pending(self.lake.txn_version(state, self.app)):
             log.warning("mini-batch %d was handed off to its commits when the stream stopped: committing it now "
                         "from its %d recorded files", batch_id, len(files))
-            self.outcomes.append(self.process(files, batch_id))
+            begun = self.begin(files, batch_id)
+            self.outcomes.append(begun if isinstance(begun, BatchOutcome) else self.finish(begun))
         self.handoffs.forget(self.lake.txn_version(state, self.app))
-
-    # ------------------------------------------------------------------ rollups
-    def refresh_rollups(self, *, run_id: str) -> None:
-        """Start the rollups' refresh to the latest ``aggregates`` in the background, after the one before
-        it is done (whose failure fails this batch). It is Arrow and delta-rs work on the driver that runs
-        while the next batch reads and pre-aggregates in Spark; a refresh is idempotent (a crash leaves the
-        rollups behind until the next one), and the rollup commit records its run and ``aggregates`` version."""
-        self.rollups_done()
-        self._rollups = self._rollup_thread.submit(rollups.refresh, self.lake, self.compiled, run_id=run_id)
 
     def rollups_done(self) -> None:
         """Wait for the running rollup refresh; raise its error."""
@@ -160,8 +149,8 @@ class MiniBatchAggregator:
             running.result()
 
     def close(self) -> BaseException | None:
-        """At the stream's end: wait for the last handed-off batch's commits (their error is the stream's) and
-        the last rollup refresh; the refresh's error, if it failed."""
+        """At the stream's end: wait for the last handed-off commits (their error is the stream's) and rollup refresh
+        (whose error it returns)."""
         try:
             self.wait_for_handoff()
         except BaseException as exc:
@@ -176,27 +165,18 @@ class MiniBatchAggregator:
             self._commit_thread.shutdown()
             self._rollup_thread.shutdown()
 
-    # ------------------------------------------------------------------ state
     def _watermark(self, high: dt.datetime | None) -> dt.datetime | None:
         if not self.spec.window.closes or high is None:
             return None
         return high - dt.timedelta(seconds=self.spec.stream.watermark.seconds)
 
     def _load_high(self) -> dt.datetime | None:
-        from pyspark.sql import functions as F
-
         state = self.tables.stream_state
         if not self._high_loaded and self.lake.version(state) is not None:
             row = self.lake.read(state).agg(F.max("max_event_time").alias("m")).first()
             self._high = utc(row["m"]) if row is not None else None
         self._high_loaded = True
         return self._high
-
-    # ------------------------------------------------------------------ batch
-    def process(self, landed: DataFrame | list[str], batch_id: int) -> BatchOutcome:
-        """One mini-batch, read, merged and committed before it returns."""
-        begun = self.begin(landed, batch_id)
-        return begun if isinstance(begun, BatchOutcome) else self.finish(begun)
 
     def begin(self, landed: DataFrame | list[str], batch_id: int) -> BatchOutcome | _Begun:
         """The batch's Spark work: its files (the stream's paths, or a hand-off record's) screened and read in one
@@ -274,9 +254,11 @@ class MiniBatchAggregator:
                 return commits
 
             commits = retry_conflicts(step, what=f"mini-batch {batch_id}", recheck=lambda: ensure_applied(lake, spec))
-            if spec.rollups:
-                with phase("rollups"):  # the wait for the previous batch's refresh, if it is still running
-                    self.refresh_rollups(run_id=record.run_id)
+            if spec.rollups:  # refreshed beside the next batch's read; idempotent, so a crash only leaves them behind
+                with phase("rollups"):  # the wait for the previous batch's refresh (its error fails this batch)
+                    self.rollups_done()
+                    self._rollups = self._rollup_thread.submit(rollups.refresh, lake, self.compiled,
+                                                               run_id=record.run_id)
             read.combined.unpersist()
             outcome.state_writes, outcome.changes = commits.state_writes, commits.changes
             outcome.visible_at, record.versions_written = commits.visible_at, commits.written

@@ -1,7 +1,6 @@
 """When the stream's state alone answers a session batch: the state holds each open session whole (one merged
-accumulator, its bounds and spec version, as Flink's keyed state holds a MergingWindowSet's windows), so a batch
-reads the state rows of the keys it touches and nothing else. ``partials`` are read (the window kind's reach over
-them) only where the state may not hold what counts:
+accumulator, its bounds and spec version, as Flink's keyed state holds a MergingWindowSet's windows), so a batch reads
+the state rows of the keys it touches and nothing else; ``partials`` only where the state may not hold what counts:
 
 - a row that starts before the watermark may reach a session that closed and left the state;
 - a day a batch combine wrote supersedes the stream's rows of it, so a state session over that day may hold rows
@@ -9,8 +8,7 @@ them) only where the state may not hold what counts:
 - state rows of the older per-day form (a partial session per event day, written before the state held whole
   sessions): their sessions are merged from ``partials`` once, and held whole from then on.
 
-A state session has no event day (NULL): one row holds all its days.
-"""
+A state session has no event day (NULL): one row holds all its days."""
 
 from __future__ import annotations
 
@@ -29,34 +27,19 @@ from spark_jobs.windows.base import TS, F, WindowKind
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["older_rows", "older_rows_arrow", "state_answers"]
+__all__ = ["state_answers"]
 
 
 def state_answers(kind: WindowKind, batch: MiniBatch, lake: Lake, tables: PipelineTables,
                   state: DataFrame | pa.Table) -> bool:
     """Whether the state's whole sessions answer the batch's reach without ``partials``, in either engine's form;
     checked every batch, since a batch combine may have landed after the stream's last commit."""
-    if not (kind.state_holds_served and _batch_allows(batch)):
+    before_watermark = batch.watermark is not None and batch.span[0] < batch.watermark
+    if not kind.state_holds_served or batch.batch_days or before_watermark:
         return False
-    days = _superseded_days(lake, tables)
+    days = [] if lake.version(tables.partials) is None else sorted(  # the days whose batch partials supersede
+        dt.date.fromisoformat(d) for d in batch_days(lake.files(tables.partials)))
     return _answer_arrow(state, days) if isinstance(state, pa.Table) else _answer(state, days)
-
-
-def _batch_allows(batch: MiniBatch) -> bool:
-    """The batch's own part: no batch combine of a day in its reach, no row starting before the watermark."""
-    return not batch.batch_days and (batch.watermark is None or batch.span[0] >= batch.watermark)
-
-
-def _superseded_days(lake: Lake, tables: PipelineTables) -> list[dt.date]:
-    """Event days whose batch partials supersede the stream's."""
-    if lake.version(tables.partials) is None:
-        return []
-    return sorted(dt.date.fromisoformat(d) for d in batch_days(lake.files(tables.partials)))
-
-
-def older_rows(state: DataFrame) -> DataFrame:
-    """State rows of the per-day form."""
-    return state.where(F.col(DAY).isNotNull())
 
 
 def _answer(state: DataFrame, days: list[dt.date]) -> bool:
@@ -65,10 +48,6 @@ def _answer(state: DataFrame, days: list[dt.date]) -> bool:
     for day in days:
         bad = bad | ((F.to_date("window_start") <= F.lit(day)) & (F.to_date("window_end") >= F.lit(day)))
     return not state.where(bad).limit(1).collect()
-
-
-def older_rows_arrow(state: pa.Table) -> pa.Table:
-    return state.filter(pc.is_valid(state.column(DAY)))
 
 
 def _answer_arrow(state: pa.Table, days: list[dt.date]) -> bool:

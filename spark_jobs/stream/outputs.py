@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, Union
 
+import pyarrow as pa
+
 from spark_jobs.jobs.combine import write_dead_letters
 from spark_jobs.jobs.landing_files import BadFile
 from spark_jobs.jobs.timing import PhaseTimer
@@ -17,9 +19,9 @@ from spark_jobs.lake import AppTxn, Lake, PipelineTables
 from spark_jobs.lake.reader import commit_with_txn
 from spark_jobs.lake.table_rules import DAY, PARTIALS_PARTITIONS, sort_keys, stream_layout
 from spark_jobs.spec import PipelineSpec
+from spark_jobs.windows.base import F
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import DataFrame
 
 __all__ = ["BatchCommits", "BatchOutputs", "MergeEngine", "MiniBatch", "Rows", "commit_outputs", "pending", "stream_stamp"]
@@ -85,12 +87,8 @@ class BatchCommits:
 
 def _with_version(rows: Rows, version: int | None) -> Rows:
     """The changelog rows stamped with the ``aggregates`` version they tell."""
-    import pyarrow as pa
-
     if isinstance(rows, pa.Table):
         return rows.append_column("aggregates_version", pa.repeat(pa.scalar(version, pa.int64()), rows.num_rows))
-    from pyspark.sql import functions as F
-
     return rows.withColumn("aggregates_version", F.lit(version).cast("bigint"))
 
 
@@ -106,8 +104,6 @@ def commit_outputs(lake: Lake, spec: PipelineSpec, txn: AppTxn, *, run_id: str, 
     """Commit a batch: its rejected rows, then (when it aggregated any) its outputs, each as one Delta commit
     carrying ``txn``, state last (see :mod:`spark_jobs.stream.minibatch`); dead letters, with the quarantined
     ``files``, are replaced by (job, batch): idempotent."""
-    import pyarrow as pa
-
     t, done = PipelineTables(spec.lake, spec.name), BatchCommits()
     phase = phase or PhaseTimer()
     with phase("commit dead_letter"):

@@ -2,8 +2,7 @@
 
 Spark Structured Streaming tracks new landing files; each micro-batch is a mini-batch in Flink's sense
 (:mod:`spark_jobs.stream.minibatch`). Spark's checkpoint (``_stream/checkpoint``) fixes which files each batch id
-holds, so a replayed batch sees the same rows. docs/streaming.md tells the whole story.
-"""
+holds, so a replayed batch sees the same rows. docs/streaming.md tells the whole story."""
 
 from __future__ import annotations
 
@@ -59,12 +58,9 @@ class StreamSummary:
 
 
 def source_stream(spark: SparkSession, spec: PipelineSpec) -> DataFrame:
-    """New landing files as a stream of their paths (``path``), ``stream.max_files_per_batch`` a batch.
-
-    The stream carries file names only: ``foreachBatch`` hands its function a DataFrame that
-    is an already-planned RDD, which Spark can neither prune nor scan with its vectorised
-    readers. Each mini-batch reads its files as an ordinary batch DataFrame instead.
-    """
+    """New landing files as a stream of their paths, ``stream.max_files_per_batch`` a batch: names only, since
+    ``foreachBatch`` hands over an already-planned RDD that Spark can neither prune nor scan with its vectorised
+    readers; each mini-batch reads its files as an ordinary batch DataFrame instead."""
     if not storage.is_dir(spec.source.path):
         raise InputError(f"landing directory {spec.source.path} does not exist; create it or fix source.path "
                          "(python -m spark_jobs generate writes sample data)")
@@ -72,13 +68,10 @@ def source_stream(spark: SparkSession, spec: PipelineSpec) -> DataFrame:
             .option("maxFilesPerTrigger", spec.stream.max_files_per_batch).load(spec.source.path).select("path"))
 
 
-# Mini-batch plans are many small joins and aggregations: with adaptive execution and broadcast
-# joins each stage and each broadcast is a Spark job of its own (about 30 a batch instead of 6),
-# and their scheduling, not the data, would set the latency. After the pre-aggregation every
-# shuffle holds touched keys only: one partition per core is enough (set in ``run``).
-# The pre-aggregation's groups (a key's window within a batch) hold few rows each at a live spread, so their
-# sketches stay small (a few KB a group): a task may hold 64k of them in its object hash map before it falls
-# back to sorting (a fifth of a 20-file batch's time, a quarter of a 50-file one's, at the session's 16k).
+# Mini-batch plans are many small joins and aggregations: with adaptive execution and broadcast joins each stage and
+# broadcast is a Spark job (about 30 a batch instead of 6) whose scheduling would set the latency. After the
+# pre-aggregation every shuffle holds touched keys only: one partition per core is enough (set in ``run``). A batch's
+# groups hold small sketches: 64k may stay in a task's hash map (sorting at 16k took a fifth of a 20-file batch).
 _SMALL_BATCH_CONF = {"spark.sql.adaptive.enabled": "false", "spark.sql.autoBroadcastJoinThreshold": "-1",
                      "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "65536"}
 
@@ -131,10 +124,9 @@ def run(spark: SparkSession, spec: PipelineSpec, *, available_now: bool = False,
     # after a stop between commits: another writer's change of aggregates untold, rollups behind
     changelog_feed.tell_commits(lake, spec, run_id=run_id or "stream-start")
     rollups.refresh(lake, aggregator.compiled, run_id=run_id or "stream-start")
-    writer = (source_stream(spark, spec).writeStream.foreachBatch(aggregator)
+    trigger = {"availableNow": True} if available_now else {"processingTime": spec.stream.trigger.spark}
+    writer = (source_stream(spark, spec).writeStream.foreachBatch(aggregator).trigger(**trigger)
               .option("checkpointLocation", tables.stream_checkpoint).queryName(f"{spec.name}_stream"))
-    writer = (writer.trigger(availableNow=True) if available_now
-              else writer.trigger(processingTime=spec.stream.trigger.spark))
     stop = stop or threading.Event()
     summary = StreamSummary(aggregator.outcomes)
     conf = {**_SMALL_BATCH_CONF, "spark.sql.shuffle.partitions": str(spark.sparkContext.defaultParallelism)}

@@ -1,7 +1,6 @@
 """The stream's Spark merge engine, for batches too large for the driver: the window kind's rules as DataFrames.
 Each stored row the batch touches is read from the state once, merged once with the batch's rows and written once;
-the served rows the batch reaches give their values before and after in one aggregation, and the changelog between.
-"""
+the served rows the batch reaches give their values before and after in one aggregation, and the changelog between."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from spark_jobs.lake.layout import SPEC_VERSION
 from spark_jobs.lake.table_rules import DAY, STREAM, counted_files
 from spark_jobs.phases import CompiledAggregates, final_aggregate
 from spark_jobs.phases.changelog_rule import FIRST_SEEN, ChangelogRule
-from spark_jobs.stream.open_sessions import older_rows, state_answers
+from spark_jobs.stream.open_sessions import state_answers
 from spark_jobs.stream.outputs import BatchOutputs, MiniBatch, stream_stamp
 from spark_jobs.windows import Reach, Stored
 from spark_jobs.windows.base import F
@@ -77,10 +76,9 @@ class SparkEngine:
 
     def _reach(self, batch: MiniBatch, changed: DataFrame, state: DataFrame
                ) -> tuple[Reach, tuple[str, Any, Any] | None]:
-        """The stored rows the batch reaches (with the batch days' keys: they are served with the batch partials
-        that count for them), and where in ``aggregates`` the rows it replaces lie, when known. Sessions: from the
-        state's whole sessions where it answers (:mod:`spark_jobs.stream.open_sessions`), else from ``partials``,
-        with the state's per-day rows, if any, reached too (so that every session they are part of is merged)."""
+        """The stored rows the batch reaches (with the batch days' keys, served with the batch partials that count for
+        them), and where in ``aggregates`` the replaced rows lie, when known. Sessions: the state's whole sessions where
+        it answers (:mod:`~spark_jobs.stream.open_sessions`), else ``partials`` and the state's per-day rows."""
         if self.kind.state_covers_reach:
             return self.kind.reach_of(changed, state_in_reach(self.lake, self.tables, batch, state), self.group), None
         if state_answers(self.kind, batch, self.lake, self.tables, state):
@@ -88,45 +86,41 @@ class SparkEngine:
             ends = reach.stored.agg(F.min("window_end").alias("lo"), F.max("window_end").alias("hi")).first()
             return reach, ("window_end", ends["lo"], ends["hi"]) if ends is not None and ends["lo"] is not None else (
                 "window_end", NEVER, NEVER)
-        if self.kind.state_holds_served:
-            changed = changed.unionByName(older_rows(state).select(*self.partial_columns))
+        if self.kind.state_holds_served:  # state rows of the older per-day form: their sessions merge whole
+            changed = changed.unionByName(state.where(F.col(DAY).isNotNull()).select(*self.partial_columns))
         return self.kind.reach_of(changed, partials_in_reach(self.lake, self.tables, batch), self.group), None
 
     def _sessions(self, state: DataFrame, after: DataFrame, closes: dt.datetime | None) -> DataFrame:
         """The new state of whole open sessions: the batch's merged ones in, the ones they absorbed out."""
-        from pyspark import StorageLevel
-
         new_state = self.kind.next_state(state, after, self.group, self.state_columns, day=DAY)
         if closes is not None:
             new_state = new_state.where(self.kind.is_open(closes))
         if self.compiled.retracting:
             new_state = new_state.where(F.col("n_rows") != 0)
-        new_state = new_state.persist(StorageLevel.MEMORY_AND_DISK)
-        self._cached.append(new_state)
-        return new_state
+        return self._cache(new_state)
+
+    def _cache(self, frame: DataFrame) -> DataFrame:
+        """Persisted until the batch commits (:meth:`after_commit` releases it)."""
+        from pyspark import StorageLevel
+
+        self._cached.append(frame.persist(StorageLevel.MEMORY_AND_DISK))
+        return frame
 
     def _values(self, reach: Reach, live: DataFrame) -> DataFrame:
         """The served rows the batch reaches, before (``_after`` false) and after it, in one aggregation."""
-        from pyspark import StorageLevel
-
         before = reach.stored.select(*self.partial_columns)
         sides = before.withColumn("_after", F.lit(False)).unionByName(
             before.unionByName(live.select(*self.partial_columns)).withColumn("_after", F.lit(True)))
-        values = final_aggregate(self.kind.serve(sides, ["_after", *self.group]), self.compiled, extra_keys=["_after"])
-        values = values.persist(StorageLevel.MEMORY_AND_DISK)
-        self._cached.append(values)
-        return values
+        return self._cache(final_aggregate(self.kind.serve(sides, ["_after", *self.group]), self.compiled,
+                                           extra_keys=["_after"]))
 
     def _state(self, state: DataFrame, groups: DataFrame, closes: dt.datetime | None) -> DataFrame:
         """The new state: the stored rows the batch touches merged with its rows once; closed windows leave."""
-        from pyspark import StorageLevel
-
         touched = self.kind.within(state, groups, self.day_keys).select(*self.state_columns)
         stored = self.kind.merge_stored(touched.unionByName(groups.select(*self.state_columns)), self.day_keys)
         merged = final_aggregate(stored, self.compiled, extra_keys=[DAY],
                                  extra_aggs=[F.max("max_event_time").alias("max_event_time")])
-        merged = merged.select(*self.state_columns).persist(StorageLevel.MEMORY_AND_DISK)
-        self._cached.append(merged)
+        merged = self._cache(merged.select(*self.state_columns))
         new_state = self.kind.within(state, groups, self.day_keys, anti=True).select(*self.state_columns)
         new_state = new_state.unionByName(merged)
         if closes is not None:
@@ -139,9 +133,8 @@ class SparkEngine:
 def served_before(lake: Lake, tables: PipelineTables, touched: DataFrame | None, version: int | None
                   ) -> tuple[DataFrame | None, int | None]:
     """The ``touched`` rows of ``aggregates`` as they are (at ``version``, else the latest; None: no table yet), and
-    the version read. The changelog's before side in a batch that reaches days a batch combine wrote: those days are
-    served from the batch partials that count, which ``aggregates`` holds only once a reduce (or this batch) has
-    merged them."""
+    the version read: the changelog's before side where the batch reaches days a batch combine wrote, whose batch
+    partials ``aggregates`` holds only once a reduce (or this batch) merged them."""
     version = lake.version(tables.aggregates) if version is None else version
     if version is None:
         return None, None
@@ -152,8 +145,7 @@ def served_before(lake: Lake, tables: PipelineTables, touched: DataFrame | None,
 
 
 def state_in_reach(lake: Lake, tables: PipelineTables, batch: MiniBatch, state: DataFrame) -> Stored:
-    """The stored rows that count, from the stream's state: its rows of days without a batch combine, and the
-    batch partials of days with one (the hybrid rule)."""
+    """The stored rows that count (the hybrid rule): the state's, and the batch partials of days a batch combined."""
     counted = state.where(~F.col(DAY).isin(sorted(batch.batch_days))) if batch.batch_days else state
     if batch.batch_files:
         counted = counted.drop("max_event_time").unionByName(
@@ -176,9 +168,5 @@ def partials_in_reach(lake: Lake, tables: PipelineTables, batch: MiniBatch) -> S
         rows = lake.read_files(tables.partials, paths).where(F.col("batch") != F.lit(batch.name))
         return rows if keys is None else join_on_keys(rows, keys, keys.columns, "left_semi")
 
-    def served() -> tuple[DataFrame | None, int | None]:
-        version = lake.version(tables.aggregates)
-        return (None, None) if version is None else (lake.read(tables.aggregates, version=version), version)
-
     days = (min(day_of.values()), max(day_of.values())) if day_of else None
-    return Stored(read, days, served)
+    return Stored(read, days, lambda: served_before(lake, tables, None, None))

@@ -27,8 +27,7 @@ Problems = list[tuple[str, str]]
 
 
 def parse_window(raw: Any, *, retracting: bool = False) -> tuple[WindowKind | None, Problems]:
-    """The kind a spec's ``window`` mapping declares (:class:`Unwindowed` when it declares none), or None and
-    the problems as (field, message)."""
+    """The kind a spec's ``window`` declares (``Unwindowed`` for none), or None; and the problems (field, message)."""
     if raw is None:
         return Unwindowed(), []
     if not isinstance(raw, Mapping):

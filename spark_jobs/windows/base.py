@@ -4,8 +4,7 @@
 step-sized slice (cumulative), a partial session, or a key's rows of a day (no window). *Served* rows are what
 ``aggregates`` holds per key: :meth:`WindowKind.serve` turns stored rows into served ones (as they are, exploded into
 the windows a slice is in, or merged into sessions). Each question has its Spark form (over DataFrames) and, where
-the driver needs it, its Arrow form beside it.
-"""
+the driver needs it, its Arrow form beside it."""
 
 from __future__ import annotations
 
@@ -35,10 +34,11 @@ else:  # a DAG file's parse reads the window kinds, never pyspark: its functions
 
     F = _SparkFunctions()
 
-__all__ = ["BOUNDS", "TS", "F", "Grouped", "Reach", "SizedWindows", "Stored", "WindowChange", "WindowKind",
+__all__ = ["BOUNDS", "RECOMBINE", "TS", "F", "Grouped", "Reach", "SizedWindows", "Stored", "WindowChange", "WindowKind",
            "epoch_micros", "floor_micros", "floor_ticks", "ticks"]
 
 BOUNDS = ("window_start", "window_end")
+RECOMBINE = "every day's partials are dropped and must be recombined"  # the effect of a change that costs "raw"
 TS = pa.timestamp("us", tz="UTC")
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 Cost = Literal["settings", "stored", "raw"]
@@ -155,9 +155,8 @@ class WindowKind(ABC):
 
     def with_late(self, rows: DataFrame, *, event_time: str, keys: Sequence[str], valid: Column,
                   watermark: dt.datetime) -> DataFrame:
-        """``rows`` with ``_late``: the ``valid`` rows every window of which the watermark has closed. As in Flink
-        and Spark, lateness is per window: a row is dropped only from its closed windows (:meth:`open_only`) and
-        counts in every open one; only a row with no open window is late (windows that never close: none)."""
+        """``rows`` with ``_late``: the ``valid`` rows whose every window the watermark closed (lateness is per window,
+        as in Flink and Spark: :meth:`open_only` drops a row from its closed windows only)."""
         return rows.withColumn("_late", F.lit(False))
 
     def open_only(self, rows: DataFrame, watermark: dt.datetime) -> DataFrame:
@@ -243,9 +242,8 @@ class WindowKind(ABC):
 
     def change_to(self, new: WindowKind) -> WindowChange:
         """What a change from this kind to ``new`` costs (``plan``)."""
-        return WindowChange("raw", f"window {self} -> {new}",
-                            "the stored windows do not tile the new ones: every day's partials are dropped and must "
-                            "be recombined")
+        return WindowChange("raw", f"window {self} -> {new}", f"the stored windows do not tile the new ones: "
+                                                             f"{RECOMBINE}")
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,10 @@
 """Cumulative windows, Flink's ``CUMULATE(step, size)``: in each bucket of ``size`` from the epoch, the windows
-``[bucket start, bucket start + k·step)`` for k = 1..size/step, so the first hour of a day, its first two hours,
-and so on to the whole day.
+``[bucket start, bucket start + k·step)`` for k = 1..size/step (a day's first hour, its first two hours, ... the day).
 
-Built as slices: ``partials`` and the stream's state hold each ``step``-sized slice once (an event is in one
-slice), and a served window merges the slices from its bucket's start to its end. A slice is served in the
-windows that end at or after it; a change of a slice reaches every window of its bucket; a slice stays in the
-stream's state until its bucket's last window closes. Rollups merge the complete windows (one a bucket).
-"""
+Built as slices: ``partials`` and the stream's state hold each ``step``-sized slice once (an event is in one slice), and
+a served window merges the slices from its bucket's start to its end. A slice is served in the windows that end at or
+after it; a change of a slice reaches every window of its bucket; a slice stays in the stream's state until its
+bucket's last window closes. Rollups merge the complete windows (one a bucket)."""
 
 from __future__ import annotations
 

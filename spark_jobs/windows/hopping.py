@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from spark_jobs.durations import Duration
-from spark_jobs.windows.base import F, SizedWindows, WindowChange, WindowKind
+from spark_jobs.windows.base import RECOMBINE, F, SizedWindows, WindowChange, WindowKind
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -59,6 +59,5 @@ class Hopping(SizedWindows):
     def change_to(self, new: WindowKind) -> WindowChange:
         if not new.bounds:
             return WindowChange("raw", "hopping window removed",
-                                "hopping windows overlap, so merging them would count rows twice: every day's "
-                                "partials are dropped and must be recombined")
+                                f"hopping windows overlap, so merging them would count rows twice: {RECOMBINE}")
         return super().change_to(new)

@@ -1,10 +1,9 @@
 """Session windows: ``[first event, last event + gap)`` per key, as Flink's MergingWindowSet merges them.
 
-An event at or before ``last + gap`` joins a session, so sessions that touch merge (Spark's ``session_window``,
-Flink's SESSION). Each combine and mini-batch stores the partial sessions of its own rows; a served session is
-the merge of every partial that touches it, however many days and batches they came from. Merging touching
-intervals is exact: each partial holds a run of events less than ``gap`` apart.
-"""
+An event at or before ``last + gap`` joins a session, so sessions that touch merge (Spark's ``session_window``, Flink's
+SESSION). Each combine and mini-batch stores the partial sessions of its own rows; a served session is the merge of
+every partial that touches it, however many days and batches they came from. Merging touching intervals is exact: each
+partial holds a run of events less than ``gap`` apart."""
 
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ import pyarrow.compute as pc
 
 from spark_jobs.durations import Duration, utc
 from spark_jobs.key_match import join_on_keys
-from spark_jobs.windows.base import TS, F, Grouped, Reach, Stored, WindowChange, WindowKind, ticks
+from spark_jobs.windows.base import RECOMBINE, TS, F, Grouped, Reach, Stored, WindowChange, WindowKind, ticks
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -74,26 +73,14 @@ class Sessions(WindowKind):
 
     def change_to(self, new: WindowKind) -> WindowChange:
         return WindowChange("raw", f"window {self} -> {new if new.bounds else 'none'}",
-                            "sessions are cut from the events: every day's partials are dropped and must be "
-                            "recombined")
+                            f"sessions are cut from the events: {RECOMBINE}")
 
     # ------------------------------------------------------------------ Spark forms
     def assign(self, rows: DataFrame, *, event_time: str, keys: Sequence[str]) -> DataFrame:
-        """Each row's session among these rows: a new one per key when an event is more than ``gap`` after the
-        one before it (gaps and islands)."""
-        from pyspark.sql import Window
-
-        gap = F.lit(self.gap.micros)
-        t = F.unix_micros(F.col(event_time))
-        by_key = Window.partitionBy(*keys).orderBy(t)
-        before = F.lag(t).over(by_key)
-        new = F.when(before.isNull() | (t - before > gap), 1).otherwise(0)
-        rows = rows.withColumn("_session", F.sum(new).over(by_key.rowsBetween(Window.unboundedPreceding,
-                                                                               Window.currentRow)))
-        session = Window.partitionBy(*keys, "_session")
-        return (rows.withColumn("window_start", F.timestamp_micros(F.min(t).over(session)))
-                .withColumn("window_end", F.timestamp_micros(F.max(t).over(session) + gap))
-                .drop("_session"))
+        """Gaps and islands: each event is a session ``[t, t + gap)``, merged as :meth:`serve` merges partials."""
+        t = F.col(event_time)
+        end = F.timestamp_micros(F.unix_micros(t) + F.lit(self.gap.micros))
+        return self.serve(rows.withColumns({"window_start": t, "window_end": end}), keys)
 
     def serve(self, rows: DataFrame, keys: Sequence[str]) -> DataFrame:
         """Partial sessions relabelled with the session they belong to: per key, sorted by start, a partial joins
@@ -106,9 +93,8 @@ class Sessions(WindowKind):
         rows = rows.withColumn("_new", new).withColumn(
             "_session", F.sum("_new").over(by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)))
         session = Window.partitionBy(*keys, "_session")
-        return (rows.withColumn("window_start", F.min("window_start").over(session))
-                .withColumn("window_end", F.max("window_end").over(session))
-                .drop("_new", "_session"))
+        return rows.withColumns({"window_start": F.min("window_start").over(session),
+                                 "window_end": F.max("window_end").over(session)}).drop("_new", "_session")
 
     merge_stored = serve
 
@@ -125,13 +111,12 @@ class Sessions(WindowKind):
         return F.col("window_end") >= F.lit(watermark)
 
     def reach_of(self, changed: DataFrame, stored: Stored, keys: Sequence[str]) -> Reach:
-        """The sessions the ``changed`` partial sessions reach, whole, reading only the days of stored partials
-        they reach. A partial session of day d starts on d and ends before d + 1 day + gap: so sessions merged
-        from the partials of days [a, b] and the changed ones are whole when each that holds a changed partial
-        starts at or after a + gap (no partial of an earlier day can touch it) and ends before b + 1 day (nor of
-        a later one); otherwise the days widen, for the keys of those sessions only, and they merge again (a heavy
-        user's session may span every day). Sessions that hold no changed partial are the same after the change:
-        they are neither read whole nor rewritten."""
+        """The sessions the ``changed`` partial sessions reach, whole, reading only the days of stored partials they
+        reach. A partial session of day d starts on d and ends before d + 1 day + gap, so sessions merged from the
+        partials of days [a, b] and the changed ones are whole when each holding a changed partial starts at or after
+        a + gap (no earlier day's partial can touch it) and ends before b + 1 day (nor a later one's); otherwise the
+        days widen, for those sessions' keys only, and they merge again (a heavy user's session may span every day).
+        Sessions holding no changed partial are the same after the change: neither read whole nor rewritten."""
         group = list(keys)
         span = changed.agg(F.min("window_start").alias("lo"), F.max("window_end").alias("hi")).first()
         if span is None or span["lo"] is None:
@@ -150,9 +135,8 @@ class Sessions(WindowKind):
         return Reach(_inside(known, reached, group), touched, prune, (widen.lo, widen.hi), version, tuple(widen.cached))
 
     def reach_in_state(self, changed: DataFrame, state: DataFrame, keys: Sequence[str]) -> Reach:
-        """The reach of the ``changed`` partial sessions when the state holds every session they can touch whole:
-        its sessions of their keys that merge with them (Flink's MergingWindowSet). Those are the served rows
-        replaced, as they are; nothing else is read."""
+        """Where the state holds whole every session the ``changed`` partials can touch (Flink's MergingWindowSet):
+        the ones that merge with them are the served rows replaced, as they are; nothing else is read."""
         group = list(keys)
         known = self.within(state, changed, group)
         reached = _holding(self, group, known, changed).persist()
@@ -176,22 +160,20 @@ class Sessions(WindowKind):
         raise NotImplementedError("the driver merges sessions through windows.session.cut")
 
     def merge_stored_rows(self, rows: Iterable[Mapping[str, Any]], keys: Sequence[str]) -> Grouped:
-        """The driver's form of :meth:`serve`: per key, sorted by start, a partial joins the session before it when it
-        starts at or before its latest end."""
+        """The driver's form of :meth:`serve`."""
         by_key: dict[tuple[Any, ...], list[Mapping[str, Any]]] = defaultdict(list)
         for row in rows:
             by_key[tuple(row[k] for k in keys)].append(row)
         out: Grouped = {}
         for key, partials in by_key.items():
             partials.sort(key=lambda r: (r["window_start"], r["window_end"]))
-            sessions: list[tuple[Any, Any, list[Mapping[str, Any]]]] = []  # (start, latest end, partials)
+            sessions: list[list[Any]] = []  # [start, latest end, partials]
             for row in partials:
                 if sessions and row["window_start"] <= sessions[-1][1]:
-                    start, end, members = sessions[-1]
-                    members.append(row)
-                    sessions[-1] = (start, max(end, row["window_end"]), members)
+                    sessions[-1][1] = max(sessions[-1][1], row["window_end"])
+                    sessions[-1][2].append(row)
                 else:
-                    sessions.append((row["window_start"], row["window_end"], [row]))
+                    sessions.append([row["window_start"], row["window_end"], [row]])
             out.update({(*key, start, end): members for start, end, members in sessions})
         return out
 
@@ -214,14 +196,12 @@ class Sessions(WindowKind):
 
 
 class _Widening:
-    """The days of stored partials read for a reach, widened until every session holding a changed partial is
-    whole (see :meth:`Sessions.reach_of`)."""
+    """The days of stored partials read for a reach, widened until every session holding a changed partial is whole."""
 
     def __init__(self, kind: Sessions, group: list[str], changed: DataFrame, stored: Stored,
                  days: tuple[dt.date, dt.date]) -> None:
-        self.kind, self.group, self.stored = kind, group, stored
+        self.kind, self.group, self.stored, self.changed = kind, group, stored, changed
         self.gap = dt.timedelta(seconds=kind.gap.seconds)
-        self.changed = changed
         self.pending = changed.select(*group).distinct()  # the keys whose sessions may reach past the days read
         self.lo, self.hi = days
         self.cached: list[DataFrame] = []
@@ -234,7 +214,9 @@ class _Widening:
             rows = self._read(done)
             if rows is not None:
                 known = rows if known is None else known.unionByName(rows)
-            reached = self._reached(self.changed.limit(0) if known is None else known)
+            reached = _holding(self.kind, self.group, self.changed.limit(0) if known is None else known,
+                               self.changed).persist()
+            self.cached.append(reached)
             short = self._short(reached)
             bounds = short.agg(F.min("_lo").alias("lo"), F.max("_hi").alias("hi")).first()
             if bounds is None or bounds["lo"] is None:
@@ -255,11 +237,6 @@ class _Widening:
         frames = [self.stored.read(max(a, first), min(b, last), F.broadcast(self.pending) if self.group else None)
                   for a, b in parts if a <= b and a <= last and b >= first]
         return functools.reduce(lambda a, b: a.unionByName(b), frames) if frames else None
-
-    def _reached(self, known: DataFrame) -> DataFrame:
-        reached = _holding(self.kind, self.group, known, self.changed).persist()
-        self.cached.append(reached)
-        return reached
 
     def _short(self, reached: DataFrame) -> DataFrame:
         """The reached sessions of pending keys that may reach stored partials of days not read yet."""
@@ -289,8 +266,7 @@ def _inside(rows: DataFrame, reached: DataFrame, group: list[str]) -> DataFrame:
 
 
 def _merged_with(rows: pa.Table, changed: pa.Table, keys: Sequence[str]) -> np.ndarray:
-    """Which ``rows`` merge into one session with a ``changed`` row of their key (they touch, directly or through
-    others): :meth:`Sessions.serve` over both, column-wise."""
+    """Which ``rows`` merge into a session with a ``changed`` row of their key: :meth:`Sessions.serve`, column-wise."""
     both = pa.concat_tables([t.select([*keys, "window_start", "window_end"]).cast(
         pa.schema([*(rows.schema.field(k) for k in keys), pa.field("window_start", TS), pa.field("window_end", TS)]))
         for t in (rows, changed)])
@@ -314,10 +290,9 @@ def session_labels(rows: pa.Table, keys: Sequence[str]) -> np.ndarray:
     new_key[0] = True
     for k in keys:
         column = ordered.column(k).combine_chunks()
-        this, before = column.slice(1), column.slice(0, n - 1)
-        nulls = (pc.is_null(this).to_numpy(zero_copy_only=False), pc.is_null(before).to_numpy(zero_copy_only=False))
-        differ = np.asarray(pc.fill_null(pc.not_equal(this, before), True).to_numpy(zero_copy_only=False), dtype=bool)
-        new_key[1:] |= np.where(nulls[0] & nulls[1], False, differ)
+        this, before = column.slice(1), column.slice(0, n - 1)  # NULL equals NULL and differs from a value
+        differ = pc.fill_null(pc.not_equal(this, before), pc.xor(pc.is_null(this), pc.is_null(before)))
+        new_key[1:] |= np.asarray(differ.to_numpy(zero_copy_only=False), dtype=bool)
     start, end = ticks(ordered.column("window_start")), ticks(ordered.column("window_end"))
     base, width = int(start.min()), int(end.max() - start.min()) + 1
     key_id = np.cumsum(new_key) - 1

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from spark_jobs.windows.base import F, WindowChange, WindowKind
+from spark_jobs.windows.base import RECOMBINE, F, WindowChange, WindowKind
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
@@ -42,5 +42,4 @@ class Unwindowed(WindowKind):
         return pa.array(np.ones(rows.num_rows, dtype=bool))
 
     def change_to(self, new: WindowKind) -> WindowChange:
-        return WindowChange("raw", f"window added: {new}",
-                            "the stored rows span all time: every day's partials are dropped and must be recombined")
+        return WindowChange("raw", f"window added: {new}", f"the stored rows span all time: {RECOMBINE}")
