@@ -28,13 +28,13 @@ from spark_jobs.lake.layout import table_schema
 from spark_jobs.lake.reader import is_table, open_table
 from spark_jobs.lake.spec_record import RecordedSpec, fingerprint, has_data, normalise
 from spark_jobs.spec import AggregateSpec, PipelineSpec
+from spark_jobs.windows.base import RECOMBINE
 
 __all__ = ["Change", "Diff", "Plan", "compare", "make_plan"]
 
 Kind = Literal["settings", "stored", "raw", "refused"]
 HEADINGS = {"settings": "settings only (nothing to rewrite)", "stored": "from the stored accumulators (no raw data)",
             "raw": "needs raw data (days to recombine)", "refused": "refused"}
-_RECOMBINE = "every day's partials are dropped and must be recombined"
 _READ = ("format", "event_time", "op_column")  # the source fields that change how every row is read
 
 
@@ -117,13 +117,13 @@ def _source_changes(old: PipelineSpec, new: PipelineSpec, changes: list[Change])
         if o_src.get(key) != n_src.get(key):
             reset = True
             changes.append(Change("raw", f"source.{key}", f"source.{key} {o_src.get(key)} -> {n_src.get(key)}",
-                                  f"the rows are read differently: {_RECOMBINE}"))
+                                  f"the rows are read differently: {RECOMBINE}"))
     o_cols, n_cols = old.source.columns, new.source.columns
     for col in sorted(set(o_cols) & set(n_cols)):
         if o_cols[col] != n_cols[col]:
             reset = True
             changes.append(Change("raw", f"source.schema.{col}", f"column {col}: {o_cols[col]} -> {n_cols[col]}",
-                                  f"values are typed differently: {_RECOMBINE}"))
+                                  f"values are typed differently: {RECOMBINE}"))
     recount = set(n_cols) != set(o_cols)
     changes += [Change("raw", f"source.schema.{col}", f"column {col} ({n_cols[col]}) added", "rows whose value cannot "
                        "be read as that type are rejected from now on; recombine to count every day so")
@@ -155,10 +155,10 @@ def _key_changes(old: PipelineSpec, new: PipelineSpec, changes: list[Change]) ->
     dropped = [k for k in old.group_by if k not in new.group_by]
     if added:
         change = Change("raw", "group_by", f"keys added: {', '.join(added)}",
-                        f"the stored rows hold no value for them: {_RECOMBINE}")
+                        f"the stored rows hold no value for them: {RECOMBINE}")
     elif dropped and new.window.cut_per_key:
         change = Change("raw", "group_by", f"keys dropped: {', '.join(dropped)}",
-                        f"{new.window} are cut per key: {_RECOMBINE}")
+                        f"{new.window} are cut per key: {RECOMBINE}")
     elif dropped:
         change = Change("stored", "group_by", f"keys dropped: {', '.join(dropped)}",
                         "partials, aggregates, rollups and the stream's state are merged across them")

@@ -2,7 +2,8 @@
 
 Everything reads through :mod:`spark_jobs.lake.reader` and :mod:`spark_jobs.lake.runs_table` (no Spark) and
 never writes. A table is named ``<pipeline>.<table>`` (confined to the lake root) or, on the command line only,
-by its path. Versions are checked against the table's history; filters go through ``parse_where``, never SQL.
+by its path. Versions are checked against the table's history; filters go through ``parse_where``, never SQL. The
+views, in this order: versions, tables, history, rows, keys/schema/partitions, diff, runs, chart data, coverage.
 """
 
 from __future__ import annotations
@@ -110,7 +111,6 @@ def resolve_table(name: str, lake: str | None, *, confined: bool = False) -> Tab
     return TableRef(name, name, pipeline, table)
 
 
-# --------------------------------------------------------------------------- versions
 def _latest(ref: TableRef) -> Snapshot:
     try:
         return open_table(ref.path)
@@ -165,7 +165,6 @@ def open_version(ref: TableRef, *, version: int | None = None, as_of: str | dt.d
                            f"cleaned up): {exc}; list readable versions with: inspect history {ref.name}") from exc
 
 
-# --------------------------------------------------------------------------- tables
 def table_summary(path: str) -> dict[str, object]:
     table = open_table(path)
     actions = table.add_actions()
@@ -207,7 +206,6 @@ def list_tables(lake: str, *, pipeline: str | None = None) -> pa.Table:
                   last_commit=pa.string(), operation=pa.string(), path=pa.string())
 
 
-# --------------------------------------------------------------------------- history
 def _consumed(commit: dict[str, Any], change: CommitChange) -> str:
     """The commit's app transactions (guards left out) and the inputs its commit info records."""
     txns = [t for t in change.app_txns if not t.app_id.startswith(GUARD_PREFIX)]
@@ -242,7 +240,6 @@ def history(ref: TableRef, *, limit: int | None = None) -> pa.Table:
                   batch=text, files_added=i64, files_removed=i64, rows_added=i64, rows_removed=i64, consumed=text)
 
 
-# --------------------------------------------------------------------------- rows
 def _check_columns(ref: TableRef, schema: pa.Schema, columns: Sequence[str], what: str = "columns") -> None:
     unknown = [c for c in columns if c not in schema.names]
     if unknown:
@@ -295,7 +292,6 @@ def show(ref: TableRef, *, version: int | None = None, as_of: str | dt.datetime 
     return rows.sort_by(list(order_by)).slice(0, limit).select(columns)
 
 
-# --------------------------------------------------------------------------- keys, schema, partitions
 def is_number(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
 
@@ -360,7 +356,6 @@ def partitions(ref: TableRef, *, version: int | None = None) -> pa.Table:
     return _arrow(rows, *((c, pa.string()) for c in cols), files=pa.int64(), rows=pa.int64(), bytes=pa.int64())
 
 
-# --------------------------------------------------------------------------- diff
 @dataclass(frozen=True)
 class TableDiff:
     """What changed between two versions of a table, by key: ``added`` holds the new rows, ``removed`` the old
@@ -463,7 +458,6 @@ def _changed(both: pa.Table, key_cols: list[str], compared: list[str], limit: in
     return changed, int(pc.sum(any_change).as_py() or 0)
 
 
-# --------------------------------------------------------------------------- runs
 def _compact_versions(raw: str | None) -> str:
     try:
         data = json.loads(raw or "{}")
@@ -521,7 +515,6 @@ def runs(lake: str, *, pipeline: str | None = None, limit: int | None = None) ->
                   files_skipped=i64, dead_letter_rows=i64, read=text, wrote=text, message=text)
 
 
-# --------------------------------------------------------------------------- chart data
 @dataclass(frozen=True)
 class Series:
     """One aggregate over windows: a line per key (the ``max_lines`` keys with the largest totals)."""
@@ -572,7 +565,6 @@ def series(ref: TableRef, *, metric: str, version: int | None = None, where: str
                      max_lines=max_lines)
 
 
-# --------------------------------------------------------------------------- spec record
 def coverage(spec: PipelineSpec, record: RecordedSpec) -> pa.Table:
     """Per aggregate: the spec version it is covered from, and the event days whose partials hold it or not
     (an aggregate is NULL in the windows of the days it is not covered by, until they are recombined)."""
