@@ -90,12 +90,15 @@ class ChangelogRule:
         both = _matched(before, after, list(self.identity))
         was, gone = _present(before, both, "_o"), pc.invert(_present(after, both, "_n"))
         changed = pc.and_(pc.and_(was, pc.invert(gone)), pc.invert(self._same(before, after, both)))
-        pieces = [_entries(after, both, pc.and_(pc.invert(was), pc.invert(gone)), "+I", 0, "_n"),
-                  _entries(before, both, pc.and_(was, gone), "-D", 0, "_o"),
-                  _entries(before, both, changed, "-U", 0, "_o"), _entries(after, both, changed, "+U", 1, "_n")]
-        rows = self._first_seen(pa.concat_tables(pieces), first_seen)
-        rows = rows.sort_by([(c, "ascending", "at_start") for c in (FIRST_SEEN, *self.identity, _ORDER)])
-        out = {"op": rows.column("op"), **{c: rows.column(c) for c in self.columns},
+        old_at, new_at = both.column("_o"), pc.add(both.column("_n"), before.num_rows)  # rows of before, then after
+        pieces = [_entries(both, pc.and_(pc.invert(was), pc.invert(gone)), "+I", 0, new_at),
+                  _entries(both, pc.and_(was, gone), "-D", 0, old_at),
+                  _entries(both, changed, "-U", 0, old_at), _entries(both, changed, "+U", 1, new_at)]
+        # ordered as row numbers and keys, then each column taken once: strings taken at random cost the most
+        index = self._first_seen(pa.concat_tables(pieces), first_seen)
+        index = index.sort_by([(c, "ascending", "at_start") for c in (FIRST_SEEN, *self.identity, _ORDER)])
+        rows = pa.concat_tables([before.select(self.columns), after.select(self.columns)]).take(index.column("_at"))
+        out = {"op": index.column("op"), **{c: rows.column(c) for c in self.columns},
                "seq": pa.array(np.arange(rows.num_rows, dtype=np.int64)),
                **{k: pa.repeat(pa.scalar(v), rows.num_rows) for k, v in stamp.items()}}
         fields = [f for f in schema if f.name in out]
@@ -147,9 +150,11 @@ def _present(side: pa.Table, both: pa.Table, index: str) -> pa.Array:
     return pc.fill_null(pc.not_equal(rows, 0), False)
 
 
-def _entries(side: pa.Table, both: pa.Table, mask: pa.Array, op: str, order: int, index: str) -> pa.Table:
-    rows = side.take(both.column(index).filter(mask))
-    return rows.append_column("op", pa.repeat(pa.scalar(op), rows.num_rows)).append_column(
+def _entries(both: pa.Table, mask: pa.Array, op: str, order: int, at: pa.ChunkedArray) -> pa.Table:
+    """The matched identities under ``mask``, each with its row (``_at``) in before and after laid end to end."""
+    rows = both.filter(mask)
+    return rows.drop_columns(["_o", "_n"]).append_column("_at", at.filter(mask)).append_column(
+        "op", pa.repeat(pa.scalar(op), rows.num_rows)).append_column(
         _ORDER, pa.repeat(pa.scalar(order, pa.int8()), rows.num_rows))
 
 
