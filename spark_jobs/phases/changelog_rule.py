@@ -47,9 +47,8 @@ class ChangelogRule:
     @classmethod
     def of(cls, spec: PipelineSpec, values: Sequence[str]) -> ChangelogRule:
         """The rule of a pipeline whose served rows have the aggregates' ``values``."""
-        window = spec.window
-        return cls(tuple(window.identity(spec.group_by)), (*window.changelog_values, *values), spec.group_by,
-                   (*spec.key_columns, *values))
+        return cls(tuple(spec.window.identity(spec.group_by)), (*spec.window.changelog_values, *values),
+                   spec.group_by, (*spec.key_columns, *values))
 
     def spark(self, before: DataFrame, after: DataFrame, first_seen: DataFrame, stamp: Mapping[str, Any]) -> DataFrame:
         """``before`` and ``after``: identity and value columns with ``n_rows``; ``first_seen``: group key columns
@@ -110,8 +109,7 @@ class ChangelogRule:
         for name in self.values:
             a, b = before.column(name).take(both.column("_o")), after.column(name).take(both.column("_n"))
             try:
-                eq = pc.fill_null(pc.equal(a, b), False)
-                eq = pc.or_(eq, pc.and_(pc.is_null(a), pc.is_null(b)))
+                eq = pc.or_(pc.fill_null(pc.equal(a, b), False), pc.and_(pc.is_null(a), pc.is_null(b)))
                 if pa.types.is_floating(a.type):
                     eq = pc.or_(eq, pc.and_(pc.fill_null(pc.is_nan(a), False), pc.fill_null(pc.is_nan(b), False)))
                 same &= np.asarray(eq.to_numpy(zero_copy_only=False), dtype=bool)
