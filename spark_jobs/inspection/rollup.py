@@ -23,9 +23,10 @@ from spark_jobs.lake.layout import SPEC_VERSION
 from spark_jobs.lake.reader import Snapshot, is_table, open_table
 from spark_jobs.lake.spec_record import RecordedSpec
 from spark_jobs.lake.table_rules import rollup_app_id
-from spark_jobs.phases.arrow_merge import EPOCH, TS, bucket_origin, bucket_starts, merge_groups, micros, value_columns
+from spark_jobs.phases.arrow_merge import bucket_origin, bucket_starts, merge_groups, value_columns
 from spark_jobs.phases.compiled import CompiledAggregates
 from spark_jobs.spec import PipelineSpec, RollupSpec, parse_duration
+from spark_jobs.windows.base import EPOCH, TS, epoch_micros
 
 __all__ = ["Rollup", "parse_by", "parse_grain", "rollup"]
 
@@ -96,7 +97,7 @@ def _check(spec: PipelineSpec, request: Rollup) -> None:
 
 def _offset(t: dt.datetime, size_s: int, origin: dt.datetime) -> int:
     """Microseconds of ``t`` past the start of its bucket of ``size_s`` counted from ``origin``."""
-    return (micros(t) - micros(origin)) % (size_s * _US)
+    return (epoch_micros(t) - epoch_micros(origin)) % (size_s * _US)
 
 
 def rollup(table: Snapshot, spec: PipelineSpec, request: Rollup, *, declared: bool = True,
@@ -125,15 +126,15 @@ def rollup(table: Snapshot, spec: PipelineSpec, request: Rollup, *, declared: bo
         expr = expr & parse_where(request.where, pa.schema([schema.field(k) for k in spec.group_by]))
     rows = table.read(columns, filter=expr)
     rows = (rows if source is not None else spec.window.rollup_rows(rows)).drop_columns(["window_end"])
-    first = micros(request.start)  # buckets are clipped to the range
+    first = epoch_micros(request.start)  # buckets are clipped to the range
     starts = pa.array(np.full(rows.num_rows, first, dtype=np.int64) if request.grain_s is None else np.maximum(
         bucket_starts(rows.column("window_start"), request.grain_s).cast(pa.int64()).to_numpy(), first)).cast(TS)
     rows = rows.drop_columns(["window_start"]).append_column("start", starts)
     merged, accs = merge_groups(rows, [*keys, "start"], entries)
     start = merged.column("start")
-    end = (pa.array(np.full(merged.num_rows, micros(request.end), dtype=np.int64)).cast(TS) if request.grain_s is None
+    end = (pa.array(np.full(merged.num_rows, epoch_micros(request.end), dtype=np.int64)).cast(TS) if request.grain_s is None
            else pc.min_element_wise(pc.add(start.cast(pa.int64()), request.grain_s * _US),
-                                    micros(request.end)).cast(TS))
+                                    epoch_micros(request.end)).cast(TS))
     out = pa.table({**{k: merged.column(k) for k in keys}, "start": start, "end": end,
                     **value_columns(merged, accs, entries, compiled.coverage), "n_rows": merged.column("n_rows")})
     out = out.sort_by([(k, "ascending") for k in [*keys, "start"]])

@@ -25,10 +25,10 @@ from spark_jobs.lake import Commit, Lake, PipelineTables, open_lake
 from spark_jobs.lake.layout import SPEC_VERSION
 from spark_jobs.lake.spec_record import ensure_applied
 from spark_jobs.lake.table_rules import BATCH, DEAD_LETTER_PARTITIONS, PARTIALS_PARTITIONS
-from spark_jobs.phases.arrow_merge import TS
 from spark_jobs.phases.compiled import CompiledAggregates, partial_aggregate
 from spark_jobs.spark_failures import spark_errors
 from spark_jobs.spec import PipelineSpec
+from spark_jobs.windows.base import TS
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

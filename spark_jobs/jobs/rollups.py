@@ -26,18 +26,10 @@ from spark_jobs.lake.arrow import split_by
 from spark_jobs.lake.layout import SPEC_VERSION, table_schema
 from spark_jobs.lake.reader import READ_ERRORS, Snapshot, open_table
 from spark_jobs.lake.table_rules import rollup_app_id
-from spark_jobs.phases.arrow_merge import (
-    EPOCH,
-    TS,
-    bucket_floor,
-    bucket_starts,
-    encoded_columns,
-    merge_groups,
-    micros,
-    value_columns,
-)
+from spark_jobs.phases.arrow_merge import bucket_floor, bucket_starts, encoded_columns, merge_groups, value_columns
 from spark_jobs.phases.compiled import CompiledAggregates
 from spark_jobs.spec import RollupSpec
+from spark_jobs.windows.base import EPOCH, TS, epoch_micros
 
 __all__ = ["refresh"]
 
@@ -104,7 +96,7 @@ def changed_buckets(aggregates: Snapshot, since: int, grain_s: int) -> list[tupl
                 continue
             if row["min.window_start"] is None or row["max.window_start"] is None:
                 return None
-            lo, hi = (micros(bucket_floor(row[c], grain_s)) for c in ("min.window_start", "max.window_start"))
+            lo, hi = (epoch_micros(bucket_floor(row[c], grain_s)) for c in ("min.window_start", "max.window_start"))
             spans.append((lo, hi + grain_s * _US))
     return [(EPOCH + dt.timedelta(microseconds=lo), EPOCH + dt.timedelta(microseconds=hi)) for lo, hi in _union(spans)]
 

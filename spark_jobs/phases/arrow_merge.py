@@ -17,11 +17,10 @@ import pyarrow.compute as pc
 from spark_jobs.aggregates.base import AggregateFunction, BoundAggregate
 from spark_jobs.aggregates.builtins import Builtin
 from spark_jobs.lake.layout import ADOPTED, SPEC_VERSION
-from spark_jobs.windows.base import EPOCH, TS, ticks
-from spark_jobs.windows.base import epoch_micros as micros  # microseconds since the Unix epoch, exactly
+from spark_jobs.windows.base import EPOCH, TS, epoch_micros, ticks
 
-__all__ = ["EPOCH", "MONDAY", "TS", "Merged", "Stored", "bucket_floor", "bucket_origin", "bucket_starts",
-           "encoded_columns", "merge_groups", "micros", "value_columns"]
+__all__ = ["MONDAY", "Merged", "Stored", "bucket_floor", "bucket_origin", "bucket_starts", "encoded_columns",
+           "merge_groups", "value_columns"]
 
 WEEK = 7 * 86_400
 MONDAY = dt.datetime(1970, 1, 5, tzinfo=dt.UTC)
@@ -41,7 +40,7 @@ def bucket_floor(t: dt.datetime, grain_s: int) -> dt.datetime:
 
 def bucket_starts(window_start: pa.ChunkedArray | pa.Array, grain_s: int) -> pa.Array:
     """Each window's bucket start, vectorised (integer floor: exact at any range)."""
-    origin, grain = micros(bucket_origin(grain_s)), grain_s * _US
+    origin, grain = epoch_micros(bucket_origin(grain_s)), grain_s * _US
     return pa.array((ticks(window_start) - origin) // grain * grain + origin).cast(TS)
 
 
