@@ -134,6 +134,8 @@ def apply(spec: PipelineSpec, *, spark: Callable[[], SparkSession] | None = None
     target = (_adopt(spec, tables, run_id) if current is None
               else _target(spec, current, plan.diff, tables, run_id) if current.applied else current)
     if target is not current:
+        if current is not None and plan.diff.dropped_keys:  # the rows' names change: commits told by the old rule
+            changelog_feed.tell_commits(lake, current.pipeline_spec(lake=spec.lake), run_id=run_id, settle=True)
         write_record(spec.lake, spec.name, target)
     lake.spec_txn = AppTxn(spec_app_id(spec.name), target.version)
     with recorded_run(lake, tables, job="apply", batch=f"spec-{target.version}", run_id=run_id) as record:
@@ -211,7 +213,8 @@ class _Migration:
         self.reduced = partials is not None and is_table(tables.aggregates) and (
             lake.txn_version(tables.aggregates, reduce_app_id(spec)) == partials)
         self.aggregates_read = lake.version(tables.aggregates) if self.reduced else None
-        self.meta = {"run_id": run_id, "job": "apply", "spec_version": target.version}
+        self.meta = {"run_id": run_id, "job": "apply", "spec_version": target.version,
+                     **({"dropped_keys": list(diff.dropped_keys)} if diff.dropped_keys else {})}  # the changelog's
         # the aggregates whose stored columns carry over: the new spec's, minus the ones added or changed
         kept = tuple(a for a in spec.aggregates if a.name not in diff.added)
         self.kept = CompiledAggregates(dataclasses.replace(spec, aggregates=kept, rollups=()), target)

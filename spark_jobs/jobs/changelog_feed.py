@@ -17,6 +17,7 @@ that can no longer be read (its log cleaned up, a removed file vacuumed) is skip
 
 from __future__ import annotations
 
+import json
 import logging
 from functools import partial
 
@@ -37,9 +38,10 @@ STREAM_JOB = "stream"  # the ``job`` of the stream's commits: it tells them itse
 RESCAN = 100  # commits with nothing to tell (the stream's) scanned again by each run, before one records them
 
 
-def tell_commits(lake: Lake, spec: PipelineSpec, *, run_id: str) -> int | None:
-    """Tell every commit to ``aggregates`` since the last one told; the changelog version written (None: none)."""
-    return retry_conflicts(partial(_attempt, lake, spec, run_id), what="changelog")
+def tell_commits(lake: Lake, spec: PipelineSpec, *, run_id: str, settle: bool = False) -> int | None:
+    """Tell every commit to ``aggregates`` since the last one told; the changelog version written (None: none).
+    ``settle``: record them as told even with nothing to tell, so that no later run tells them by another rule."""
+    return retry_conflicts(partial(_attempt, lake, spec, run_id, settle), what="changelog")
 
 
 def ensure_stamp_columns(lake: Lake, spec: PipelineSpec) -> None:
@@ -51,7 +53,7 @@ def ensure_stamp_columns(lake: Lake, spec: PipelineSpec) -> None:
         lake.add_columns(path, missing)
 
 
-def _attempt(lake: Lake, spec: PipelineSpec, run_id: str, attempt: int) -> int | None:
+def _attempt(lake: Lake, spec: PipelineSpec, run_id: str, settle: bool, attempt: int) -> int | None:
     tables = PipelineTables(spec.lake, spec.name)
     latest = lake.version(tables.aggregates)
     if latest is None:
@@ -65,11 +67,12 @@ def _attempt(lake: Lake, spec: PipelineSpec, run_id: str, attempt: int) -> int |
         return None
     aggregates = open_table(tables.aggregates, latest)
     rule = ChangelogRule.of(spec, [f.name for f in value_fields(spec)])
-    schema = table_schema(spec, "changelog")
+    schema = table_schema(spec, "changelog")  # and the columns of keys dropped since, which the log keeps
+    schema = pa.schema([*schema, *(f for f in lake.schema(tables.changelog) or [] if f.name not in schema.names)])
     told = [_told(aggregates, rule, schema, change) for v in range(first, latest + 1)
             if (change := _commit(tables.aggregates, v)) is not None and change.info.get("job") != STREAM_JOB]
-    rows = pa.concat_tables([t for t in told if t is not None] or [schema.empty_table()])
-    if not rows.num_rows and latest - first < RESCAN:  # nothing to tell: a rerun changes no table
+    rows = pa.concat_tables([t for t in told if t is not None] or [schema.empty_table()], promote_options="default")
+    if not rows.num_rows and latest - first < RESCAN and not settle:  # nothing to tell: a rerun changes no table
         return None
     commit = lake.append(rows, tables.changelog, app_txn=AppTxn(app, latest), read_version=planned, conform=True,
                          metadata={"run_id": run_id, "job": "changelog", "aggregates_version": latest, "aggregates_told": done})
@@ -90,8 +93,11 @@ def _told(aggregates: Snapshot, rule: ChangelogRule, schema: pa.Schema, commit: 
     if not commit.added and not commit.removed:
         return None
     columns = [*rule.identity, *rule.values, "n_rows"]
+    dropped = commit.info.get("dropped_keys") or []  # apply's: the rows' old keys, still in the removed files
+    dropped = json.loads(dropped) if isinstance(dropped, str) else dropped
     try:
-        before, after = (aggregates.read_files(files, columns) for files in (commit.removed, commit.added))
+        after = aggregates.read_files(commit.added, columns)
+        before = aggregates.read_files(commit.removed, [*columns, *dropped], schema.field)
     except READ_ERRORS as exc:
         log.warning("cannot read the files of commit %s of %s (%s): the changelog does not tell it", commit.version,
                     aggregates.path, exc)
@@ -99,4 +105,6 @@ def _told(aggregates: Snapshot, rule: ChangelogRule, schema: pa.Schema, commit: 
     writer = commit.info.get("job") or str(commit.info.get("operation", "")).lower()
     stamp = {"batch_id": None, "writer": writer, "run_id": commit.info.get("run_id"),
              "aggregates_version": commit.version}
+    if dropped:
+        return rule.replaced(before, after, stamp, schema, dropped)
     return rule.arrow(before, after, None, stamp, schema)

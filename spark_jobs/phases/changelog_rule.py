@@ -95,13 +95,24 @@ class ChangelogRule:
                   _entries(both, changed, "-U", 0, old_at), _entries(both, changed, "+U", 1, new_at)]
         # ordered as row numbers and keys, then each column taken once: strings taken at random cost the most
         index = self._first_seen(pa.concat_tables(pieces), first_seen)
-        index = index.sort_by([(c, "ascending", "at_start") for c in (FIRST_SEEN, *self.identity, _ORDER)])
+        keys = (*self.identity, _ORDER) if first_seen is None else (FIRST_SEEN, *self.identity, _ORDER)
+        index = index.sort_by([(c, "ascending", "at_start") for c in keys])
         rows = pa.concat_tables([before.select(self.columns), after.select(self.columns)]).take(index.column("_at"))
-        out = {"op": index.column("op"), **{c: rows.column(c) for c in self.columns},
-               "seq": pa.array(np.arange(rows.num_rows, dtype=np.int64)),
-               **{k: pa.repeat(pa.scalar(v), rows.num_rows) for k, v in stamp.items()}}
-        fields = [f for f in schema if f.name in out]
-        return pa.table([out[f.name].cast(f.type) for f in fields], schema=pa.schema(fields))
+        return _laid_out(index.column("op"), rows, stamp, schema)
+
+    def replaced(self, before: pa.Table, after: pa.Table, stamp: Mapping[str, Any], schema: pa.Schema,
+                 old_keys: Sequence[str]) -> pa.Table:
+        """A change that renames every row (a group key dropped, ``old_keys`` the keys the rows had): each old row
+        ``-D`` under its old key, then each new row ``+I``, as a consumer keyed either way can fold them (matched
+        by the new identity alone, the old rows of one new key would each read as an update of it)."""
+        old = before.filter(pc.not_equal(before.column("n_rows"), 0))
+        new = after.filter(pc.not_equal(after.column("n_rows"), 0))
+        columns = [*self.columns, *(k for k in old_keys if k not in self.columns)]
+        new = new.select(self.columns)
+        for key in columns[len(self.columns):]:
+            new = new.append_column(old.schema.field(key), pa.nulls(new.num_rows, old.schema.field(key).type))
+        ops = pa.concat_arrays([pa.repeat(pa.scalar("-D"), old.num_rows), pa.repeat(pa.scalar("+I"), new.num_rows)])
+        return _laid_out(ops, pa.concat_tables([old.select(columns), new]), stamp, schema)
 
     def _same(self, before: pa.Table, after: pa.Table, both: pa.Table) -> pa.Array:
         """Null-safe equality of every value (NaN equal to NaN), as Spark's ``eqNullSafe`` of the two sides."""
@@ -154,6 +165,15 @@ def _entries(both: pa.Table, mask: pa.Array, op: str, order: int, at: pa.Chunked
     return rows.drop_columns(["_o", "_n"]).append_column("_at", at.filter(mask)).append_column(
         "op", pa.repeat(pa.scalar(op), rows.num_rows)).append_column(
         _ORDER, pa.repeat(pa.scalar(order, pa.int8()), rows.num_rows))
+
+
+def _laid_out(ops: pa.Array | pa.ChunkedArray, rows: pa.Table, stamp: Mapping[str, Any], schema: pa.Schema) -> pa.Table:
+    """The change's rows in ``seq`` order as ``schema`` (the changelog table's) lays out the columns it has."""
+    out = {"op": ops, **{c: rows.column(c) for c in rows.column_names},
+           "seq": pa.array(np.arange(rows.num_rows, dtype=np.int64)),
+           **{k: pa.repeat(pa.scalar(v), rows.num_rows) for k, v in stamp.items()}}
+    fields = [f for f in schema if f.name in out]
+    return pa.table([out[f.name].cast(f.type) for f in fields], schema=pa.schema(fields))
 
 
 def _equal(x: Any, y: Any) -> bool:

@@ -44,13 +44,15 @@ STEP = st.one_of(
     st.tuples(st.just("land"), st.integers(0, 1), st.integers(1, 40), st.integers(0, 10_000)),
     st.tuples(st.just("stream")), st.tuples(st.just("combine"), st.integers(0, 1)), st.tuples(st.just("reduce")),
     st.tuples(st.just("full")), st.tuples(st.just("backfill"), st.integers(0, 1)),
-    st.tuples(st.just("apply"), st.sampled_from(["add", "coarsen"])))
+    st.tuples(st.just("apply"), st.sampled_from(["add", "coarsen", "drop"])))
 
 
 def _changed(spec: PipelineSpec, how: str) -> PipelineSpec:
     raw = yaml.safe_load(Path(spec.origin).read_text())
     if how == "add":
         raw["aggregates"].append({"name": "min_ms", "fn": "min", "column": "duration_ms"})
+    elif how == "drop":
+        raw["group_by"] = []
     else:
         raw["window"] = {"size": "2 hours"}
     Path(spec.origin).write_text(yaml.safe_dump(raw))
@@ -82,13 +84,14 @@ def _served(path: str, version: int, identity: list[str], values: list[str]) -> 
     """``aggregates`` at ``version``: each existing row's values by identity (a column it lacks reads NULL)."""
     table = DeltaTable(path, version=version).to_pyarrow_table()
     rows = table.to_pylist()
-    return {tuple(r[c] for c in identity): [r.get(c) for c in values] for r in rows if r["n_rows"] != 0}
+    return {tuple(r.get(c) for c in identity): [r.get(c) for c in values] for r in rows if r["n_rows"] != 0}
 
 
 def _assert_fold_equals_every_version(spec: PipelineSpec) -> int:
+    """Folded by the identity with ``page`` in it, which rows read NULL since a drop of the key."""
     tables = PipelineTables(spec.lake, spec.name)
     rule = ChangelogRule.of(spec, [f.name for f in value_fields(spec)])
-    identity, values = list(rule.identity), list(rule.values)
+    identity, values = ["page", *(c for c in rule.identity if c != "page")], list(rule.values)
     latest = DeltaTable(tables.aggregates).version()
     log: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for row in DeltaTable(tables.changelog).to_pyarrow_table().to_pylist():
@@ -98,7 +101,7 @@ def _assert_fold_equals_every_version(spec: PipelineSpec) -> int:
     folded: dict[tuple[Any, ...], list[Any]] = {}
     for version in range(latest + 1):
         for row in sorted(log[version], key=lambda r: r["seq"]):
-            key, held = tuple(row[c] for c in identity), [row.get(c) for c in values]
+            key, held = tuple(row.get(c) for c in identity), [row.get(c) for c in values]
             where = f"version {version}, {row['writer']} {row['op']} {key}"
             if row["op"] == "+I":
                 assert key not in folded, f"{where}: inserts a row the log already holds"
@@ -128,6 +131,26 @@ def test_a_stream_batch_over_a_day_combined_but_not_reduced_tells_what_it_serves
 def test_a_first_stream_batch_over_a_combined_day_tells_every_row_it_serves(spark, tmp_path):
     """No ``aggregates`` yet: the combined day's rows the stream serves are all new (``+I``)."""
     _fold_case(spark, tmp_path, [("combine", 0), ("stream",)], start=[("land", 0, 30, 1)])
+
+
+def test_a_dropped_key_tells_each_old_row_deleted_under_its_key_then_each_new_row_inserted(spark, tmp_path):
+    """The rows of many old keys merge into one new row: matched by the new identity alone, each old row would read
+    as an update of it; told as ``-D`` with its old key, then ``+I``, a consumer keyed either way folds them."""
+    spec = make_spec(tmp_path, name="fold", window={"size": "1 hour"}, aggregates=AGGREGATES)
+    tables = PipelineTables(spec.lake, spec.name)
+    land(tmp_path / "landing", DAYS[0], day_events(DAYS[0], 60, seed=3, pages=("/a", "/b", None)))
+    combine.run(spark, spec, DAYS[0])
+    reduce.run(spark, spec)
+    old = DeltaTable(tables.aggregates).to_pyarrow_table()
+    apply(_changed(spec, "drop"), spark=lambda: spark)
+    new = DeltaTable(tables.aggregates).to_pyarrow_table()
+    log = DeltaTable(tables.changelog).to_pyarrow_table()
+    told = log.filter(pa.compute.equal(log["writer"], "apply")).sort_by("seq").to_pylist()
+    assert [r["op"] for r in told] == ["-D"] * old.num_rows + ["+I"] * new.num_rows
+    assert {(r["page"], r["window_start"]) for r in told[:old.num_rows]} == set(
+        zip(old["page"].to_pylist(), old["window_start"].to_pylist(), strict=True))
+    assert all(r["page"] is None for r in told[old.num_rows:])
+    assert _assert_fold_equals_every_version(spec) == log.num_rows
 
 
 def _fold_case(spark: Any, root: Path, steps: list[tuple[Any, ...]],
