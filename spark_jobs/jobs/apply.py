@@ -205,6 +205,7 @@ class _Migration:
                  run_id: str, spark: SparkSession | None) -> None:
         self.lake, self.spec, self.diff, self.tables, self.run_id, self.spark = lake, spec, diff, tables, run_id, spark
         self.version = target.version
+        self.txn = AppTxn(spec_app_id(spec.name), target.version)  # every commit of this apply carries it
         self.written: dict[str, int | None] = {}
         # the partials this run merged and wrote (version, rows with values): the reduce starts from them
         self.merged_partials: tuple[int | None, pa.Table] | None = None
@@ -213,8 +214,7 @@ class _Migration:
         self.reduced = partials is not None and is_table(tables.aggregates) and (
             lake.txn_version(tables.aggregates, reduce_app_id(spec)) == partials)
         self.aggregates_read = lake.version(tables.aggregates) if self.reduced else None
-        self.meta = {"run_id": run_id, "job": "apply", "spec_version": target.version,
-                     **({"dropped_keys": list(diff.dropped_keys)} if diff.dropped_keys else {})}  # the changelog's
+        self.meta = {"run_id": run_id, "job": "apply", "spec_version": target.version, "dropped_keys": diff.dropped_keys}
         # the aggregates whose stored columns carry over: the new spec's, minus the ones added or changed
         kept = tuple(a for a in spec.aggregates if a.name not in diff.added)
         self.kept = CompiledAggregates(dataclasses.replace(spec, aggregates=kept, rollups=()), target)
@@ -227,7 +227,7 @@ class _Migration:
         # without a rewrite the tables only gain columns, and so does the log (it keeps those of what was dropped)
         for name, path, step in (("state", t.stream_state, self._state), ("partials", t.partials, self._partials),
                                  ("aggregates", t.aggregates, self._aggregates), ("changelog", t.changelog, None)):
-            self._step(name, path, step if self._rewrites() else None)
+            self._step(name, path, step if self.diff.reset or self.diff.derives else None)
         told = changelog_feed.tell_commits(self.lake, self.spec, run_id=self.run_id)  # the rows re-derived
         if told is not None:
             self.written["changelog"] = told
@@ -248,13 +248,6 @@ class _Migration:
                                                  what=f"apply to {name}")
 
     # ------------------------------------------------------------------ helpers
-    @property
-    def _txn(self) -> AppTxn:
-        return AppTxn(spec_app_id(self.spec.name), self.version)
-
-    def _rewrites(self) -> bool:
-        return self.diff.reset or self.diff.derives
-
     def _merges(self) -> bool:
         """Rows merge (keys dropped, windows coarsened or removed), not only columns dropped."""
         return bool(self.diff.dropped_keys or self.diff.coarsened or self.diff.window_removed)
@@ -263,7 +256,7 @@ class _Migration:
                      txns: tuple[AppTxn, ...] = ()) -> int | None:
         have = set((self.lake.schema(path) or pa.schema([])).names)
         fields = [f for f in table_schema(self.spec, table, rollup) if f.name not in have]
-        return self.lake.add_columns(path, fields, app_txns=txns or [self._txn]).version
+        return self.lake.add_columns(path, fields, app_txns=txns or [self.txn]).version
 
     def _rollup_stands(self, rollup: RollupSpec, path: str, read: int | None) -> bool:
         """Whether a rollup's rows are those it would be rebuilt with: its grain and keys are unchanged, so each
@@ -279,7 +272,7 @@ class _Migration:
                  extra: tuple[AppTxn, ...] = (), sort_by: list[str] | None = None,
                  cluster: Cluster | None = None) -> int | None:
         return self.lake.rewrite(rows, path, partition_by=partition_by, read_version=read, cluster=cluster,
-                                 app_txns=[self._txn, *extra], metadata=self.meta, sort_by=sort_by or []).version
+                                 app_txns=[self.txn, *extra], metadata=self.meta, sort_by=sort_by or []).version
 
     def _empty(self, table: str) -> pa.Table:
         return table_schema(self.spec, table).empty_table()
@@ -387,7 +380,7 @@ class _Migration:
                              cluster=cluster)
 
     def _rollup(self, rollup: RollupSpec, path: str, read: int | None) -> int | None:
-        if not (self._rewrites() or self.diff.added):
+        if not (self.diff.reset or self.diff.derives or self.diff.added):
             return self._add_columns(path, rollup.table, rollup)
         sort_by = ["window_start", *rollup.by]
         if self._rollup_stands(rollup, path, read):
@@ -396,7 +389,7 @@ class _Migration:
             assert merged is not None  # the rollup had merged a version of it
             app = AppTxn(rollup_app_id(self.spec, rollup), merged)
             if not self.diff.dropped:
-                return self._add_columns(path, rollup.table, rollup, (self._txn, app))
+                return self._add_columns(path, rollup.table, rollup, (self.txn, app))
             rows = self._conform(open_table(path, read).read(), rollup.table, rollup)
             return self._rewrite(rows, path, read, extra=(app,), sort_by=sort_by)
         source = open_table(self.tables.aggregates)

@@ -26,12 +26,12 @@ import pyarrow as pa
 from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.lake import AppTxn, Lake, PipelineTables
 from spark_jobs.lake.layout import CHANGE_STAMP, table_schema, value_fields
-from spark_jobs.lake.reader import READ_ERRORS, CommitFiles, Snapshot, commit_files, open_table
+from spark_jobs.lake.reader import READ_ERRORS, Snapshot, commit_files, open_table
 from spark_jobs.lake.table_rules import changelog_app_id
 from spark_jobs.phases.changelog_rule import ChangelogRule
 from spark_jobs.spec import PipelineSpec
 
-__all__ = ["STREAM_JOB", "ensure_stamp_columns", "tell_commits"]
+__all__ = ["STREAM_JOB", "tell_commits"]
 
 log = logging.getLogger("spark_jobs")
 STREAM_JOB = "stream"  # the ``job`` of the stream's commits: it tells them itself
@@ -44,21 +44,15 @@ def tell_commits(lake: Lake, spec: PipelineSpec, *, run_id: str, settle: bool = 
     return retry_conflicts(partial(_attempt, lake, spec, run_id, settle), what="changelog")
 
 
-def ensure_stamp_columns(lake: Lake, spec: PipelineSpec) -> None:
-    """A changelog from before the stamp columns gains them (NULL in the rows already there)."""
-    path = PipelineTables(spec.lake, spec.name).changelog
-    have = lake.schema(path)
-    missing = [f for f in CHANGE_STAMP if have is not None and f.name not in have.names]
-    if missing:
-        lake.add_columns(path, missing)
-
-
 def _attempt(lake: Lake, spec: PipelineSpec, run_id: str, settle: bool, attempt: int) -> int | None:
     tables = PipelineTables(spec.lake, spec.name)
     latest = lake.version(tables.aggregates)
     if latest is None:
         return None
-    ensure_stamp_columns(lake, spec)
+    have = lake.schema(tables.changelog) or pa.schema([])
+    missing = [f for f in CHANGE_STAMP if have.names and f.name not in have.names]
+    if missing:  # a log from before the stamp columns gains them (NULL in its rows)
+        lake.add_columns(tables.changelog, missing)
     planned = lake.version(tables.changelog)
     app = changelog_app_id(spec)
     done = None if planned is None else lake.txn_version(tables.changelog, app, planned)
@@ -68,9 +62,8 @@ def _attempt(lake: Lake, spec: PipelineSpec, run_id: str, settle: bool, attempt:
     aggregates = open_table(tables.aggregates, latest)
     rule = ChangelogRule.of(spec, [f.name for f in value_fields(spec)])
     schema = table_schema(spec, "changelog")  # and the columns of keys dropped since, which the log keeps
-    schema = pa.schema([*schema, *(f for f in lake.schema(tables.changelog) or [] if f.name not in schema.names)])
-    told = [_told(aggregates, rule, schema, change) for v in range(first, latest + 1)
-            if (change := _commit(tables.aggregates, v)) is not None and change.info.get("job") != STREAM_JOB]
+    schema = pa.schema([*schema, *(f for f in have if f.name not in schema.names)])
+    told = [_told(aggregates, rule, schema, v) for v in range(first, latest + 1)]
     rows = pa.concat_tables([t for t in told if t is not None] or [schema.empty_table()], promote_options="default")
     if not rows.num_rows and latest - first < RESCAN and not settle:  # nothing to tell: a rerun changes no table
         return None
@@ -81,23 +74,20 @@ def _attempt(lake: Lake, spec: PipelineSpec, run_id: str, settle: bool, attempt:
     return commit.version
 
 
-def _commit(path: str, version: int) -> CommitFiles | None:
-    commit = commit_files(path, version)
+def _told(aggregates: Snapshot, rule: ChangelogRule, schema: pa.Schema, version: int) -> pa.Table | None:
+    """The changelog rows of one commit but the stream's: its removed files' rows before, its added files' after."""
+    commit = commit_files(aggregates.path, version)
     if commit is None:
-        log.warning("cannot read commit %s of %s (its log is cleaned up): the changelog does not tell it", version, path)
-    return commit
-
-
-def _told(aggregates: Snapshot, rule: ChangelogRule, schema: pa.Schema, commit: CommitFiles) -> pa.Table | None:
-    """The changelog rows of one commit: its removed files' rows before, its added files' rows after."""
-    if not commit.added and not commit.removed:
+        log.warning("cannot read commit %s of %s (its log is cleaned up): the changelog does not tell it", version,
+                    aggregates.path)
+        return None
+    if commit.info.get("job") == STREAM_JOB or not (commit.added or commit.removed):
         return None
     columns = [*rule.identity, *rule.values, "n_rows"]
-    dropped = commit.info.get("dropped_keys") or []  # apply's: the rows' old keys, still in the removed files
-    dropped = json.loads(dropped) if isinstance(dropped, str) else dropped
+    dropped = json.loads(commit.info.get("dropped_keys") or "[]")  # apply's: keys the removed files still hold
     try:
         after = aggregates.read_files(commit.added, columns)
-        before = aggregates.read_files(commit.removed, [*columns, *dropped], schema.field)
+        before = aggregates.read_files(commit.removed, [*columns, *dropped], [schema.field(k) for k in dropped])
     except READ_ERRORS as exc:
         log.warning("cannot read the files of commit %s of %s (%s): the changelog does not tell it", commit.version,
                     aggregates.path, exc)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,15 +185,12 @@ class Snapshot:
         logs = ((v, _commit_log(self.path, v)) for v in range(first, self.version() + 1))
         return [CommitChange(v) if log is None else _change(v, log, records) for v, log in logs]
 
-    def read_files(self, files: Sequence[str], columns: Sequence[str],
-                   field: Callable[[str], pa.Field] | None = None) -> pa.Table:
+    def read_files(self, files: Sequence[str], columns: Sequence[str], extra: Sequence[pa.Field] = ()) -> pa.Table:
         """The rows of data files of this table (live or not: a removed file's rows until it is vacuumed), as its
-        schema now has them (a column added since reads NULL); for a table without partition columns. A column the
-        schema no longer has (a key dropped) is read as ``field(name)`` gives it."""
-        uris, schema = [str(Path(self.path) / f) for f in files], self.schema()
-        gone = [field(c) for c in columns if c not in schema.names] if field else []
-        schema = pa.schema([*schema, *gone])
-        return pads.dataset(uris, schema=schema, format="parquet").to_table(columns=list(columns))
+        schema now has them (a column added since reads NULL) and with ``extra`` columns it no longer has (a dropped
+        key's); for a table without partition columns."""
+        uris = [str(Path(self.path) / f) for f in files]
+        return pads.dataset(uris, schema=pa.schema([*self.schema(), *extra]), format="parquet").to_table(columns=list(columns))
 
     def read(self, columns: Sequence[str] | None = None, filter: pc.Expression | None = None) -> pa.Table:
         return self._dataset().to_table(columns=None if columns is None else list(columns), filter=filter)

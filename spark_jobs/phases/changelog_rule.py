@@ -95,24 +95,20 @@ class ChangelogRule:
                   _entries(both, changed, "-U", 0, old_at), _entries(both, changed, "+U", 1, new_at)]
         # ordered as row numbers and keys, then each column taken once: strings taken at random cost the most
         index = self._first_seen(pa.concat_tables(pieces), first_seen)
-        keys = (*self.identity, _ORDER) if first_seen is None else (FIRST_SEEN, *self.identity, _ORDER)
-        index = index.sort_by([(c, "ascending", "at_start") for c in keys])
+        index = index.sort_by([(c, "ascending", "at_start") for c in (FIRST_SEEN, *self.identity, _ORDER)])
         rows = pa.concat_tables([before.select(self.columns), after.select(self.columns)]).take(index.column("_at"))
         return _laid_out(index.column("op"), rows, stamp, schema)
 
     def replaced(self, before: pa.Table, after: pa.Table, stamp: Mapping[str, Any], schema: pa.Schema,
                  old_keys: Sequence[str]) -> pa.Table:
-        """A change that renames every row (a group key dropped, ``old_keys`` the keys the rows had): each old row
-        ``-D`` under its old key, then each new row ``+I``, as a consumer keyed either way can fold them (matched
-        by the new identity alone, the old rows of one new key would each read as an update of it)."""
-        old = before.filter(pc.not_equal(before.column("n_rows"), 0))
-        new = after.filter(pc.not_equal(after.column("n_rows"), 0))
-        columns = [*self.columns, *(k for k in old_keys if k not in self.columns)]
-        new = new.select(self.columns)
-        for key in columns[len(self.columns):]:
-            new = new.append_column(old.schema.field(key), pa.nulls(new.num_rows, old.schema.field(key).type))
+        """A change that renames every row (``old_keys``, group keys dropped): each old row ``-D`` under its old key,
+        then each new row ``+I``, which a consumer keyed either way folds (matched by the new identity alone, each old
+        row would read as an update of the row it merged into)."""
+        old, new = (t.filter(pc.not_equal(t.column("n_rows"), 0)) for t in (before, after))
+        rows = pa.concat_tables([old.select([*self.columns, *old_keys]), new.select(self.columns)],
+                                promote_options="default")  # the new rows' old keys NULL
         ops = pa.concat_arrays([pa.repeat(pa.scalar("-D"), old.num_rows), pa.repeat(pa.scalar("+I"), new.num_rows)])
-        return _laid_out(ops, pa.concat_tables([old.select(columns), new]), stamp, schema)
+        return _laid_out(ops, rows, stamp, schema)
 
     def _same(self, before: pa.Table, after: pa.Table, both: pa.Table) -> pa.Array:
         """Null-safe equality of every value (NaN equal to NaN), as Spark's ``eqNullSafe`` of the two sides."""
@@ -130,12 +126,9 @@ class ChangelogRule:
 
     def _first_seen(self, rows: pa.Table, first_seen: pa.Table | None) -> pa.Table:
         group = list(self.group)
-        if first_seen is None:
-            return rows.append_column(FIRST_SEEN, pa.nulls(rows.num_rows, pa.timestamp("us", tz="UTC")))
-        if not group:
-            seen = first_seen.column(FIRST_SEEN)[0] if first_seen.num_rows else None
-            return rows.append_column(FIRST_SEEN, pa.repeat(pa.scalar(seen, first_seen.schema.field(FIRST_SEEN).type),
-                                                            rows.num_rows))
+        if first_seen is None or not group:  # none (the rows go in identity order), or one for every row
+            seen = first_seen.column(FIRST_SEEN)[0].as_py() if first_seen is not None and first_seen.num_rows else None
+            return rows.append_column(FIRST_SEEN, pa.repeat(pa.scalar(seen, pa.timestamp("us", tz="UTC")), rows.num_rows))
         index = rows.append_column("_row", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
         joined = arrow_join(index.select([*group, "_row"]), first_seen, group, "left outer")
         order = np.argsort(joined.column("_row").to_numpy())
