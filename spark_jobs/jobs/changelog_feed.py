@@ -49,8 +49,8 @@ def _attempt(lake: Lake, spec: PipelineSpec, run_id: str, settle: bool, attempt:
     latest = lake.version(tables.aggregates)
     if latest is None:
         return None
-    have = lake.schema(tables.changelog) or pa.schema([])
-    missing = [f for f in CHANGE_STAMP if have.names and f.name not in have.names]
+    have = lake.schema(tables.changelog)  # None: no log yet
+    missing = [f for f in CHANGE_STAMP if f.name not in have.names] if have is not None else []
     if missing:  # a log from before the stamp columns gains them (NULL in its rows)
         lake.add_columns(tables.changelog, missing)
     planned = lake.version(tables.changelog)
@@ -62,7 +62,7 @@ def _attempt(lake: Lake, spec: PipelineSpec, run_id: str, settle: bool, attempt:
     aggregates = open_table(tables.aggregates, latest)
     rule = ChangelogRule.of(spec, [f.name for f in value_fields(spec)])
     schema = table_schema(spec, "changelog")  # and the columns of keys dropped since, which the log keeps
-    schema = pa.schema([*schema, *(f for f in have if f.name not in schema.names)])
+    schema = pa.schema([*schema, *(f for f in have or [] if f.name not in schema.names)])
     told = [_told(aggregates, rule, schema, v) for v in range(first, latest + 1)]
     rows = pa.concat_tables([t for t in told if t is not None] or [schema.empty_table()], promote_options="default")
     if not rows.num_rows and latest - first < RESCAN and not settle:  # nothing to tell: a rerun changes no table

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs.key_match import arrow_join, join_on_keys
+from spark_jobs.windows.base import TS
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -128,7 +129,7 @@ class ChangelogRule:
         group = list(self.group)
         if first_seen is None or not group:  # none (the rows go in identity order), or one for every row
             seen = first_seen.column(FIRST_SEEN)[0].as_py() if first_seen is not None and first_seen.num_rows else None
-            return rows.append_column(FIRST_SEEN, pa.repeat(pa.scalar(seen, pa.timestamp("us", tz="UTC")), rows.num_rows))
+            return rows.append_column(FIRST_SEEN, pa.repeat(pa.scalar(seen, TS), rows.num_rows))
         index = rows.append_column("_row", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
         joined = arrow_join(index.select([*group, "_row"]), first_seen, group, "left outer")
         order = np.argsort(joined.column("_row").to_numpy())
