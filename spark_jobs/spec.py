@@ -116,10 +116,6 @@ class PipelineSpec:
         """Group keys plus the window bounds: one row per value of these in ``aggregates``."""
         return self.group_by + self.window.bounds
 
-    @property
-    def table_root(self) -> str:
-        return f"{self.lake.rstrip('/')}/{self.name}"
-
     def with_paths(self, *, lake: str | None = None, source_path: str | None = None) -> PipelineSpec:
         source = self.source if source_path is None else dataclasses.replace(self.source, path=_abs(source_path, None))
         return dataclasses.replace(self, source=source, lake=self.lake if lake is None else _abs(lake, None))

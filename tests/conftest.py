@@ -106,30 +106,34 @@ def inspect_lake(inspect_spec) -> str:
 
 # The files that take longest (minutes: a cluster, a scheduler, kill -9 loops), longest first. pytest-xdist's
 # --dist loadfile hands out files in collection order, so starting these first keeps one worker from being
-# handed a long file at the end while the other idles (longest-processing-time-first scheduling).
+# handed a long file at the end while the others idle (longest-processing-time-first scheduling).
 LONGEST_FIRST = (
     "tests/airflow/test_batch_dag.py",
     "tests/integration/test_cluster.py",
-    "tests/e2e/test_crash_recovery.py",
-    "tests/integration/test_cdc_distinct.py",
     "tests/integration/test_stream_engines.py",
     "tests/e2e/test_stream_recovery.py",
-    "tests/integration/test_stream.py",
-    "tests/integration/test_sessions_all_rows.py",
-    "tests/integration/test_peer_cases.py",
     "tests/integration/test_sessions.py",
-    "tests/integration/test_batch_oracle.py",
-    "tests/integration/test_peer_cases_spark.py",
-    "tests/integration/test_null_keys.py",
+    "tests/e2e/test_crash_recovery.py",
+    "tests/integration/test_stream.py",
+    "tests/integration/test_cdc_distinct.py",
     "tests/integration/test_evolution.py",
+    "tests/integration/test_null_keys.py",
+    "tests/integration/test_sessions_all_rows.py",
     "tests/integration/test_rollup_tables.py",
-    "tests/airflow/test_stream_dag.py",
     "tests/integration/test_cumulative.py",
-    "tests/e2e/test_lake_view.py",
-    "tests/integration/test_evolution_property.py",
-    "tests/integration/test_server.py",
+    "tests/integration/test_peer_cases.py",
+    "tests/integration/test_peer_cases_cdc.py",
     "tests/integration/test_changelog_fold.py",
-    "tests/airflow/test_dag_factory.py",
+    "tests/integration/test_batch_oracle.py",
+    "tests/integration/test_bad_files.py",
+    "tests/airflow/test_stream_dag.py",
+    "tests/integration/test_bad_input.py",
+    "tests/integration/test_idempotence.py",
+    "tests/integration/test_peer_cases_spark.py",
+    "tests/airflow/test_quality.py",
+    "tests/integration/test_server.py",
+    "tests/integration/test_writers_at_once.py",
+    "tests/airflow/test_maintenance.py",
 )
 
 

@@ -38,7 +38,6 @@ class Builtin(AggregateFunction[Any, Any]):
     column_required: ClassVar[bool] = True
     numeric_only: ClassVar[bool] = False
     args_allowed: ClassVar[tuple[str, ...]] = ()
-    uses_event_time: ClassVar[bool] = False
     map_view: ClassVar[bool] = False  # its partial phase is a keyed aggregation (spark_partial_frame), not expressions
 
     def __init__(self, name: str, columns: Sequence[str] = (), args: Mapping[str, Any] | None = None,

@@ -17,7 +17,6 @@ __all__ = ["First", "Last"]
 class _ByEventTime(Builtin):
     """The accumulator is the struct (event time, value): ordered structs make both phases a plain ``min``/``max``."""
 
-    uses_event_time = True
     _pick: ClassVar[Any]
 
     def acc_types(self) -> list[pa.DataType]:

@@ -95,16 +95,20 @@ def partial_aggregate(rows: DataFrame, compiled: CompiledAggregates, *, extra_ke
 
 
 def final_aggregate(partials: DataFrame, compiled: CompiledAggregates, *, extra_keys: Sequence[str] = (),
-                    extra_aggs: Sequence[Column] = ()) -> DataFrame:
-    """Reduce phase over partial rows: keys, one value column per aggregate, merged accumulators."""
+                    extra_aggs: Sequence[Column] = (), alone: bool = False) -> DataFrame:
+    """Reduce phase over partial rows: keys, one value column per aggregate, merged accumulators. ``alone``: each
+    row is a group of its own, so a built-in's merge is the row itself: no grouping (nor sketch merge) runs."""
+    assert not (alone and extra_aggs), "a row alone is not grouped: no extra aggregates"
     keys = [*extra_keys, *compiled.spec.key_columns]
-    exprs = [F.sum("n_rows").alias("n_rows")]
+    exprs = [F.col("n_rows") if alone else F.sum("n_rows").alias("n_rows")]
     if SPEC_VERSION in partials.columns:  # rows from before the lake recorded its spec are its first version
-        exprs.append(F.min(F.coalesce(F.col(SPEC_VERSION), F.lit(ADOPTED))).cast("bigint").alias(SPEC_VERSION))
+        version = F.coalesce(F.col(SPEC_VERSION), F.lit(ADOPTED))
+        exprs.append((version if alone else F.min(version)).cast("bigint").alias(SPEC_VERSION))
     for b, impl in compiled.native:
         accs = [F.col(c) for c in b.acc_columns]
-        exprs.extend(c.alias(n) for c, n in zip(impl.spark_merge(accs), b.acc_columns, strict=True))
-    merged = partials.groupBy(*keys).agg(*exprs, *extra_aggs)
+        exprs.extend(c.alias(n) for c, n in zip(accs if alone else impl.spark_merge(accs), b.acc_columns,
+                                                strict=True))
+    merged = partials.select(*keys, *exprs) if alone else partials.groupBy(*keys).agg(*exprs, *extra_aggs)
     if compiled.retracting and not extra_keys:  # every row of the key was retracted: the key is gone
         merged = merged.where(F.col("n_rows") != 0)
     if compiled.udafs:

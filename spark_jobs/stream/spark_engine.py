@@ -108,11 +108,16 @@ class SparkEngine:
 
     def _values(self, reach: Reach, live: DataFrame) -> DataFrame:
         """The served rows the batch reaches, before (``_after`` false) and after it, in one aggregation."""
-        before = reach.stored.select(*self.partial_columns)
+        before, live = reach.stored.select(*self.partial_columns), live.select(*self.partial_columns)
+        apart = self.kind.alone(live, before, self.group)
+        alone, live = apart if apart is not None else (None, live)
         sides = before.withColumn("_after", F.lit(False)).unionByName(
-            before.unionByName(live.select(*self.partial_columns)).withColumn("_after", F.lit(True)))
-        return self._cache(final_aggregate(self.kind.serve(sides, ["_after", *self.group]), self.compiled,
-                                           extra_keys=["_after"]))
+            before.unionByName(live).withColumn("_after", F.lit(True)))
+        values = final_aggregate(self.kind.serve(sides, ["_after", *self.group]), self.compiled, extra_keys=["_after"])
+        if alone is not None:
+            values = values.unionByName(final_aggregate(alone.withColumn("_after", F.lit(True)), self.compiled,
+                                                        extra_keys=["_after"], alone=True))
+        return self._cache(values)
 
     def _state(self, state: DataFrame, groups: DataFrame, closes: dt.datetime | None) -> DataFrame:
         """The new state: the stored rows the batch touches merged with its rows once; closed windows leave."""

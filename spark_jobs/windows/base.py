@@ -187,6 +187,11 @@ class WindowKind(ABC):
         rows = stored.read(days[0] if days else None, days[1] if days else None, None)
         return Reach(self.within(rows, changed, keys), touched, prune, days)
 
+    def alone(self, changed: DataFrame, stored: DataFrame, keys: Sequence[str]) -> tuple[DataFrame, DataFrame] | None:
+        """The ``changed`` stored rows apart: those that are each a served row as they are (no other changed row
+        nor any of ``stored`` merges with them) and the rest; None: no test cheaper than the merge itself."""
+        return None
+
     def reach_in_state(self, changed: DataFrame, state: DataFrame, keys: Sequence[str]) -> Reach:
         """Where the state holds served rows whole: the ones the ``changed`` stored rows merge with."""
         raise NotImplementedError(f"the stream's state of {self} windows holds stored rows")

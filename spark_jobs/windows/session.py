@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Sessions"]
 
+_CUT = ("_session_start", "_session_end")  # the bounds of a cut made to find late rows
+
 _EXPLAIN = {
     "combine": "sessions: per key, events ordered by time; a new session after a gap of more than {gap}; "
                "window_start = first event, window_end = last event + {gap}",
@@ -77,7 +79,11 @@ class Sessions(WindowKind):
 
     # ------------------------------------------------------------------ Spark forms
     def assign(self, rows: DataFrame, *, event_time: str, keys: Sequence[str]) -> DataFrame:
-        """Gaps and islands: each event is a session ``[t, t + gap)``, merged as :meth:`serve` merges partials."""
+        """Gaps and islands: each event is a session ``[t, t + gap)``, merged as :meth:`serve` merges partials. Rows
+        :meth:`with_late` cut keep its sessions: a valid row that is not late is in the same one (its session holds
+        valid rows that are not late alone), and the others' bounds are never read."""
+        if _CUT[0] in rows.columns:
+            return rows.withColumnsRenamed(dict(zip(_CUT, self.bounds, strict=True)))
         t = F.col(event_time)
         end = F.timestamp_micros(F.unix_micros(t) + F.lit(self.gap.micros))
         return self.serve(rows.withColumns({"window_start": t, "window_end": end}), keys)
@@ -104,7 +110,8 @@ class Sessions(WindowKind):
         (Flink also counts a row whose own session closed when it bridges into an open session of an earlier batch;
         here the day's batch combine counts that one)."""
         cut = self.assign(rows.withColumn("_valid", valid), event_time=event_time, keys=[*keys, "_valid"])
-        return cut.withColumn("_late", F.col("_valid") & ~self.is_open(watermark)).drop(*self.bounds, "_valid")
+        cut = cut.withColumn("_late", F.col("_valid") & ~self.is_open(watermark)).drop("_valid")
+        return cut.withColumnsRenamed(dict(zip(self.bounds, _CUT, strict=True)))  # for :meth:`assign`
 
     def is_open(self, watermark: dt.datetime) -> Column:
         """An event at the watermark still joins a session ending there."""
@@ -139,16 +146,30 @@ class Sessions(WindowKind):
         the ones that merge with them are the served rows replaced, as they are; nothing else is read."""
         group = list(keys)
         known = self.within(state, changed, group)
-        reached = _holding(self, group, known, changed).persist()
+        reached = _holding(self, group, known, self.within(changed, known, group)).persist()
         stored = _inside(known, reached, group).persist()
         return Reach(stored, stored.select(*group, *self.bounds), cached=(reached, stored))
+
+    def alone(self, changed: DataFrame, stored: DataFrame, keys: Sequence[str]) -> tuple[DataFrame, DataFrame] | None:
+        """A batch's partial session within one day is its session's one row (a batch's rows are cut into sessions
+        before they are split by day); it is served as it is when no stored session of its key is in reach (most
+        sessions of a batch: each would otherwise be sorted, merged and its sketches rebuilt alone)."""
+        if not keys:
+            return None
+        group = list(keys)
+        last = F.col("window_end") - F.expr(f"INTERVAL {self.gap.seconds} SECONDS")
+        one_day = F.to_date("window_start") == F.to_date(last)
+        held = F.broadcast(stored.select(*group).distinct())
+        within = changed.where(one_day)
+        return (join_on_keys(within, held, group, "left_anti"),
+                changed.where(~one_day).unionByName(join_on_keys(within, held, group, "left_semi")))
 
     def next_state(self, state: DataFrame, served: DataFrame, keys: Sequence[str], columns: Sequence[str], *,
                    day: str) -> DataFrame:
         """The open sessions after a batch: the ``served`` (merged) sessions it reached, as state rows, and the
         state's sessions that none of them covers (a served one absorbed every state session it touches)."""
         group = list(keys)
-        reached = _holding(self, group, state, served)
+        reached = _holding(self, group, state, self.within(served, state, group))  # only a state key's can cover
         covered = _inside(state, reached, group).select(*group, *self.bounds)
         kept = join_on_keys(state, covered, [*group, *self.bounds], "left_anti")
         fresh = served.withColumns({day: F.lit(None).cast("date"),  # no day: one row holds a session's days

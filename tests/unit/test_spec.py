@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from spark_jobs.errors import SpecError
+from spark_jobs.lake import PipelineTables
 from spark_jobs.spec import Duration, PipelineSpec, load_spec, parse_duration, parse_spec
 from spark_jobs.windows import Cumulative, Hopping, Sessions, Tumbling
 
@@ -89,7 +90,6 @@ def test_sample_spec_paths_resolve_against_the_spec_directory() -> None:
     spec_dir = SAMPLE.parent.resolve()
     assert spec.source.path == str((spec_dir / "../data/landing/page_views").resolve())
     assert spec.lake == str((spec_dir / "../data/lake").resolve())
-    assert spec.table_root == f"{spec.lake}/page_views"
 
 
 def test_relative_paths_resolve_against_the_spec_file_not_the_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -144,7 +144,7 @@ def test_uri_paths_are_kept_verbatim(tmp_path: Path) -> None:
     spec = parse(raw_spec(uris), tmp_path)
     assert spec.source.path == "s3://bucket/landing"
     assert spec.lake == "s3://bucket/lake/"
-    assert spec.table_root == "s3://bucket/lake/page_views"
+    assert PipelineTables(spec.lake, spec.name).aggregates == "s3://bucket/lake/page_views/aggregates"
 
 
 def test_the_base_spec_is_valid(tmp_path: Path) -> None:
