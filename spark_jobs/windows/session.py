@@ -156,13 +156,10 @@ class Sessions(WindowKind):
         sessions of a batch: each would otherwise be sorted, merged and its sketches rebuilt alone)."""
         if not keys:
             return None
-        group = list(keys)
-        last = F.col("window_end") - F.expr(f"INTERVAL {self.gap.seconds} SECONDS")
-        one_day = F.to_date("window_start") == F.to_date(last)
-        held = F.broadcast(stored.select(*group).distinct())
-        within = changed.where(one_day)
-        return (join_on_keys(within, held, group, "left_anti"),
-                changed.where(~one_day).unionByName(join_on_keys(within, held, group, "left_semi")))
+        one_day = F.to_date("window_start") == F.to_date(F.col("window_end") - F.expr(f"INTERVAL {self.gap.spark}"))
+        within, held = changed.where(one_day), F.broadcast(stored.select(*keys).distinct())
+        rest = changed.where(~one_day).unionByName(join_on_keys(within, held, keys, "left_semi"))
+        return join_on_keys(within, held, keys, "left_anti"), rest
 
     def next_state(self, state: DataFrame, served: DataFrame, keys: Sequence[str], columns: Sequence[str], *,
                    day: str) -> DataFrame:
