@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Sessions"]
 
-_CUT = ("_session_start", "_session_end")  # the bounds of a cut made to find late rows
+_CUT = ("_session_start", "_session_end")  # the bounds of the late-row cut (no spec column starts with "_")
 
 _EXPLAIN = {
     "combine": "sessions: per key, events ordered by time; a new session after a gap of more than {gap}; "
