@@ -33,7 +33,7 @@ from airflow.sdk import DAG, Asset, CronDataIntervalTimetable, Param, task
 from spark_jobs_airflow import DATE, LandingPartitionSensor, SparkJobOperator, aggregates_pool, load_specs, specs_folder
 from spark_jobs_airflow.conditions import skip_unchanged_day
 
-from spark_jobs.spec import PipelineSpec
+from spark_jobs.spec import PipelineSpec, load_spec
 
 START = dt.datetime.fromisoformat(os.environ.get("SPARK_JOBS_START_DATE", "2024-03-01")).replace(tzinfo=dt.UTC)
 END = (dt.datetime.fromisoformat(os.environ["SPARK_JOBS_END_DATE"]).replace(tzinfo=dt.UTC)
@@ -120,7 +120,6 @@ def maintenance_dag(specs: list[PipelineSpec]) -> DAG:
             def maintain(pipeline: str = spec.origin) -> list[str]:
                 """Compact, vacuum and checkpoint through delta-rs (no Spark)."""
                 from spark_jobs.lake.maintenance import maintain as run_maintenance
-                from spark_jobs.spec import load_spec
 
                 loaded = load_spec(pipeline)
                 return [entry.summary() for entry in run_maintenance(loaded.lake, loaded.name)]

@@ -181,6 +181,13 @@ class _Checker:
                 self.add(f"{field}.{key}" if field else key, "is required")
         return dict(value)
 
+    def duration(self, value: Any, field: str) -> Duration | None:
+        try:
+            return parse_duration(value)
+        except ValueError as exc:
+            self.add(field, str(exc))
+            return None
+
 
 def parse_spec(raw: Any, *, origin: str = "<memory>", base_dir: Path | None = None) -> PipelineSpec:
     """Validate a spec mapping (as loaded from YAML) into a :class:`PipelineSpec`: each section's ``_check_*``
@@ -355,11 +362,8 @@ def _check_stream(c: _Checker, raw: Any) -> StreamSpec:
         c.add("stream.max_files_per_batch", f"bad value {mfpb!r}; use a whole number >= 1")
     kwargs: dict[str, Any] = {"max_files_per_batch": mfpb}  # a bad value is never used: the spec is refused
     for key in ("trigger", "watermark"):
-        if key in s:
-            try:
-                kwargs[key] = parse_duration(s[key])
-            except ValueError as exc:
-                c.add(f"stream.{key}", str(exc))
+        if key in s and (duration := c.duration(s[key], f"stream.{key}")) is not None:
+            kwargs[key] = duration
     return StreamSpec(**kwargs)
 
 
@@ -384,12 +388,7 @@ def _check_rollups(c: _Checker, raw: Any, keys: tuple[str, ...], window: WindowK
             c.add(f"{field}.name", f"bad name {name!r}; use lower-case letters, digits and '_', e.g. daily")
         elif name in {x.name for x in out}:
             c.add(f"{field}.name", f"rollup {name!r} is declared twice; give each rollup its own name")
-        grain = None
-        if r.get("grain") is not None:
-            try:
-                grain = parse_duration(r["grain"])
-            except ValueError as exc:
-                c.add(f"{field}.grain", str(exc))
+        grain = c.duration(r["grain"], f"{field}.grain") if r.get("grain") is not None else None
         if grain is not None and tile is not None and grain.seconds % tile.seconds:
             c.add(f"{field}.grain", f"grain {grain} is not a whole number of {tile} windows; a window would "
                                     "fall in two buckets")

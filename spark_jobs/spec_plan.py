@@ -111,20 +111,15 @@ def compare(old: PipelineSpec, new: PipelineSpec) -> Diff:
 
 def _source_changes(old: PipelineSpec, new: PipelineSpec, changes: list[Change]) -> tuple[bool, bool]:
     """How rows are read and typed: (the layout resets, every day is recounted)."""
-    reset = False
     o_src, n_src = normalise(old)["source"], normalise(new)["source"]
-    for key in _READ:
-        if o_src.get(key) != n_src.get(key):
-            reset = True
-            changes.append(Change("raw", f"source.{key}", f"source.{key} {o_src.get(key)} -> {n_src.get(key)}",
-                                  f"the rows are read differently: {RECOMBINE}"))
     o_cols, n_cols = old.source.columns, new.source.columns
-    for col in sorted(set(o_cols) & set(n_cols)):
-        if o_cols[col] != n_cols[col]:
-            reset = True
-            changes.append(Change("raw", f"source.schema.{col}", f"column {col}: {o_cols[col]} -> {n_cols[col]}",
-                                  f"values are typed differently: {RECOMBINE}"))
-    recount = set(n_cols) != set(o_cols)
+    resets = [Change("raw", f"source.{key}", f"source.{key} {o_src.get(key)} -> {n_src.get(key)}",
+                     f"the rows are read differently: {RECOMBINE}")
+              for key in _READ if o_src.get(key) != n_src.get(key)]
+    resets += [Change("raw", f"source.schema.{col}", f"column {col}: {o_cols[col]} -> {n_cols[col]}",
+                      f"values are typed differently: {RECOMBINE}")
+               for col in sorted(set(o_cols) & set(n_cols)) if o_cols[col] != n_cols[col]]
+    changes += resets
     changes += [Change("raw", f"source.schema.{col}", f"column {col} ({n_cols[col]}) added", "rows whose value cannot "
                        "be read as that type are rejected from now on; recombine to count every day so")
                 for col in sorted(set(n_cols) - set(o_cols))]
@@ -134,7 +129,7 @@ def _source_changes(old: PipelineSpec, new: PipelineSpec, changes: list[Change])
     changes += [Change("settings", f"source.{key}", f"source.{key} {o_src.get(key)} -> {n_src.get(key)}",
                        "applies to the next runs") for key in sorted(set(o_src) | set(n_src))
                 if key not in (*_READ, "schema", "null_keys") and o_src.get(key) != n_src.get(key)]
-    return reset, recount
+    return bool(resets), set(n_cols) != set(o_cols)
 
 
 def _null_key_change(old: PipelineSpec, new: PipelineSpec, changes: list[Change]) -> bool | None:
@@ -245,7 +240,7 @@ class Plan:
 
     def commands(self) -> list[str]:
         """The commands that recombine the days: an Airflow backfill of the batch DAG, or the CLI."""
-        return [c for first, last in _ranges([d.date for d in self.days]) for c in (
+        return [c for first, last in day_ranges([d.date for d in self.days]) for c in (
             f"airflow backfill create --dag-id {self.pipeline}_batch --from-date {first} --to-date {last}",
             f"python -m spark_jobs run --pipeline {self.spec_origin} --from {first} --to {last}")]
 
@@ -262,8 +257,7 @@ class Plan:
             return "\n".join([f"{self.pipeline}: no lake at {self.lake}/{self.pipeline} yet; the first job creates "
                               "these tables and records this spec as version 1:",
                               *(f"  {t}: {', '.join(cols)}" for t, cols in self.new_tables.items())])
-        if self.unchanged:
-            assert self.current is not None
+        if self.unchanged and self.current is not None:
             return (f"{self.pipeline}: the lake is at spec version {self.current.version}, the same as "
                     f"{self.spec_origin}; nothing to apply" + self._left())
         lines = [f"{self.pipeline}: spec version {self.current.version if self.current else '-'} -> {self.version}"
@@ -297,7 +291,7 @@ class Plan:
         return "\n".join(lines)
 
 
-def _ranges(days: Sequence[str]) -> list[tuple[str, str]]:
+def day_ranges(days: Sequence[str]) -> list[tuple[str, str]]:
     """Consecutive dates as (first, last) ranges."""
     out: list[tuple[str, str]] = []
     for d in sorted(days):

@@ -91,8 +91,7 @@ def _strict_query(request: Request) -> None:
 
 
 def _is_api(request: Request) -> bool:
-    root, path = request.scope.get("root_path", ""), request.url.path
-    return (path[len(root):] if root and path.startswith(root) else path).startswith("/api/")
+    return request.url.path.removeprefix(request.scope.get("root_path", "")).startswith("/api/")
 
 
 def _url_for(request: Request) -> Callable[..., str]:

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from spark_jobs.errors import InspectError, LakeError
 from spark_jobs.inspection.where import TIME_PATTERN, parse_where
 from spark_jobs.key_match import arrow_join
-from spark_jobs.lake import GUARD_PREFIX
+from spark_jobs.lake import GUARD_PREFIX, PipelineTables
 from spark_jobs.lake.reader import READ_ERRORS, CommitChange, Snapshot, commit_time, is_table, open_table
 from spark_jobs.lake.runs_table import dead_letter_rows_by_run, read_runs
 from spark_jobs.lake.tables import TABLES, is_table_name
@@ -568,7 +568,6 @@ def series(ref: TableRef, *, metric: str, version: int | None = None, where: str
 def coverage(spec: PipelineSpec, record: RecordedSpec) -> pa.Table:
     """Per aggregate: the spec version it is covered from, and the event days whose partials hold it or not
     (an aggregate is NULL in the windows of the days it is not covered by, until they are recombined)."""
-    from spark_jobs.lake import PipelineTables
     from spark_jobs.lake.coverage import day_versions
     from spark_jobs.spec_plan import pending_days
 
@@ -587,13 +586,9 @@ def coverage(spec: PipelineSpec, record: RecordedSpec) -> pa.Table:
 
 def _day_ranges(days: Sequence[str]) -> str:
     """``2024-03-01..2024-03-03, 2024-03-05``: consecutive days as ranges."""
-    out: list[list[str]] = []
-    for d in sorted(days):
-        if out and (dt.date.fromisoformat(d) - dt.date.fromisoformat(out[-1][-1])).days == 1:
-            out[-1].append(d)
-        else:
-            out.append([d])
-    return ", ".join(r[0] if len(r) == 1 else f"{r[0]}..{r[-1]}" for r in out)
+    from spark_jobs.spec_plan import day_ranges
+
+    return ", ".join(first if first == last else f"{first}..{last}" for first, last in day_ranges(days))
 
 
 def spec_versions(lake: str, pipeline: str) -> pa.Table:

@@ -41,9 +41,9 @@ from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Tra
 from spark_jobs._failpoints import failpoint
 from spark_jobs.durations import utc
 from spark_jobs.errors import ConflictError, LakeError, SpecChangedError
-from spark_jobs.key_match import join_on_keys
+from spark_jobs.key_match import join_on_keys, key_mask
 from spark_jobs.lake._types import GUARD_PREFIX, AppTxn, Cluster, Commit, DataFile
-from spark_jobs.lake.arrow import key_mask, split_by, split_rows
+from spark_jobs.lake.arrow import split_by, split_rows
 from spark_jobs.lake.tables import is_spec_shaped
 
 if TYPE_CHECKING:
@@ -115,9 +115,8 @@ def _file_stats(path: str) -> tuple[int, str]:
     mins: dict[str, Any] = {}
     maxs: dict[str, Any] = {}
     nulls: dict[str, int] = {}
-    schema = meta.schema
     for ci in range(meta.num_columns):
-        col_path = schema.column(ci).path
+        col_path = meta.schema.column(ci).path
         if "." in col_path:  # nested: Delta wants nested maps; skip rather than guess
             continue
         lo = hi = None
@@ -372,7 +371,7 @@ class EmbeddedLake:
         local = _local(path)
         props = CommitProperties(custom_metadata=_meta(metadata))
         write_deltalake(local, table, mode="append", commit_properties=props, schema_mode="merge")
-        return Commit(DeltaTable(local).version(), files_added=1, files_removed=0, rows_added=table.num_rows)
+        return Commit(DeltaTable(local).version(), rows_added=table.num_rows)
 
     # ---------------------------------------------------------------- internal
     def _commit_df(self, df: DataFrame | pa.Table | list[pa.Table], path: str, *, partition_by: Sequence[str] = (),
@@ -400,8 +399,7 @@ class EmbeddedLake:
                        overwrite, metadata, self._app_txns(path, app_txn, app_txns))
         self._commit_retrying(write, snapshot)
         failpoint(f"commit:{name}:after")
-        return Commit(DeltaTable(_local(path)).version(), files_added=len(staged), files_removed=len(removes),
-                      rows_added=sum(rows for _, rows in staged))
+        return Commit(DeltaTable(_local(path)).version(), rows_added=sum(rows for _, rows in staged))
 
     def _app_txns(self, path: str, app_txn: AppTxn | None, app_txns: Sequence[AppTxn]) -> list[Transaction]:
         """The input versions a commit records, and on a spec-shaped table the spec version (unless in ``app_txns``)."""
@@ -594,9 +592,8 @@ def _layout(rows: DataFrame | pa.Table, cluster: Cluster | None) -> DataFrame | 
         return split_by(rows, cluster.column, cluster.files) if cluster else [rows]
     if cluster is None:
         return rows
-    if cluster.by == "hash":
-        return rows.repartition(max(1, cluster.files), cluster.column)
-    return rows.repartitionByRange(max(1, cluster.files), cluster.column)
+    repartition = rows.repartition if cluster.by == "hash" else rows.repartitionByRange
+    return repartition(max(1, cluster.files), cluster.column)
 
 
 def _merge_keys_arrow(rows: pa.Table, touched: pa.Table, root: str, keys: list[str], files: list[str],

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_type
 
 from spark_jobs._failpoints import failpoint
 from spark_jobs.errors import ConflictError
@@ -130,8 +132,6 @@ class SparkDeltaLake(EmbeddedLake):
         return self._save(writer.option("overwriteSchema", "true"), path)
 
     def add_columns(self, path: str, fields: Sequence[pa.Field], *, app_txns: Sequence[AppTxn] = ()) -> Commit:
-        from pyspark.sql.pandas.types import from_arrow_type
-
         have = set((self.schema(path) or pa.schema([])).names)
         new = [f for f in fields if f.name not in have]
         if new:
@@ -161,7 +161,6 @@ class SparkDeltaLake(EmbeddedLake):
         """MERGE reads the latest snapshot: a job that planned from an older one (``read_version``)
         conflicts up front; Delta's own checks cover commits after the MERGE's snapshot."""
         from delta.tables import DeltaTable
-        from pyspark.sql import functions as F
 
         rows = self._df(rows)
         current = self._unmoved(path, read_version, "write")

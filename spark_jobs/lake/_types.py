@@ -36,8 +36,6 @@ class Commit:
     """What one write did; ``version`` is the table version it produced."""
 
     version: int | None
-    files_added: int = 0
-    files_removed: int = 0
     rows_added: int = 0
 
 

@@ -1,20 +1,19 @@
-"""Arrow helpers for rows the driver holds: key matching, file layout, reading data files."""
+"""Arrow helpers for rows the driver holds: file layout, reading data files."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from urllib.parse import unquote, urlparse
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from spark_jobs.key_match import key_mask
 from spark_jobs.lake._types import DataFile
+from spark_jobs.lake.storage import local_path
 
-__all__ = ["key_mask", "read_data_files", "split_by", "split_rows"]
+__all__ = ["read_data_files", "split_by", "split_rows"]
 
 
 def split_by(table: pa.Table, column: str, files: int) -> list[pa.Table]:
@@ -43,11 +42,9 @@ def read_data_files(root: str, files: Sequence[DataFile], schema: pa.Schema) -> 
     """The rows of some data files of a local Delta table without delta-rs (a forked worker cannot use it):
     each Parquet file with its partition values as columns, as ``schema``. Only for a table whose protocol
     needs no reader feature (no deletion vectors or column mapping); a column the file lacks reads NULL."""
-    if root.startswith("file:"):
-        root = unquote(urlparse(root).path)
     tables = []
     for f in files:
-        table = pq.read_table(os.path.join(root, f.path))
+        table = pq.read_table(os.path.join(local_path(root), f.path))
         for name, value in f.partition_values.items():
             kind = schema.field(name).type
             scalar = pa.scalar(None, kind) if value is None else pa.scalar(value).cast(kind)

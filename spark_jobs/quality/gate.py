@@ -42,6 +42,7 @@ from spark_jobs.phases.compiled import CompiledAggregates
 from spark_jobs.quality.suites import coverage_columns, input_expectations, output_expectations
 from spark_jobs.quality.thresholds import QualityRules, load_rules
 from spark_jobs.spec import PipelineSpec
+from spark_jobs.windows.base import F
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -190,8 +191,6 @@ class InputSuite(Suite):
     needs_date = True
 
     def check(self, run: GateRun) -> Validated:
-        from pyspark.sql import functions as F
-
         spec, rules, date = run.spec, run.rules, run.date
         assert date is not None, "validate() refuses the input suite without a date"
         try:
@@ -282,8 +281,6 @@ def _cached_checks(df: DataFrame, checks: Callable[[DataFrame], list[Check]]) ->
 
 def _schema_rejects(spark: SparkSession, spec: PipelineSpec, date: str, exc: SchemaMismatchError) -> Validated:
     """The schema checks (without GX: nothing else can run) of a partition whose files mismatch, every row rejected."""
-    from pyspark.sql import functions as F
-
     files = spark.read.format(spec.source.format).load(spec.source.partition_path(date))
     have = files.columns
     checks = [Check("expect_column_to_exist", f"schema: source.schema declares {c} ({t})", c in have,
@@ -308,8 +305,6 @@ def _in_day(f: DataFile, date: str) -> bool:
 
 
 def _n_rows(df: DataFrame) -> int:
-    from pyspark.sql import functions as F
-
     total = df.agg(F.sum("n_rows")).first()
     return int(total[0] or 0) if total else 0
 
@@ -370,8 +365,7 @@ def _rollup_checks(run: GateRun) -> list[Check]:
 def _rollback_day(run: GateRun, date: str) -> tuple[int, int | None]:
     """Put back the day's batch partials that ``aggregates`` was built from; (rows restored, commit version)."""
     lake, tables = run.lake, run.tables
-    consumed = lake.txn_version(tables.aggregates, reduce_app_id(run.spec)) \
-        if lake.version(tables.aggregates) is not None else None
+    consumed = lake.txn_version(tables.aggregates, reduce_app_id(run.spec))  # None without an aggregates table
     old = [f.path for f in lake.files(tables.partials, consumed) if _in_day(f, date)] if consumed is not None else []
     if old and lake.missing_files(tables.partials, old):
         raise LakeError(f"cannot roll {date} back in {tables.partials}: the files of version {consumed} are "

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from spark_jobs.lake.layout import ADOPTED, SPEC_VERSION
 from spark_jobs.quality.thresholds import QualityRules, Range
 from spark_jobs.spec import PipelineSpec
+from spark_jobs.windows.base import F
 
 if TYPE_CHECKING:
     from great_expectations.expectations import Expectation
@@ -30,8 +31,6 @@ UNCOVERED = "_uncovered_"  # + aggregate: its value where the row predates it (m
 def coverage_columns(compiled: CompiledAggregates, columns: Sequence[str]) -> list[Column]:
     """Per aggregate added by a spec change, its value in the rows older than it: NULL unless a partial
     value leaked (the outputs suite expects NULL)."""
-    from pyspark.sql import functions as F
-
     return [F.when(F.col(SPEC_VERSION) < since, F.col(name)).alias(f"{UNCOVERED}{name}")
             for name, since in compiled.coverage.items() if since > ADOPTED and name in columns
             ] if SPEC_VERSION in columns else []
