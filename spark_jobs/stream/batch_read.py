@@ -18,6 +18,7 @@ from spark_jobs.jobs.landing_files import Screen, spark_read_error
 from spark_jobs.lake.layout import SPEC_VERSION
 from spark_jobs.lake.spec_record import RecordedSpec
 from spark_jobs.lake.table_rules import DAY
+from spark_jobs.persisted import persisted
 from spark_jobs.phases import CompiledAggregates, partial_aggregate
 from spark_jobs.spark_failures import spark_errors
 from spark_jobs.spec import PipelineSpec
@@ -56,9 +57,9 @@ class BatchReader:
         read = BatchRead(combined)
         try:
             if not (expected and read.collect(bounded=fits)):
-                combined.persist(StorageLevel.MEMORY_AND_DISK)
+                read.combined = persisted(combined, StorageLevel.MEMORY_AND_DISK)
                 valid = F.col(_BAD).isNull()
-                read.counted(combined.agg(
+                read.counted(read.combined.agg(
                     F.sum(F.when(valid, F.col("_rows"))).alias("rows"), F.count(F.when(~valid, 1)).alias("rejected"),
                     F.min(F.when(valid, F.col("_first_seen"))).alias("low"), F.count(F.when(valid, 1)).alias("keys"),
                     F.max(F.when(valid, F.col("max_event_time"))).alias("high"),

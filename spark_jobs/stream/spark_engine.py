@@ -13,6 +13,7 @@ from spark_jobs.key_match import join_on_keys
 from spark_jobs.lake import Lake, PipelineTables
 from spark_jobs.lake.layout import SPEC_VERSION
 from spark_jobs.lake.table_rules import DAY, STREAM, counted_files
+from spark_jobs.persisted import persisted
 from spark_jobs.phases import CompiledAggregates, final_aggregate
 from spark_jobs.phases.changelog_rule import FIRST_SEEN, ChangelogRule
 from spark_jobs.stream.open_sessions import state_answers
@@ -103,7 +104,8 @@ class SparkEngine:
         """Persisted until the batch commits (:meth:`after_commit` releases it)."""
         from pyspark import StorageLevel
 
-        self._cached.append(frame.persist(StorageLevel.MEMORY_AND_DISK))
+        frame = persisted(frame, StorageLevel.MEMORY_AND_DISK)
+        self._cached.append(frame)
         return frame
 
     def _values(self, reach: Reach, live: DataFrame) -> DataFrame:

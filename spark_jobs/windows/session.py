@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from spark_jobs.durations import Duration, utc
 from spark_jobs.key_match import join_on_keys
+from spark_jobs.persisted import persisted
 from spark_jobs.windows.base import RECOMBINE, TS, F, Grouped, Reach, Stored, WindowChange, WindowKind, ticks
 
 if TYPE_CHECKING:
@@ -135,7 +136,7 @@ class Sessions(WindowKind):
         served, version = stored.served()
         touched = changed.select(*group, *self.bounds).limit(0)
         if served is not None:
-            touched = _inside(served.select(*group, *self.bounds), reached, group).persist()
+            touched = persisted(_inside(served.select(*group, *self.bounds), reached, group))
             widen.cached.append(touched)
         found = reached.agg(F.min("_lo").alias("lo"), F.max("_hi").alias("hi")).first()
         prune = ("window_start", found["lo"], found["hi"]) if found is not None and found["lo"] is not None else None
@@ -146,8 +147,8 @@ class Sessions(WindowKind):
         the ones that merge with them are the served rows replaced, as they are; nothing else is read."""
         group = list(keys)
         known = self.within(state, changed, group)
-        reached = _holding(self, group, known, self.within(changed, known, group)).persist()
-        stored = _inside(known, reached, group).persist()
+        reached = persisted(_holding(self, group, known, self.within(changed, known, group)))
+        stored = persisted(_inside(known, reached, group))
         return Reach(stored, stored.select(*group, *self.bounds), cached=(reached, stored))
 
     def alone(self, changed: DataFrame, stored: DataFrame, keys: Sequence[str]) -> tuple[DataFrame, DataFrame] | None:
@@ -232,8 +233,8 @@ class _Widening:
             rows = self._read(done)
             if rows is not None:
                 known = rows if known is None else known.unionByName(rows)
-            reached = _holding(self.kind, self.group, self.changed.limit(0) if known is None else known,
-                               self.changed).persist()
+            reached = persisted(_holding(self.kind, self.group, self.changed.limit(0) if known is None else known,
+                                         self.changed))
             self.cached.append(reached)
             short = self._short(reached)
             bounds = short.agg(F.min("_lo").alias("lo"), F.max("_hi").alias("hi")).first()
@@ -262,7 +263,7 @@ class _Widening:
         earlier = (F.col("_lo") < F.lit(_midnight(self.lo) + self.gap)) if self.lo > first else F.lit(False)
         later = (F.col("_hi") >= F.lit(_midnight(self.hi + dt.timedelta(days=1)))) if self.hi < last else F.lit(False)
         short = join_on_keys(reached, self.pending, self.group, "left_semi") if self.group else reached
-        short = short.where(earlier | later).persist()
+        short = persisted(short.where(earlier | later))
         self.cached.append(short)
         return short
 
