@@ -104,35 +104,39 @@ def inspect_lake(inspect_spec) -> str:
     return inspect_spec.lake
 
 
-# The files that take longest (minutes: a cluster, a scheduler, kill -9 loops), longest first. pytest-xdist's
-# --dist loadfile hands out files in collection order, so starting these first keeps one worker from being
+# The files that take longest (minutes: a cluster, a scheduler, kill -9 loops), longest first, by each file's summed
+# test time in a fresh-clone CI run (its junit report). pytest-xdist's --dist loadfile (with --no-loadscope-reorder,
+# bin/test) hands out files in collection order, so starting these first keeps one worker from being
 # handed a long file at the end while the others idle (longest-processing-time-first scheduling).
 LONGEST_FIRST = (
     "tests/airflow/test_batch_dag.py",
-    "tests/integration/test_cluster.py",
     "tests/integration/test_stream_engines.py",
-    "tests/e2e/test_stream_recovery.py",
+    "tests/integration/test_cluster.py",
     "tests/integration/test_sessions.py",
-    "tests/e2e/test_crash_recovery.py",
+    "tests/e2e/test_stream_recovery.py",
     "tests/integration/test_stream.py",
-    "tests/integration/test_cdc_distinct.py",
-    "tests/integration/test_evolution.py",
+    "tests/e2e/test_crash_recovery.py",
     "tests/integration/test_null_keys.py",
+    "tests/integration/test_evolution.py",
     "tests/integration/test_sessions_all_rows.py",
     "tests/integration/test_rollup_tables.py",
+    "tests/integration/test_cdc_distinct.py",
     "tests/integration/test_cumulative.py",
-    "tests/integration/test_peer_cases.py",
-    "tests/integration/test_peer_cases_cdc.py",
-    "tests/integration/test_changelog_fold.py",
-    "tests/integration/test_batch_oracle.py",
-    "tests/integration/test_bad_files.py",
-    "tests/airflow/test_stream_dag.py",
-    "tests/integration/test_bad_input.py",
-    "tests/integration/test_idempotence.py",
-    "tests/integration/test_peer_cases_spark.py",
     "tests/airflow/test_quality.py",
+    "tests/integration/test_changelog_fold.py",
+    "tests/airflow/test_stream_dag.py",
+    "tests/integration/test_batch_oracle.py",
     "tests/integration/test_server.py",
+    "tests/integration/test_peer_cases.py",
+    "tests/integration/test_idempotence.py",
+    "tests/integration/test_peer_cases_cdc.py",
+    "tests/integration/test_peer_cases_spark.py",
+    "tests/integration/test_bad_input.py",
+    "tests/integration/test_bad_files.py",
+    "tests/e2e/test_lake_view.py",
     "tests/integration/test_writers_at_once.py",
+    "tests/integration/test_changelog_rule.py",
+    "tests/integration/test_docs_evolution.py",
     "tests/airflow/test_maintenance.py",
 )
 
