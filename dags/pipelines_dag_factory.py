@@ -110,10 +110,9 @@ def stream_dag(spec: PipelineSpec) -> DAG:
 
 def maintenance_dag(specs: list[PipelineSpec]) -> DAG:
     with DAG(
-        dag_id="lake_maintenance", schedule="@daily",
+        dag_id="lake_maintenance", schedule="@daily", tags=["spark_jobs", "maintenance"],
         description="compact small files, vacuum (168 h retention), checkpoint: every pipeline's tables",
         start_date=START, catchup=False, max_active_runs=1, is_paused_upon_creation=True, default_args=DEFAULT_ARGS,
-        tags=["spark_jobs", "maintenance"],
     ) as dag:
         for spec in specs:
             @task(task_id=f"maintain_{spec.name}")

@@ -51,8 +51,7 @@ def _session_config(args: argparse.Namespace, app: str, *, connect: bool = True)
 
 def parse_confs(confs: Sequence[str]) -> tuple[tuple[str, str], ...]:
     """``--conf spark.key=value`` options as pairs (exit 2 on anything else)."""
-    bad = [c for c in confs if "=" not in c or not c.split("=", 1)[0].startswith("spark.")]
-    if bad:
+    if bad := [c for c in confs if "=" not in c or not c.split("=", 1)[0].startswith("spark.")]:
         raise UsageError(f"bad --conf {bad[0]!r}; use --conf spark.some.key=value")
     return tuple((k, v) for k, v in (c.split("=", 1) for c in confs))
 

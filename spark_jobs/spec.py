@@ -320,8 +320,7 @@ def _check_aggregate_entry(c: _Checker, field: str, item: Any, schema: dict[str,
     """One ``aggregates[i]`` mapping as an :class:`AggregateSpec`; None when it has no usable ``fn``. Adds its
     name to ``seen``, so a later entry with the same name is reported."""
     a = c.mapping(item, field, ("name", "fn", "column", "columns", "args"), ("name", "fn"))
-    agg_name = a.get("name")
-    if agg_name is not None:
+    if (agg_name := a.get("name")) is not None:
         if not isinstance(agg_name, str) or not _NAME.match(agg_name) or "__" in agg_name:
             c.add(f"{field}.name", f"bad name {agg_name!r}; use lower-case letters, digits and single '_'")
         elif agg_name in RESERVED_COLUMNS or agg_name in schema or agg_name in seen:

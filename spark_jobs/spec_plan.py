@@ -90,8 +90,7 @@ def compare(old: PipelineSpec, new: PipelineSpec) -> Diff:
     reset, recount = _source_changes(old, new, changes)
     grouped = _null_key_change(old, new, changes)
     keys = _key_changes(old, new, changes)
-    window = old.window.change_to(new.window) if old.window != new.window else None
-    if window is not None:
+    if (window := old.window.change_to(new.window) if old.window != new.window else None) is not None:
         changes.append(Change(window.cost, "window", window.what, window.effect))
     added, dropped = _aggregate_changes(old, new, changes)
     changes += [Change("settings", f"stream.{key}", f"stream.{key} {a} -> {b}", "the stream uses it from its next "
@@ -171,8 +170,7 @@ def _aggregate_changes(old: PipelineSpec, new: PipelineSpec, changes: list[Chang
     o_aggs, n_aggs = {a.name: a for a in old.aggregates}, {a.name: a for a in new.aggregates}
     added, dropped = [], []
     for name, agg in n_aggs.items():
-        before = o_aggs.get(name)
-        if before is None:
+        if (before := o_aggs.get(name)) is None:
             added.append(name)
             changes.append(Change("raw", f"aggregates[{name}]", f"aggregate added: {_describe(agg)}", "columns added "
                                   "(no file rewritten); NULL in the windows of days not recombined since"))
@@ -264,8 +262,7 @@ class Plan:
                  + (" (adopting a lake written before spec records)" if self.current is None else "")
                  + (" (finishing an apply that was cut off)" if self.pending else "")]
         for kind, heading in HEADINGS.items():
-            entries = [c for c in self.diff.changes if c.kind == kind]
-            if entries:
+            if entries := [c for c in self.diff.changes if c.kind == kind]:
                 lines.append(f"  {heading}:")
                 lines += [f"    - {c.what}: {c.effect}" for c in entries]
         if self.table_rows:

@@ -81,12 +81,10 @@ def _blank(value: str | None) -> str | None:
 def _strict_query(request: Request) -> None:
     """400 for query parameters the route does not take, or takes once but got twice."""
     allowed = {f.alias for f in get_flat_dependant(request.scope["route"].dependant).query_params}
-    unknown = sorted(set(request.query_params.keys()) - allowed)
-    if unknown:
+    if unknown := sorted(set(request.query_params.keys()) - allowed):
         raise InspectError(f"unknown query parameter {', '.join(repr(u[:40]) for u in unknown[:5])}; "
                            f"this page takes {', '.join(sorted(allowed)) or 'none'}")
-    repeated = [k for k in allowed if len(request.query_params.getlist(k)) > 1]
-    if repeated:
+    if repeated := [k for k in allowed if len(request.query_params.getlist(k)) > 1]:
         raise InspectError(f"query parameter {repeated[0]!r} is given more than once; give it once")
 
 
@@ -168,8 +166,7 @@ def _rollup_request(ctx: _Context, name: str, version: int | None, *, start: str
     name in ``$SPARK_JOBS_PIPELINES``: a lake written before spec records) and that record, and the form."""
     pipeline, _, table = name.partition(".")
     if table != "aggregates":
-        raise InspectError(f"a rollup merges a pipeline's aggregates table, not its {table}; "
-                           f"open {pipeline}.aggregates")
+        raise InspectError(f"a rollup merges a pipeline's aggregates table, not its {table}; open {pipeline}.aggregates")
     ref = ctx.ref(name)
     try:
         spec, record = lake_spec(ctx.lake_root(), pipeline)

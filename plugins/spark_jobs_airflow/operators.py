@@ -107,9 +107,7 @@ def _master_from_connection(conn_id: str) -> str | None:
 
 def resolve_master(master: str | None = None, conn_id: str | None = "spark_default") -> str:
     """Explicit ``master``, else the Airflow connection ``conn_id``, else ``$SPARK_MASTER``, else ``local[*]``."""
-    if master:
-        return master
-    return (_master_from_connection(conn_id) if conn_id else None) or os.environ.get("SPARK_MASTER") or "local[*]"
+    return master or (conn_id and _master_from_connection(conn_id)) or os.environ.get("SPARK_MASTER") or "local[*]"
 
 
 @dataclass(frozen=True)
@@ -169,10 +167,7 @@ class SparkJobOperator(BaseOperator):
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.args = list(args)
-        self.master = master
-        self.remote = remote
-        self.conn_id = conn_id
-        self.connect_conn_id = connect_conn_id
+        self.master, self.remote, self.conn_id, self.connect_conn_id = master, remote, conn_id, connect_conn_id
         self.driver_memory = driver_memory
         self.conf = dict(conf or {})
         self.env = dict(env or {})

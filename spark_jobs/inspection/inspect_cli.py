@@ -123,8 +123,7 @@ def _pipeline(value: str, lake: str | None) -> _Pipeline:
     if not _NAME.fullmatch(value):
         raise InspectError(f"{value[:200]!r} is neither a spec file nor a pipeline name; give the path of a spec "
                            "(e.g. pipelines/page_views.yaml) or a pipeline name (e.g. page_views) with --lake")
-    root = lake or default_lake()
-    if root is None:
+    if (root := lake or default_lake()) is None:
         raise LakeError(f"pipeline name {value!r} needs the lake that records it: pass --lake DIR or set "
                         "$SPARK_JOBS_LAKE, or give the spec file instead")
     return _recorded(root, value)

@@ -119,8 +119,7 @@ def diff_to_dict(d: TableDiff) -> dict[str, Any]:
         "compared": d.compared,
         "counts": {"added": d.n_added, "removed": d.n_removed, "changed": d.n_changed, "unchanged": d.n_unchanged},
         "columns_added": d.columns_added, "columns_removed": d.columns_removed,
-        "added": d.added.to_pylist(), "removed": d.removed.to_pylist(), "changed": changed,
-    })
+        "added": d.added.to_pylist(), "removed": d.removed.to_pylist(), "changed": changed})
 
 
 def to_json(result: pa.Table | TableDiff) -> str:

@@ -146,13 +146,11 @@ def open_version(ref: TableRef, *, version: int | None = None, as_of: str | dt.d
     latest = _latest(ref)
     if as_of is not None:
         at = parse_time(as_of) if isinstance(as_of, str) else as_of
-        found = latest.version_at(at)
-        if found is None:
+        if (version := latest.version_at(at)) is None:
             history = sorted(latest.history(), key=lambda h: int(h["version"]))
             first = commit_time(history[0]).strftime("%Y-%m-%d %H:%M:%S") if history else "unknown"
             raise InspectError(f"{ref.name} has no version at or before {at:%Y-%m-%d %H:%M:%S} UTC; "
                                f"its first commit is at {first} UTC")
-        version = found
     last = latest.version()
     if version is None or version == last:
         return latest
@@ -241,8 +239,7 @@ def history(ref: TableRef, *, limit: int | None = None) -> pa.Table:
 
 
 def _check_columns(ref: TableRef, schema: pa.Schema, columns: Sequence[str], what: str = "columns") -> None:
-    unknown = [c for c in columns if c not in schema.names]
-    if unknown:
+    if unknown := [c for c in columns if c not in schema.names]:
         raise InspectError(f"unknown {what} {', '.join(repr(c) for c in unknown)} in {ref.name}; "
                            f"columns are {', '.join(schema.names)}")
 
@@ -318,11 +315,10 @@ def table_keys(ref: TableRef, table_schema: pa.Schema, *, spec: PipelineSpec | N
         return ["run_id"]
     leading = takewhile(lambda f: _plain(f.type) and not (is_number(f.type) or pa.types.is_boolean(f.type)),
                         (f for f in table_schema if f.name not in BOOKKEEPING))
-    out = [f.name for f in leading]
-    if not out:
-        raise InspectError(f"cannot tell the key columns of {ref.name}; pass --keys col1,col2 "
-                           "(or --pipeline SPEC for a pipeline table)")
-    return out
+    if out := [f.name for f in leading]:
+        return out
+    raise InspectError(f"cannot tell the key columns of {ref.name}; pass --keys col1,col2 "
+                       "(or --pipeline SPEC for a pipeline table)")
 
 
 def schema(ref: TableRef, *, version: int | None = None, spec: PipelineSpec | None = None) -> pa.Table:
@@ -419,8 +415,7 @@ def diff(ref: TableRef, *, from_version: int, to_version: int | None = None, key
     to_v = new_t.version()
     old_s, new_s = old_t.schema(), new_t.schema()
     key_cols = table_keys(ref, new_s, spec=spec, keys=keys)
-    missing = [k for k in key_cols if k not in old_s.names]
-    if missing:
+    if missing := [k for k in key_cols if k not in old_s.names]:
         raise InspectError(f"key columns {missing} are not in version {from_version} of {ref.name}; "
                            "pass --keys with columns both versions have")
     compared = [f.name for f in new_s if f.name in old_s.names and f.name not in key_cols
@@ -552,8 +547,7 @@ def series(ref: TableRef, *, metric: str, version: int | None = None, where: str
     if "window_start" not in s.names:
         raise InspectError(f"{ref.name} has no window_start column; charts need a windowed aggregates table")
     _check_columns(ref, s, [metric], "metric")
-    t = s.field(metric).type
-    if not is_number(t):
+    if not is_number(t := s.field(metric).type):
         numeric = [f.name for f in s if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)]
         raise InspectError(f"metric {metric!r} is {t}, not a number; numeric columns are {', '.join(numeric)}")
     keys = [k for k in table_keys(ref, s, spec=spec) if k not in ("window_start", "window_end")]

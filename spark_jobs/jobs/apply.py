@@ -141,8 +141,7 @@ def apply(spec: PipelineSpec, *, spark: Callable[[], SparkSession] | None = None
     with recorded_run(lake, tables, job="apply", batch=f"spec-{target.version}", run_id=run_id) as record:
         record.inputs = [spec.origin]
         result.written = _Migration(lake, spec, target, plan.diff, tables, run_id, session).run()
-        write_record(spec.lake, spec.name, dataclasses.replace(target, status=APPLIED, recorded_at=None,
-                                                               run_id=run_id))
+        write_record(spec.lake, spec.name, dataclasses.replace(target, status=APPLIED, recorded_at=None, run_id=run_id))
         refreshed = rollups.refresh(lake, CompiledAggregates(spec, target), run_id=run_id)
         result.written.update({k: v for k, v in refreshed.items() if v is not None})
         record.versions_written = dict(result.written)

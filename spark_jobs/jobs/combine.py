@@ -55,8 +55,7 @@ def batch_columns(partials: DataFrame, *, batch: str, source: str, event_date: C
                            F.lit(run_id).alias("run_id"), F.current_timestamp().alias("created_at"), SPEC_VERSION)
 
 
-def combine(rows: DataFrame, spec: PipelineSpec, compiled: CompiledAggregates, *, date: str,
-            run_id: str) -> DataFrame:
+def combine(rows: DataFrame, spec: PipelineSpec, compiled: CompiledAggregates, *, date: str, run_id: str) -> DataFrame:
     """Pure transform: valid typed rows of one day -> that day's ``partials`` rows."""
     from pyspark.sql import functions as F
 

@@ -50,8 +50,7 @@ def _attempt(lake: Lake, compiled: CompiledAggregates, rollup: RollupSpec, run_i
     """One plan and commit, from the tables as they are now."""
     spec = compiled.spec
     tables = PipelineTables(spec.lake, spec.name)
-    source = lake.version(tables.aggregates)
-    if source is None:
+    if (source := lake.version(tables.aggregates)) is None:
         return None
     path = tables.rollup(rollup.name)
     app = rollup_app_id(spec, rollup)

@@ -192,21 +192,17 @@ class EmbeddedLake:
             raise LakeError(f"cannot load version {version} of Delta table {path}: {exc}") from exc
 
     def version(self, path: str) -> int | None:
-        dt = self.table(path)
-        return None if dt is None else dt.version()
+        return None if (dt := self.table(path)) is None else dt.version()
 
     def schema(self, path: str) -> pa.Schema | None:
         """The table's columns as Arrow types (what an Arrow write must match), None without a table."""
-        dt = self.table(path)
-        return None if dt is None else _nullable(pa.schema(dt.schema().to_arrow()))
+        return None if (dt := self.table(path)) is None else _nullable(pa.schema(dt.schema().to_arrow()))
 
     def txn_version(self, path: str, app_id: str, version: int | None = None) -> int | None:
-        dt = self.table(path, version)
-        return None if dt is None else dt.transaction_version(app_id)
+        return None if (dt := self.table(path, version)) is None else dt.transaction_version(app_id)
 
     def files(self, path: str, version: int | None = None) -> list[DataFile]:
-        dt = self.table(path, version)
-        return [] if dt is None else _data_files(dt)
+        return [] if (dt := self.table(path, version)) is None else _data_files(dt)
 
     def missing_files(self, path: str, files: Sequence[str]) -> list[str]:
         """Which of these data files (relative paths) no longer exist, e.g. after VACUUM."""
@@ -217,8 +213,7 @@ class EmbeddedLake:
     def read(self, path: str, *, version: int | None = None,
              partitions: Sequence[tuple[str, str, Any]] | None = None) -> DataFrame:
         """The table's snapshot as a DataFrame, read by Spark in parallel from its file list."""
-        dt = self.table(path, version)
-        if dt is None:
+        if (dt := self.table(path, version)) is None:
             raise LakeError(f"no Delta table at {path}; run the job that creates it first (combine, then reduce)")
         unsupported = set(getattr(dt.protocol(), "reader_features", None) or []) & {"deletionVectors", "columnMapping"}
         if unsupported:
@@ -229,8 +224,7 @@ class EmbeddedLake:
 
     def read_files(self, path: str, files: Sequence[str], *, version: int | None = None) -> DataFrame:
         """Rows of some data files of the table (relative paths, as in ``files()``)."""
-        dt = self.table(path, version)
-        if dt is None:
+        if (dt := self.table(path, version)) is None:
             raise LakeError(f"no Delta table at {path}")
         root = _local(path).rstrip("/")
         return self._read_uris(path, dt, [f"{root}/{f}" for f in files])
@@ -276,16 +270,14 @@ class EmbeddedLake:
                 cluster: Cluster | None = None) -> Commit:
         """Replace every row of the table with ``rows``, whose columns may differ from the table's (a spec
         change): one commit against ``read_version``, which a concurrent writer makes conflict."""
-        snapshot = self.table(path, read_version)
-        if snapshot is None:
+        if (snapshot := self.table(path, read_version)) is None:
             raise LakeError(f"no Delta table at {path} to rewrite")
         return self._commit_df(_layout(rows, cluster), path, partition_by=partition_by, snapshot=snapshot,
                                app_txns=app_txns, metadata=metadata, sort_by=sort_by, overwrite=True)
 
     def add_columns(self, path: str, fields: Sequence[pa.Field], *, app_txns: Sequence[AppTxn] = ()) -> Commit:
         """Add nullable columns, without rewriting a file: the rows already written read them as NULL."""
-        dt = self.table(path)
-        if dt is None:
+        if (dt := self.table(path)) is None:
             raise LakeError(f"no Delta table at {path} to add columns to")
         have = set(pa.schema(dt.schema().to_arrow()).names)
         new = [f for f in fields if f.name not in have]
@@ -309,8 +301,7 @@ class EmbeddedLake:
                           partition: Mapping[str, str], app_txn: AppTxn | None = None,
                           metadata: Mapping[str, Any] | None = None, conform: bool = False) -> Commit:
         """Replace exactly the rows of one partition with ``df`` in one commit (``conform``: see ``append``)."""
-        bad = [k for k in partition if k not in partition_by]
-        if bad:
+        if bad := [k for k in partition if k not in partition_by]:
             raise ValueError(f"{bad} are not partition columns of {path} ({list(partition_by)})")
         return self._commit_df(self._conform(df, path, conform), path, partition_by=partition_by, replace=partition,
                                app_txn=app_txn, metadata=metadata)

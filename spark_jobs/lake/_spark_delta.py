@@ -1,9 +1,8 @@
 """delta-spark backend: writes and MERGEs through the Delta Lake Spark jars.
 
-Selected where the jars are on the classpath (a cluster, the docker image). Table metadata
-(versions, app transactions, file lists) is still read with delta-rs, which reads any Delta
-table; data goes through Spark's ``delta`` format, so deletion vectors and column mapping
-written by other engines are honoured.
+Selected where the jars are on the classpath (a cluster, the docker image). Table metadata (versions, app
+transactions, file lists) is still read with delta-rs, which reads any Delta table; data goes through Spark's
+``delta`` format, so deletion vectors and column mapping written by other engines are honoured.
 """
 
 from __future__ import annotations
@@ -133,8 +132,7 @@ class SparkDeltaLake(EmbeddedLake):
 
     def add_columns(self, path: str, fields: Sequence[pa.Field], *, app_txns: Sequence[AppTxn] = ()) -> Commit:
         have = set((self.schema(path) or pa.schema([])).names)
-        new = [f for f in fields if f.name not in have]
-        if new:
+        if new := [f for f in fields if f.name not in have]:
             columns = ", ".join(f"`{f.name}` {from_arrow_type(f.type).simpleString()}" for f in new)
             with _conflicts(path):
                 self.spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})")
@@ -183,10 +181,8 @@ class SparkDeltaLake(EmbeddedLake):
         with _conflicts(path):
             try:
                 (DeltaTable.forPath(self.spark, path).alias("t").merge(source.alias("s"), cond)
-                 .whenMatchedDelete(condition="s._present IS NULL")
-                 .whenMatchedUpdate(set=columns)
-                 .whenNotMatchedInsert(condition="s._present IS NOT NULL", values=columns)
-                 .execute())
+                 .whenMatchedDelete(condition="s._present IS NULL").whenMatchedUpdate(set=columns)
+                 .whenNotMatchedInsert(condition="s._present IS NOT NULL", values=columns).execute())
             finally:
                 for key in ("spark.databricks.delta.write.txnAppId", "spark.databricks.delta.write.txnVersion",
                             "spark.databricks.delta.commitInfo.userMetadata"):

@@ -20,8 +20,7 @@ from spark_jobs.aggregates.builtins import ARROW_TYPES
 if TYPE_CHECKING:
     from spark_jobs.spec import PipelineSpec, RollupSpec
 
-__all__ = ["ADOPTED", "SPEC_VERSION", "TS", "accumulator_fields", "key_fields", "table_schema",
-           "value_fields"]
+__all__ = ["ADOPTED", "SPEC_VERSION", "TS", "accumulator_fields", "key_fields", "table_schema", "value_fields"]
 
 SPEC_VERSION = "spec_version"
 # The spec version of rows written before the lake recorded its spec (NULL in ``spec_version``): the spec

@@ -87,8 +87,7 @@ class CommitFiles:
 
 def commit_files(path: str, version: int) -> CommitFiles | None:
     """What commit ``version`` of the table at ``path`` added and removed; None when its log file is gone."""
-    actions = _commit_log(path, version)
-    if actions is None:
+    if (actions := _commit_log(path, version)) is None:
         return None
     info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
     files = {kind: tuple(unquote(a[kind]["path"]) for a in actions if kind in a) for kind in ("add", "remove")}
@@ -98,9 +97,8 @@ def commit_files(path: str, version: int) -> CommitFiles | None:
 def commit_with_txn(path: str, txn: AppTxn, *, newest: int, oldest: int = 0) -> int | None:
     """The version of the commit, from ``newest`` back to ``oldest``, that recorded the app transaction ``txn``."""
     for version in range(newest, oldest - 1, -1):
-        actions = _commit_log(path, version) or []
         if any((t := a.get("txn")) and t.get("appId") == txn.app_id and int(t.get("version", -1)) == txn.version
-               for a in actions):
+               for a in _commit_log(path, version) or []):
             return version
     return None
 
@@ -133,8 +131,7 @@ class Snapshot:
     """One version of a Delta table: metadata, log and rows, read through delta-rs and pyarrow."""
 
     def __init__(self, path: str, table: DeltaTable) -> None:
-        self.path = path
-        self._table = table
+        self.path, self._table = path, table
 
     def version(self) -> int:
         return int(self._table.version())
@@ -170,8 +167,7 @@ class Snapshot:
 
     def version_at(self, when: dt.datetime) -> int | None:
         """The last version committed at or before ``when`` (aware); None when ``when`` is before the first."""
-        before = [int(h["version"]) for h in self.history() if commit_time(h) <= when]
-        return max(before) if before else None
+        return max((int(h["version"]) for h in self.history() if commit_time(h) <= when), default=None)
 
     def commit_changes(self, first: int) -> list[CommitChange]:
         """What each commit from version ``first`` to this one did, oldest first (see :func:`_commit_log`); the

@@ -84,8 +84,7 @@ def normalise(spec: PipelineSpec) -> dict[str, Any]:
         "name": spec.name, "source": source, "group_by": list(spec.group_by),
         "aggregates": [{"name": a.name, "fn": a.fn, "columns": list(a.columns), "args": dict(a.args)}
                        for a in spec.aggregates],
-        "stream": {f.name: _plain(getattr(spec.stream, f.name)) for f in dataclasses.fields(spec.stream)},
-    }
+        "stream": {f.name: _plain(getattr(spec.stream, f.name)) for f in dataclasses.fields(spec.stream)}}
     if (window := spec.window.to_dict()) is not None:
         out["window"] = window
     if spec.rollups:
@@ -165,8 +164,7 @@ def read_records(lake: str, pipeline: str) -> list[RecordedSpec]:
 
 def current(lake: str, pipeline: str) -> RecordedSpec | None:
     """The lake's latest spec step: applied, or an apply under way (or cut off)."""
-    records = read_records(lake, pipeline)
-    return records[-1] if records else None
+    return records[-1] if (records := read_records(lake, pipeline)) else None
 
 
 def write_record(lake: str, pipeline: str, record: RecordedSpec) -> None:
@@ -208,8 +206,7 @@ def applied_record(spec: PipelineSpec, *, run_id: str = "") -> RecordedSpec:
     an apply is not finished, or the lake has tables but records no spec (written before spec records)."""
     root = spec.lake
     for _ in range(3):
-        record = current(root, spec.name)
-        if record is None:
+        if (record := current(root, spec.name)) is None:
             if has_data(root, spec.name):
                 raise SpecChangedError(
                     f"the lake {root}/{spec.name} was written before lakes recorded their spec; adopt its spec "
@@ -222,8 +219,7 @@ def applied_record(spec: PipelineSpec, *, run_id: str = "") -> RecordedSpec:
             raise SpecChangedError(f"an apply to spec version {record.version} of {spec.name} has not finished (the "
                                    "lake's tables may be half changed); run `python -m spark_jobs apply --pipeline "
                                    "SPEC` with that spec again to finish it, then run the job")
-        given = normalise(spec)
-        if record.fingerprint != fingerprint(given):
+        if record.fingerprint != fingerprint(given := normalise(spec)):
             differ = ", ".join(k for k in sorted(set(record.spec) | set(given))
                                if json.dumps(record.spec.get(k), sort_keys=True)
                                != json.dumps(given.get(k), sort_keys=True))

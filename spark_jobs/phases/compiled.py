@@ -106,8 +106,7 @@ def final_aggregate(partials: DataFrame, compiled: CompiledAggregates, *, extra_
         exprs.append((version if alone else F.min(version)).cast("bigint").alias(SPEC_VERSION))
     for b, impl in compiled.native:
         accs = [F.col(c) for c in b.acc_columns]
-        exprs.extend(c.alias(n) for c, n in zip(accs if alone else impl.spark_merge(accs), b.acc_columns,
-                                                strict=True))
+        exprs.extend(c.alias(n) for c, n in zip(accs if alone else impl.spark_merge(accs), b.acc_columns, strict=True))
     merged = partials.select(*keys, *exprs) if alone else partials.groupBy(*keys).agg(*exprs, *extra_aggs)
     if compiled.retracting and not extra_keys:  # every row of the key was retracted: the key is gone
         merged = merged.where(F.col("n_rows") != 0)

@@ -305,15 +305,13 @@ def _in_day(f: DataFile, date: str) -> bool:
 
 
 def _n_rows(df: DataFrame) -> int:
-    total = df.agg(F.sum("n_rows")).first()
-    return int(total[0] or 0) if total else 0
+    return int(total[0] or 0) if (total := df.agg(F.sum("n_rows")).first()) else 0
 
 
 def _day_partials(run: GateRun, date: str) -> tuple[DataFrame, str, dict[str, int]]:
     """Pre-reduce: the day's batch partials finalised as reduce would, and what their rows must reconcile with."""
     tables = run.tables
-    files = [f.path for f in run.lake.files(tables.partials) if _in_day(f, date)]
-    if not files:
+    if not (files := [f.path for f in run.lake.files(tables.partials) if _in_day(f, date)]):
         raise InputError(f"no batch partials for {date} in {tables.partials}; run combine --date {date} first")
     df = reduce.reduce(run.lake.read_files(tables.partials, files), run.compiled, run_id="validate")
     runs = combined_rows(run.spec, [date])
@@ -329,8 +327,7 @@ def _serving_table(run: GateRun) -> tuple[DataFrame, str, dict[str, int]]:
         raise LakeError(f"no aggregates table at {tables.aggregates}; run reduce first")
     reconcile: dict[str, int] = {}
     consumed = lake.txn_version(tables.aggregates, reduce_app_id(spec))
-    counted = counted_files(lake.files(tables.partials, consumed))
-    if counted:
+    if counted := counted_files(lake.files(tables.partials, consumed)):
         merged = lake.read_files(tables.partials, list(counted), version=consumed)
         reconcile[f"n_rows of the partials merged (version {consumed})"] = _n_rows(merged)
     days = sorted(batch_days(counted.values()))

@@ -34,13 +34,11 @@ __all__ = ["EXIT_MARK", "run_job", "serve"]
 
 EXIT_MARK = b"\x1espark_jobs-exit "
 # What every job imports; a few seconds once here instead of in each job.
-PRELOAD = (
-    "pyarrow", "pyarrow.parquet", "pandas", "deltalake", "yaml",
-    "pyspark.sql.connect.session", "pyspark.sql.connect.functions", "pyspark.sql.connect.dataframe",
-    "great_expectations", "great_expectations.expectations",
-    "spark_jobs.__main__", "spark_jobs.jobs.combine", "spark_jobs.jobs.reduce", "spark_jobs.quality.gate",
-    "spark_jobs.lake._embedded", "spark_jobs.inspection.inspect_cli",
-)
+PRELOAD = ("pyarrow", "pyarrow.parquet", "pandas", "deltalake", "yaml",
+           "pyspark.sql.connect.session", "pyspark.sql.connect.functions", "pyspark.sql.connect.dataframe",
+           "great_expectations", "great_expectations.expectations", "spark_jobs.__main__", "spark_jobs.jobs.combine",
+           "spark_jobs.jobs.reduce", "spark_jobs.quality.gate", "spark_jobs.lake._embedded",
+           "spark_jobs.inspection.inspect_cli")
 MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux
 
 
@@ -165,8 +163,7 @@ def _reap(selector: selectors.BaseSelector, jobs: dict[int, socket.socket]) -> N
             return
         if pid == 0:
             return
-        conn = jobs.pop(pid, None)
-        if conn is None:
+        if (conn := jobs.pop(pid, None)) is None:
             continue
         with contextlib.suppress(KeyError, ValueError):
             selector.unregister(conn)

@@ -203,9 +203,8 @@ class ArrowEngine:
                  max_keys: int = DRIVER_MAX_KEYS) -> None:
         self.spark, self.local, self.lake, self.max_keys = spark, LocalAggregates(compiled), lake, max_keys
         spec = compiled.spec
-        self.kind, self.group = spec.window, list(spec.group_by)
+        self.kind, self.group, self.keys = spec.window, list(spec.group_by), list(spec.key_columns)
         self.tables = PipelineTables(spec.lake, spec.name)
-        self.keys = list(spec.key_columns)
         self.partial_columns = [*self.keys, "n_rows", *compiled.acc_columns, SPEC_VERSION]
         self._held: tuple[int | None, pa.Table] | None = None  # (state version, its rows)
         self._cached: list[DataFrame] = []
@@ -279,8 +278,7 @@ class ArrowEngine:
                        reach.read_version)
 
     def _state(self, schema: pa.Schema) -> pa.Table:
-        version = self.lake.version(self.tables.stream_state)
-        if version is None:
+        if (version := self.lake.version(self.tables.stream_state)) is None:
             return schema.empty_table()
         if self._held is None or self._held[0] != version:
             self._held = (version, self.lake.read(self.tables.stream_state).toArrow().select(schema.names).cast(schema))

@@ -184,8 +184,7 @@ class MiniBatchAggregator:
         spec, lake, t = self.spec, self.lake, self.tables
         phase = PhaseTimer(self.spark)
         with phase("files"):
-            done = lake.txn_version(t.stream_state, self.app)
-            if done is not None and done >= batch_id:
+            if (done := lake.txn_version(t.stream_state, self.app)) is not None and done >= batch_id:
                 log.info("mini-batch %d is already committed (state at %d): skipped", batch_id, done)
                 return BatchOutcome(batch_id, replayed=True)
             ensure_applied(lake, spec, run_id=self.run_id)  # a spec applied since the stream started stops it here
@@ -204,8 +203,7 @@ class MiniBatchAggregator:
                 with phase("read and pre-aggregate"):
                     read = self.reader.read(found, watermark, batch_id)
             except InputError:
-                culprits = isolate_unreadable(found.readable, lambda f: read_one(self.spark, spec, found, f))
-                if not culprits:
+                if not (culprits := isolate_unreadable(found.readable, lambda f: read_one(self.spark, spec, found, f))):
                     raise
                 found.drop(culprits)
                 found.check(spec, f"mini-batch {batch_id}")

@@ -135,8 +135,7 @@ def commit_outputs(lake: Lake, spec: PipelineSpec, txn: AppTxn, *, run_id: str, 
         done.changes = commit.rows_added
     if pending(lake, t.partials, txn):
         with phase("commit partials"):
-            commit = lake.append(out.partials, t.partials, partition_by=PARTIALS_PARTITIONS, app_txn=txn,
-                                 metadata=meta)
+            commit = lake.append(out.partials, t.partials, partition_by=PARTIALS_PARTITIONS, app_txn=txn, metadata=meta)
         done.written["partials"] = commit.version
         done.state_writes = commit.rows_added
     else:

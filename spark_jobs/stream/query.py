@@ -152,8 +152,7 @@ def run(spark: SparkSession, spec: PipelineSpec, *, available_now: bool = False,
     if rollup_error is not None:
         raise PipelineError(f"the stream's last rollup refresh failed: {rollup_error}; the next stream run or "
                             "reduce refreshes the rollups again") from rollup_error
-    failure = query.exception()
-    if failure is not None and not summary.stopped_by_signal:
+    if (failure := query.exception()) is not None and not summary.stopped_by_signal:
         raise InputError(f"the stream failed: {spark_read_error(failure)}")
     return summary
 
