@@ -25,6 +25,7 @@ from spark_jobs.lake import Commit, Lake, PipelineTables, open_lake
 from spark_jobs.lake.layout import SPEC_VERSION
 from spark_jobs.lake.spec_record import ensure_applied
 from spark_jobs.lake.table_rules import BATCH, DEAD_LETTER_PARTITIONS, PARTIALS_PARTITIONS
+from spark_jobs.persisted import persisted
 from spark_jobs.phases.compiled import CompiledAggregates, partial_aggregate
 from spark_jobs.spark_failures import spark_errors
 from spark_jobs.spec import PipelineSpec
@@ -144,7 +145,7 @@ def _combine(spark: SparkSession, spec: PipelineSpec, compiled: CompiledAggregat
 
     source = spec.source.partition_path(date)
     # one pass over the input: typed rows are cached, counted, aggregated and rejected from it
-    rows = classify(read_landing(spark, spec, found), spec, date).persist(StorageLevel.MEMORY_AND_DISK)
+    rows = persisted(classify(read_landing(spark, spec, found), spec, date), StorageLevel.MEMORY_AND_DISK)
     try:
         valid = rows.where(F.col("_reason").isNull()).drop("_raw", "_reason", "_file")
         partials = combine(valid, spec, compiled, date=date, run_id=record.run_id)

@@ -25,6 +25,7 @@ from spark_jobs.lake import AppTxn, DataFile, Lake, PipelineTables, open_lake
 from spark_jobs.lake.layout import SPEC_VERSION
 from spark_jobs.lake.spec_record import ensure_applied
 from spark_jobs.lake.table_rules import DAY, counted_files, in_days, reduce_app_id, sort_keys, window_cluster
+from spark_jobs.persisted import persisted
 from spark_jobs.phases.compiled import CompiledAggregates, final_aggregate
 from spark_jobs.spec import PipelineSpec
 from spark_jobs.windows import Stored
@@ -100,7 +101,7 @@ def _merge(lake: Lake, spec: PipelineSpec, tables: PipelineTables, compiled: Com
         inputs = reach.stored
         paths = [p for p, f in now.items() if reach.days is None or in_days(f.partition_values.get(DAY), reach.days)]
     if compiled.udafs:
-        inputs = inputs.persist(StorageLevel.MEMORY_AND_DISK)
+        inputs = persisted(inputs, StorageLevel.MEMORY_AND_DISK)
     try:
         rows = reduce(inputs, compiled, run_id=record.run_id)
         commit = lake.replace_keys(rows, tables.aggregates, keys=list(spec.key_columns), sort_by=sort_keys(spec),

@@ -38,6 +38,7 @@ from spark_jobs.lake.table_rules import (
     reduce_app_id,
     rollup_app_id,
 )
+from spark_jobs.persisted import persisted
 from spark_jobs.phases.compiled import CompiledAggregates
 from spark_jobs.quality.suites import coverage_columns, input_expectations, output_expectations
 from spark_jobs.quality.thresholds import QualityRules, load_rules
@@ -271,7 +272,7 @@ def _cached_checks(df: DataFrame, checks: Callable[[DataFrame], list[Check]]) ->
     """``checks`` over ``df`` cached once: GX computes each metric as its own Spark job."""
     from pyspark import StorageLevel
 
-    df = df.persist(StorageLevel.MEMORY_AND_DISK)
+    df = persisted(df, StorageLevel.MEMORY_AND_DISK)
     try:
         return checks(df), df
     except BaseException:  # not a catch: whatever stopped the checks, release the cache and re-raise it
