@@ -54,18 +54,19 @@ def quick_jvm(env: Mapping[str, str]) -> dict[str, str]:
     they save: the cluster's applications took about 40% less wall time with it on two busy cores, a file of session
     and stream-recovery tests 13% less (241 s against 275 s, two runs each). A JVM that lives as long as the suite
     needs C2 (``tests/conftest.py``). What Spark computes does not change."""
-    archive = class_archive() if os.environ.get("TEST_CLASS_ARCHIVE") != "0" else None
+    archive = class_archive() if env.get("TEST_CLASS_ARCHIVE") != "0" else None
     shared = f" -XX:SharedArchiveFile={archive} {_QUIET_CDS}" if archive else ""
     return {**env, "JAVA_TOOL_OPTIONS": f"{env.get('JAVA_TOOL_OPTIONS', '')} -XX:TieredStopAtLevel=1{shared}".strip()}
 
 
 _QUIET_CDS = "-Xlog:cds=off -Xlog:cds+dynamic=off"  # a JVM of another class path (the launcher) says it cannot use it
 _ARCHIVED_JOB = """
-import sys, tempfile
+import tempfile
 from pyspark.sql import SparkSession, functions as F
 spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
 rows = spark.range(100).select((F.col("id") % 7).alias("k"), F.col("id").cast("timestamp").alias("t"))
-rows.groupBy("k").agg(F.count("t"), F.max("t")).join(rows, "k").write.parquet(tempfile.mkdtemp() + "/out")
+with tempfile.TemporaryDirectory() as out:
+    rows.groupBy("k").agg(F.count("t"), F.max("t")).join(rows, "k").write.parquet(out + "/out")
 spark.stop()
 """
 
@@ -85,10 +86,14 @@ def class_archive() -> Path | None:
         if not archive.exists():
             partial = archive.with_suffix(f".{os.getpid()}.tmp")
             options = f"-XX:TieredStopAtLevel=1 -XX:ArchiveClassesAtExit={partial} {_QUIET_CDS}"
-            proc = subprocess.run([sys.executable, "-c", _ARCHIVED_JOB], env={**os.environ, "JAVA_TOOL_OPTIONS": options},
-                                  capture_output=True, text=True, timeout=300, check=False)
-            if proc.returncode != 0 or not partial.exists():
-                print(f"no shared class archive (JVMs start without it): {proc.stderr[-2000:]}", file=sys.stderr)
+            try:
+                proc = subprocess.run([sys.executable, "-c", _ARCHIVED_JOB], capture_output=True, text=True,
+                                      env={**os.environ, "JAVA_TOOL_OPTIONS": options}, timeout=300, check=False)
+                failure = None if proc.returncode == 0 and partial.exists() else proc.stderr[-2000:]
+            except subprocess.TimeoutExpired:
+                failure = "its Spark job ran over 300 s"
+            if failure is not None:
+                print(f"no shared class archive (JVMs start without it): {failure}", file=sys.stderr)
                 return None
             partial.rename(archive)
     return archive
