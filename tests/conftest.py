@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import free_port, quick_jvm
+from tests.helpers import free_port, interpreted_spark, quick_jvm
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("SPARK_JOBS_DELTA_BACKEND", "embedded")
@@ -23,7 +23,7 @@ logging.getLogger("py4j").setLevel(logging.ERROR)  # py4j logs to a closed strea
 # Short-lived JVMs (the CLI's and Airflow's jobs, the cluster's) start on C1 only; the two that live as long as the
 # suite (its SparkSession, the Connect server) keep C2: two in-process stream tests took 196 s so, 240 s on C1.
 STEADY_JAVA_OPTIONS = os.environ.get("JAVA_TOOL_OPTIONS")
-os.environ.update(quick_jvm(os.environ))
+os.environ.update(interpreted_spark(quick_jvm(os.environ)))
 
 
 @contextlib.contextmanager
