@@ -26,7 +26,7 @@ from spark_jobs.stream.outputs import Rows
 from spark_jobs.windows.base import F
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 __all__ = ["BatchRead", "BatchReader"]
 
@@ -77,11 +77,17 @@ class BatchReader:
         spec, window = self.spec, self.spec.window
         et = F.col(spec.source.event_time)
         rows = classify(read_landing(self.spark, spec, found), spec, F.col(DAY), DAY)
+        valid = F.col("_reason").isNull()
+        late = F.lit(False) if watermark is None else window.may_be_late(et, watermark)
+        rows = _records_apart(rows, spec, ~valid | late)
+        # an invalid row is in no group from before the late-row cut on, so the cut's partitioning by key serves the
+        # aggregation after it (keys rewritten between the two took a second exchange, of the partial sketches)
+        rows = rows.withColumns({k: F.when(valid, F.col(k)) for k in spec.group_by})
         if watermark is None:
             rows = rows.withColumn("_late", F.lit(False))
         else:
-            rows = window.with_late(rows, event_time=spec.source.event_time, keys=spec.group_by,
-                                    valid=F.col("_reason").isNull(), watermark=watermark)
+            rows = window.with_late(rows, event_time=spec.source.event_time, keys=spec.group_by, valid=valid,
+                                    watermark=watermark)
         rows = rows.withColumn("_reason", F.coalesce("_reason", F.when(F.col("_late"), F.concat(
             F.lit("late: "), et.cast("string"), F.lit(
                 f" is in no window still open at the watermark {watermark or dt.datetime.min:%Y-%m-%d %H:%M:%S} "
@@ -104,19 +110,26 @@ _BAD = "_bad"
 _REJECT = "struct<_reason string, _raw string, _file string, _late boolean>"  # Arrow needs nullable fields
 
 
-def _rejects_apart(rows: DataFrame, spec: PipelineSpec) -> DataFrame:
-    """Rejects ride through the pre-aggregation as groups of their own, so one pass over a batch's files yields both:
-    ``_bad``, a grouping key, is a row id for a reject (NULL for a valid row), ``_reject`` its reason, record, file and
-    lateness; a reject's group keys are NULL and its event time the epoch, so it shares no window with a valid row."""
-    bad = F.col("_reason").isNotNull()
+def _records_apart(rows: DataFrame, spec: PipelineSpec, kept: Column) -> DataFrame:
+    """``_raw`` and ``_file`` as one ``_record``, kept for the rows that are or may become rejects only, so that a
+    window kind's cut for lateness does not sort every row's record and file name (a session batch's read took a third
+    longer so)."""
     # Parquet is read with the spec's types, so its record is its typed columns: written out here, for the
     # rejects alone (a ``_raw`` column would be computed for every row before the branch)
     raw = F.to_json(F.struct(*(c for c, _ in spec.source.schema))) if spec.source.format == "parquet" else F.col("_raw")
-    reject = F.when(bad, F.struct("_reason", raw.alias("_raw"), "_file", "_late").cast(_REJECT))
+    return rows.withColumn("_record", F.when(kept, F.struct(raw.alias("_raw"), F.col("_file")))).drop("_raw", "_file")
+
+
+def _rejects_apart(rows: DataFrame, spec: PipelineSpec) -> DataFrame:
+    """Rejects ride through the pre-aggregation as groups of their own, so one pass over a batch's files yields both:
+    ``_bad``, a grouping key, is a row id for a reject (NULL for a valid row), ``_reject`` its reason, record, file and
+    lateness; its event time is the epoch, and its group keys NULL (a late row's are its own: ``_bad`` groups it
+    alone), so it shares no window with a valid row."""
+    bad = F.col("_reason").isNotNull()
+    reject = F.when(bad, F.struct("_reason", "_record._raw", "_record._file", "_late").cast(_REJECT))
     epoch = F.timestamp_seconds(F.lit(0))
-    columns = [F.when(~bad, F.col(c)).alias(c) if c in spec.group_by
-               else F.when(bad, epoch).otherwise(F.col(c)).alias(c) if c == spec.source.event_time else F.col(c)
-               for c in rows.columns if c not in ("_reason", "_raw", "_file", "_late")]
+    columns = [F.when(bad, epoch).otherwise(F.col(c)).alias(c) if c == spec.source.event_time else F.col(c)
+               for c in rows.columns if c not in ("_reason", "_record", "_late")]
     return rows.select(*columns, F.when(bad, F.monotonically_increasing_id()).alias(_BAD), reject.alias("_reject"))
 
 

@@ -159,6 +159,11 @@ class WindowKind(ABC):
         as in Flink and Spark: :meth:`open_only` drops a row from its closed windows only)."""
         return rows.withColumn("_late", F.lit(False))
 
+    def may_be_late(self, event_time: Column, watermark: dt.datetime) -> Column:
+        """True for every row :meth:`with_late` can find late, from the row alone: the stream carries the records of
+        these rows (and of invalid ones) past the cut, for the dead-letter table, and no other row's."""
+        return F.lit(False)
+
     def open_only(self, rows: DataFrame, watermark: dt.datetime) -> DataFrame:
         """Assigned rows that are not late, without their windows the watermark closed (a reject's bounds are
         NULL: it stays). Tumbling windows and sessions: a row that is not late has no closed window."""
@@ -267,10 +272,13 @@ class SizedWindows(WindowKind):
     def with_late(self, rows: DataFrame, *, event_time: str, keys: Sequence[str], valid: Column,
                   watermark: dt.datetime) -> DataFrame:
         """Late: the event's last window (the one starting in its ``start_step``) ends at or before the watermark."""
+        return rows.withColumn("_late", valid & self.may_be_late(F.col(event_time), watermark))
+
+    def may_be_late(self, event_time: Column, watermark: dt.datetime) -> Column:
         step = self.start_step
         assert step is not None  # every sized kind has a grid of starts
-        last_end = floor_micros(F.unix_micros(F.col(event_time)), step) + F.lit(self.size.micros)
-        return rows.withColumn("_late", valid & (last_end <= F.lit(epoch_micros(watermark))))
+        last_end = floor_micros(F.unix_micros(event_time), step) + F.lit(self.size.micros)
+        return last_end <= F.lit(epoch_micros(watermark))
 
     def starts_between(self, lo: dt.datetime, hi: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
         return lo - dt.timedelta(seconds=self.size.seconds), hi
