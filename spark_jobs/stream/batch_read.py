@@ -78,16 +78,9 @@ class BatchReader:
         et = F.col(spec.source.event_time)
         rows = classify(read_landing(self.spark, spec, found), spec, F.col(DAY), DAY)
         valid = F.col("_reason").isNull()
-        late = F.lit(False) if watermark is None else window.may_be_late(et, watermark)
-        rows = _records_apart(rows, spec, ~valid | late)
-        # an invalid row is in no group from before the late-row cut on, so the cut's partitioning by key serves the
-        # aggregation after it (keys rewritten between the two took a second exchange, of the partial sketches)
-        rows = rows.withColumns({k: F.when(valid, F.col(k)) for k in spec.group_by})
-        if watermark is None:
-            rows = rows.withColumn("_late", F.lit(False))
-        else:
-            rows = window.with_late(rows, event_time=spec.source.event_time, keys=spec.group_by, valid=valid,
-                                    watermark=watermark)
+        rows = _before_cut(rows, spec, valid, F.lit(False) if watermark is None else window.may_be_late(et, watermark))
+        rows = rows.withColumn("_late", F.lit(False)) if watermark is None else window.with_late(
+            rows, event_time=spec.source.event_time, keys=spec.group_by, valid=valid, watermark=watermark)
         rows = rows.withColumn("_reason", F.coalesce("_reason", F.when(F.col("_late"), F.concat(
             F.lit("late: "), et.cast("string"), F.lit(
                 f" is in no window still open at the watermark {watermark or dt.datetime.min:%Y-%m-%d %H:%M:%S} "
@@ -95,8 +88,7 @@ class BatchReader:
         windowed = window.assign(_rejects_apart(rows.withColumn(DAY, F.col(DAY).cast("date")), spec),
                                  event_time=spec.source.event_time, keys=spec.group_by)
         windowed = windowed.withColumns({c: F.when(F.col(_BAD).isNull(), F.col(c)) for c in window.bounds})
-        if watermark is not None:
-            windowed = window.open_only(windowed, watermark)
+        windowed = windowed if watermark is None else window.open_only(windowed, watermark)
         combined = partial_aggregate(windowed, self.compiled, extra_keys=[DAY, _BAD], extra_aggs=[
             F.max(et).alias("max_event_time"), F.min(et).alias("_first_seen"),
             window.count_once(spec.source.event_time).alias("_rows"), F.first("_reject").alias("_reject")])
@@ -110,21 +102,20 @@ _BAD = "_bad"
 _REJECT = "struct<_reason string, _raw string, _file string, _late boolean>"  # Arrow needs nullable fields
 
 
-def _records_apart(rows: DataFrame, spec: PipelineSpec, kept: Column) -> DataFrame:
-    """``_raw`` and ``_file`` as one ``_record``, kept for the rows that are or may become rejects only, so that a
-    window kind's cut for lateness does not sort every row's record and file name (a session batch's read took a third
-    longer so)."""
-    # Parquet is read with the spec's types, so its record is its typed columns: written out here, for the
-    # rejects alone (a ``_raw`` column would be computed for every row before the branch)
+def _before_cut(rows: DataFrame, spec: PipelineSpec, valid: Column, late: Column) -> DataFrame:
+    """Before a cut for lateness: ``_raw`` and ``_file`` as one ``_record`` for the rows that are or may become rejects
+    alone (the cut sorted every row's record and file name: a session batch's read took a third longer; Parquet's record
+    is its typed columns, written out for those rows alone), and an invalid row in no group (keys rewritten after the
+    cut took the aggregation a second exchange)."""
     raw = F.to_json(F.struct(*(c for c, _ in spec.source.schema))) if spec.source.format == "parquet" else F.col("_raw")
-    return rows.withColumn("_record", F.when(kept, F.struct(raw.alias("_raw"), F.col("_file")))).drop("_raw", "_file")
+    rows = rows.withColumn("_record", F.when(~valid | late, F.struct(raw.alias("_raw"), F.col("_file"))))
+    return rows.drop("_raw", "_file").withColumns({k: F.when(valid, F.col(k)) for k in spec.group_by})
 
 
 def _rejects_apart(rows: DataFrame, spec: PipelineSpec) -> DataFrame:
     """Rejects ride through the pre-aggregation as groups of their own, so one pass over a batch's files yields both:
     ``_bad``, a grouping key, is a row id for a reject (NULL for a valid row), ``_reject`` its reason, record, file and
-    lateness; its event time is the epoch, and its group keys NULL (a late row's are its own: ``_bad`` groups it
-    alone), so it shares no window with a valid row."""
+    lateness; its event time is the epoch and its keys NULL (a late row's are its own: ``_bad`` groups it alone)."""
     bad = F.col("_reason").isNotNull()
     reject = F.when(bad, F.struct("_reason", "_record._raw", "_record._file", "_late").cast(_REJECT))
     epoch = F.timestamp_seconds(F.lit(0))

@@ -160,8 +160,7 @@ class WindowKind(ABC):
         return rows.withColumn("_late", F.lit(False))
 
     def may_be_late(self, event_time: Column, watermark: dt.datetime) -> Column:
-        """True for every row :meth:`with_late` can find late, from the row alone: the stream carries the records of
-        these rows (and of invalid ones) past the cut, for the dead-letter table, and no other row's."""
+        """True for every row :meth:`with_late` can find late, from the row alone (only these carry their records)."""
         return F.lit(False)
 
     def open_only(self, rows: DataFrame, watermark: dt.datetime) -> DataFrame:
@@ -277,8 +276,7 @@ class SizedWindows(WindowKind):
     def may_be_late(self, event_time: Column, watermark: dt.datetime) -> Column:
         step = self.start_step
         assert step is not None  # every sized kind has a grid of starts
-        last_end = floor_micros(F.unix_micros(event_time), step) + F.lit(self.size.micros)
-        return last_end <= F.lit(epoch_micros(watermark))
+        return floor_micros(F.unix_micros(event_time), step) + F.lit(self.size.micros) <= F.lit(epoch_micros(watermark))
 
     def starts_between(self, lo: dt.datetime, hi: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
         return lo - dt.timedelta(seconds=self.size.seconds), hi

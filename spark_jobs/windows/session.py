@@ -111,16 +111,14 @@ class Sessions(WindowKind):
         """Late: the row's session among the batch's rows ends before the watermark, so it extends no open session
         (Flink also counts a row whose own session closed when it bridges into an open session of an earlier batch;
         here the day's batch combine counts that one). An invalid row has no bounds: :meth:`serve` sorts it first, alone,
-        so it bridges no valid rows, and the cut is partitioned by the keys alone, as the aggregation after it is (one
-        exchange: a cut by key and validity took a second one, of the partial sketches, about a third of the read)."""
+        so the cut is partitioned by the keys alone, as the aggregation after it is."""
         bounds = {c: F.when(F.col("_valid"), value) for c, value in self._own_session(F.col(event_time)).items()}
         cut = self.serve(rows.withColumn("_valid", valid).withColumns(bounds), keys)
         cut = cut.withColumn("_late", F.col("_valid") & ~self.is_open(watermark)).drop("_valid")
         return cut.withColumnsRenamed(dict(zip(self.bounds, _CUT, strict=True)))  # for :meth:`assign`
 
     def may_be_late(self, event_time: Column, watermark: dt.datetime) -> Column:
-        """A row's session ends at or after its own end."""
-        return self._own_session(event_time)["window_end"] < F.lit(watermark)
+        return self._own_session(event_time)["window_end"] < F.lit(watermark)  # its session ends there or later
 
     def is_open(self, watermark: dt.datetime) -> Column:
         """An event at the watermark still joins a session ending there."""
