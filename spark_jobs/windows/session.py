@@ -182,7 +182,7 @@ class Sessions(WindowKind):
 
     # ------------------------------------------------------------------ Arrow forms
     def serve_arrow(self, rows: pa.Table) -> pa.Table:
-        raise NotImplementedError("the driver merges sessions through windows.session.cut")
+        raise NotImplementedError("the driver merges sessions through Sessions.merge_stored_rows")
 
     def merge_stored_rows(self, rows: Iterable[Mapping[str, Any]], keys: Sequence[str]) -> Grouped:
         """The driver's form of :meth:`serve`."""
