@@ -32,6 +32,7 @@ from urllib.parse import unquote, urlparse
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 from deltalake import Schema as DeltaSchema
@@ -579,12 +580,26 @@ def _partition_dir(value: Any) -> str:
 
 def _layout(rows: DataFrame | pa.Table, cluster: Cluster | None) -> DataFrame | list[pa.Table]:
     """The rows in files by ``cluster``'s column: Spark partitions, or (driver rows are few) Arrow tables by value."""
-    if isinstance(rows, pa.Table):
-        return split_by(rows, cluster.column, cluster.files) if cluster else [rows]
     if cluster is None:
-        return rows
-    repartition = rows.repartition if cluster.by == "hash" else rows.repartitionByRange
-    return repartition(max(1, cluster.files), cluster.column)
+        return rows if not isinstance(rows, pa.Table) else [rows]
+    if isinstance(rows, pa.Table):
+        if cluster.tail_from is None:
+            return split_by(rows, cluster.column, cluster.files)
+        at = pa.scalar(cluster.tail_from, rows.schema.field(cluster.column).type)
+        tail = pc.fill_null(pc.greater_equal(rows.column(cluster.column), at), False)
+        pieces = [*split_by(rows.filter(pc.invert(tail)), cluster.column, cluster.files), rows.filter(tail)]
+        return [p for p in pieces if p.num_rows] or [rows]
+    from pyspark.sql import functions as F
+
+    def spread(frame: DataFrame, files: int) -> DataFrame:
+        repartition = frame.repartition if cluster.by == "hash" else frame.repartitionByRange
+        return repartition(files, cluster.column)
+
+    if cluster.tail_from is None:
+        return spread(rows, max(1, cluster.files))
+    tail = F.coalesce(F.col(cluster.column) >= F.lit(cluster.tail_from), F.lit(False))
+    # two partitions at least before the tail's one: Spark plans a union of single partitions as one partition
+    return spread(rows.where(~tail), max(2, cluster.files)).union(rows.where(tail).repartition(1))
 
 
 def _merge_keys_arrow(rows: pa.Table, touched: pa.Table, root: str, keys: list[str], files: list[str],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = ["GUARD_PREFIX", "AppTxn", "Cluster", "Commit", "DataFile"]
 
@@ -24,11 +24,14 @@ class AppTxn:
 @dataclass(frozen=True)
 class Cluster:
     """How a rewrite lays out its rows: up to ``files`` files by ``column``. ``range`` keeps each
-    file's values contiguous; ``hash`` needs no sampling pass, for small frequent rewrites."""
+    file's values contiguous; ``hash`` needs no sampling pass, for small frequent rewrites. Rows whose ``column`` is
+    at or past ``tail_from`` go to one file of their own: the rows later rewrites may still replace, so that those
+    rewrite that file alone, not a range file that also holds the rows that can no longer change."""
 
     column: str
     files: int
     by: Literal["range", "hash"] = "range"
+    tail_from: Any = None
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ it supersedes what the stream accumulated; reduce, the stream and the gates all 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -101,13 +102,19 @@ def stream_layout(spec: PipelineSpec, span: tuple[dt.datetime, dt.datetime], row
     next batch rewrites only the files of its own windows; but no file of fewer than ``STREAM_FILE_ROWS`` of the batch's
     ``rows`` (a backlog's batch spans days of windows: a file per hour would be many small files, whose writing and
     reading cost more than the boundary file's rewrite). Windows without a grid of starts (sessions: a heavy user's may
-    have started weeks ago) are laid out about a file per day of the batch by their end, so that the sessions still
-    open, the ones the next batches rewrite, share its last files; the engine knows the ends of those it touches."""
+    have started weeks ago) are laid out about a file per day of the batch by their end, and the ones a later batch
+    may still change (ending past the batch's last event, less the watermark and the window's reach) in a file of
+    their own: the next batch rewrites that file alone (the engine knows the ends of those it touches), where it
+    rewrote the last day's file, every session of that day, each batch."""
     window = spec.window
     starts = window.starts_between(*span)
     step = window.start_step
-    if starts is None or step is None:  # by end: the sessions still open share the last files
-        return None, window_cluster(spec, (span[1] - span[0]).days + 1, column="window_end")
+    if starts is None or step is None:  # by end: the sessions still open in the last file
+        cluster = window_cluster(spec, (span[1] - span[0]).days + 1, column="window_end")
+        if cluster is None or window.reach is None:
+            return None, cluster
+        open_from = span[1] - dt.timedelta(seconds=spec.stream.watermark.seconds + window.reach.seconds)
+        return None, dataclasses.replace(cluster, tail_from=open_from)
     windows = int((starts[1] - starts[0]).total_seconds() // step.seconds) + 1
     if rows is not None:
         windows = min(windows, -(-rows // STREAM_FILE_ROWS))

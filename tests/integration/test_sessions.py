@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import json
 import shutil
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from spark_jobs.phases.compiled import CompiledAggregates
 from spark_jobs.phases.explain import explain
 from spark_jobs.spec import PipelineSpec
 from spark_jobs.stream import query as stream
+from spark_jobs.stream.arrow_engine import DRIVER_MAX_KEYS
 from tests.builders import ALL_AGGREGATES, FAST_AGGREGATES, events, killed_at, make_spec, write_day
 from tests.integration.test_stream import land as land_one
 from tests.integration.test_stream import with_stream
@@ -216,6 +218,42 @@ def test_a_batch_day_supersedes_the_streams_and_the_next_day_streams_on_across_m
     sessions = served(spec, tmp_path)
     assert sessions[("u1", pd.Timestamp(at(0, 23, 50)))] == (pd.Timestamp(at(1, 0, 45)), 2)
     assert sessions[("u2", pd.Timestamp(at(0, 23, 40)))] == (pd.Timestamp(at(1, 0, 35)), 2)
+
+
+def rewritten_files(table: str) -> list[list[pd.Timestamp]]:
+    """Per version of a Delta table after its first: the smallest ``window_end`` of each file it removed."""
+    first_end: dict[str, pd.Timestamp] = {}
+    removed: list[list[pd.Timestamp]] = []
+    for log in sorted(Path(table, "_delta_log").glob("*.json")):
+        actions = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        removed.append([first_end[a["remove"]["path"]] for a in actions if "remove" in a])
+        first_end.update({a["add"]["path"]: pd.Timestamp(json.loads(a["add"]["stats"])["minValues"]["window_end"])
+                          for a in actions if "add" in a})
+    return removed[1:]
+
+
+@pytest.mark.parametrize("driver_max_keys", [DRIVER_MAX_KEYS, 0], ids=["driver", "spark"])
+def test_a_batch_rewrites_only_the_sessions_still_open_not_every_session_of_the_day(spark, tmp_path,
+                                                                                   driver_max_keys):
+    """The sessions a later batch may still change (ending past the batch's last event, less the watermark and the
+    gap) are written to a file of their own, and the next batch rewrites that file alone. Before, a batch of under a
+    day wrote one file, which every later batch of the day rewrote with its new sessions: each batch rewrote every
+    session of the day so far."""
+    spec = streaming(tmp_path, watermark="10 minutes")
+    hours = range(6)
+    for h in hours:  # u1: one session growing all along; u2, u3: sessions that close each hour
+        land_file(tmp_path, [ev(at(0, h, m), "u1") for m in (0, 20, 40)] + [ev(at(0, h, 5), "u2"),
+                             ev(at(0, h, 10), "u3"), ev(at(0, h, 15), "u3")])
+    summary = stream.run(spark, spec, available_now=True, driver_max_keys=driver_max_keys)
+    assert len(summary.batches) == len(hours)
+    assert {b.on_driver for b in summary.batches} == {driver_max_keys > 0}
+    check(spec, tmp_path)
+    assert folded(spec) == served(spec, tmp_path)
+    removed = rewritten_files(PipelineTables(spec.lake, spec.name).aggregates)
+    assert len(removed) == len(hours) - 1 and all(removed), removed  # u1's open session: its file, each batch
+    for h, ends in zip(hours, removed, strict=False):  # batch h + 1 rewrote what batch h left open
+        open_from = pd.Timestamp(at(0, h, 40) - dt.timedelta(minutes=10 + 30))
+        assert min(ends) >= open_from, (h, ends)
 
 
 @pytest.mark.slow

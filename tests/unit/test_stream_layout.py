@@ -22,3 +22,25 @@ def test_a_batch_writes_about_a_file_per_window_of_8192_rows_at_least(tmp_path):
     assert stream_layout(spec, backlog, rows=31_000)[1].files == -(-31_000 // STREAM_FILE_ROWS)
     assert stream_layout(spec, backlog, rows=10)[1].files == 1
     assert stream_layout(make_spec(tmp_path, name="nowin"), backlog, rows=31_000) == (None, None)
+
+
+def test_sessions_a_later_batch_may_still_change_get_a_file_of_their_own(tmp_path):
+    """Sessions are laid out by end, a file per day of the batch, and the ones ending past its last event less the
+    watermark and the gap (the open ones) in a file of their own, which the next batch rewrites alone."""
+    import pyarrow as pa
+
+    from spark_jobs.lake._embedded import _layout
+
+    spec = make_spec(tmp_path, window={"gap": "30 minutes"})  # the stream's watermark: 10 minutes by default
+    span = (T0, T0 + dt.timedelta(days=2, hours=5))
+    prune, cluster = stream_layout(spec, span, rows=50_000)
+    assert prune is None and cluster is not None
+    assert (cluster.column, cluster.files) == ("window_end", 3)
+    assert cluster.tail_from == span[1] - dt.timedelta(minutes=40)
+    ends = [T0 + dt.timedelta(hours=h) for h in range(0, 54)]
+    rows = pa.table({"window_end": pa.array(ends, pa.timestamp("us", "UTC")), "n": list(range(len(ends)))})
+    pieces = _layout(rows, cluster)
+    assert sum(p.num_rows for p in pieces) == rows.num_rows
+    *head, tail = pieces
+    assert tail.column("window_end").to_pylist() == [e for e in ends if e >= cluster.tail_from]
+    assert all(max(p.column("window_end").to_pylist()) < cluster.tail_from for p in head)
