@@ -581,25 +581,21 @@ def _partition_dir(value: Any) -> str:
 def _layout(rows: DataFrame | pa.Table, cluster: Cluster | None) -> DataFrame | list[pa.Table]:
     """The rows in files by ``cluster``'s column: Spark partitions, or (driver rows are few) Arrow tables by value."""
     if cluster is None:
-        return rows if not isinstance(rows, pa.Table) else [rows]
+        return [rows] if isinstance(rows, pa.Table) else rows
     if isinstance(rows, pa.Table):
         if cluster.tail_from is None:
             return split_by(rows, cluster.column, cluster.files)
-        at = pa.scalar(cluster.tail_from, rows.schema.field(cluster.column).type)
-        tail = pc.fill_null(pc.greater_equal(rows.column(cluster.column), at), False)
+        tail = pc.fill_null(pc.greater_equal(rows.column(cluster.column), cluster.tail_from), False)
         pieces = [*split_by(rows.filter(pc.invert(tail)), cluster.column, cluster.files), rows.filter(tail)]
         return [p for p in pieces if p.num_rows] or [rows]
-    from pyspark.sql import functions as F
+    if cluster.tail_from is not None:  # two partitions at least: Spark plans a union of single partitions as one
+        from pyspark.sql import functions as F
 
-    def spread(frame: DataFrame, files: int) -> DataFrame:
-        repartition = frame.repartition if cluster.by == "hash" else frame.repartitionByRange
-        return repartition(files, cluster.column)
-
-    if cluster.tail_from is None:
-        return spread(rows, max(1, cluster.files))
-    tail = F.coalesce(F.col(cluster.column) >= F.lit(cluster.tail_from), F.lit(False))
-    # two partitions at least before the tail's one: Spark plans a union of single partitions as one partition
-    return spread(rows.where(~tail), max(2, cluster.files)).union(rows.where(tail).repartition(1))
+        tail = F.coalesce(F.col(cluster.column) >= F.lit(cluster.tail_from), F.lit(False))
+        return rows.where(~tail).repartitionByRange(max(2, cluster.files), cluster.column).union(
+            rows.where(tail).repartition(1))
+    repartition = rows.repartition if cluster.by == "hash" else rows.repartitionByRange
+    return repartition(max(1, cluster.files), cluster.column)
 
 
 def _merge_keys_arrow(rows: pa.Table, touched: pa.Table, root: str, keys: list[str], files: list[str],

@@ -24,9 +24,8 @@ class AppTxn:
 @dataclass(frozen=True)
 class Cluster:
     """How a rewrite lays out its rows: up to ``files`` files by ``column``. ``range`` keeps each
-    file's values contiguous; ``hash`` needs no sampling pass, for small frequent rewrites. Rows whose ``column`` is
-    at or past ``tail_from`` go to one file of their own: the rows later rewrites may still replace, so that those
-    rewrite that file alone, not a range file that also holds the rows that can no longer change."""
+    file's values contiguous; ``hash`` needs no sampling pass, for small frequent rewrites. Rows at or past
+    ``tail_from`` (by range), which later rewrites may still replace, get one file of their own."""
 
     column: str
     files: int

@@ -7,7 +7,6 @@ it supersedes what the stream accumulated; reduce, the stream and the gates all 
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -83,12 +82,12 @@ def sort_keys(spec: PipelineSpec) -> list[str]:
     return [*spec.window.bounds[:1], *spec.group_by]
 
 
-def window_cluster(spec: PipelineSpec, files: int, *, by: str = "range", column: str = "window_start"
-                   ) -> Cluster | None:
+def window_cluster(spec: PipelineSpec, files: int, *, by: str = "range", column: str = "window_start",
+                   tail_from: dt.datetime | None = None) -> Cluster | None:
     """About ``files`` files of ``aggregates`` by window start (or ``column``); None without a window."""
     if not spec.window.bounds:
         return None
-    return Cluster(column, max(files, 1), by="hash" if by == "hash" else "range")
+    return Cluster(column, max(files, 1), by="hash" if by == "hash" else "range", tail_from=tail_from)
 
 
 def batch_files_in(files: Iterable[DataFile], bounds: tuple[dt.date, dt.date] | None) -> list[DataFile]:
@@ -102,19 +101,15 @@ def stream_layout(spec: PipelineSpec, span: tuple[dt.datetime, dt.datetime], row
     next batch rewrites only the files of its own windows; but no file of fewer than ``STREAM_FILE_ROWS`` of the batch's
     ``rows`` (a backlog's batch spans days of windows: a file per hour would be many small files, whose writing and
     reading cost more than the boundary file's rewrite). Windows without a grid of starts (sessions: a heavy user's may
-    have started weeks ago) are laid out about a file per day of the batch by their end, and the ones a later batch
-    may still change (ending past the batch's last event, less the watermark and the window's reach) in a file of
-    their own: the next batch rewrites that file alone (the engine knows the ends of those it touches), where it
-    rewrote the last day's file, every session of that day, each batch."""
+    have started weeks ago) are laid out about a file per day of the batch by their end, and those a later batch may
+    still change (ending past its last event less the watermark and reach) in one of their own, rewritten alone."""
     window = spec.window
     starts = window.starts_between(*span)
     step = window.start_step
-    if starts is None or step is None:  # by end: the sessions still open in the last file
-        cluster = window_cluster(spec, (span[1] - span[0]).days + 1, column="window_end")
-        if cluster is None or window.reach is None:
-            return None, cluster
-        open_from = span[1] - dt.timedelta(seconds=spec.stream.watermark.seconds + window.reach.seconds)
-        return None, dataclasses.replace(cluster, tail_from=open_from)
+    if starts is None or step is None:  # by end: the sessions still open in a file of their own
+        later = spec.stream.watermark.seconds + (window.reach.seconds if window.reach else 0)  # what a batch reaches back
+        open_from = span[1] - dt.timedelta(seconds=later)
+        return None, window_cluster(spec, (span[1] - span[0]).days + 1, column="window_end", tail_from=open_from)
     windows = int((starts[1] - starts[0]).total_seconds() // step.seconds) + 1
     if rows is not None:
         windows = min(windows, -(-rows // STREAM_FILE_ROWS))
