@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from datetime import datetime
+from typing import Literal
 
 __all__ = ["GUARD_PREFIX", "AppTxn", "Cluster", "Commit", "DataFile"]
 
@@ -30,7 +31,7 @@ class Cluster:
     column: str
     files: int
     by: Literal["range", "hash"] = "range"
-    tail_from: Any = None
+    tail_from: datetime | None = None
 
 
 @dataclass(frozen=True)

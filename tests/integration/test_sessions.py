@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
-import json
 import shutil
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 from hypothesis import HealthCheck, Phase, given, settings
@@ -222,14 +222,12 @@ def test_a_batch_day_supersedes_the_streams_and_the_next_day_streams_on_across_m
 
 def rewritten_files(table: str) -> list[list[pd.Timestamp]]:
     """Per version of a Delta table after its first: the smallest ``window_end`` of each file it removed."""
-    first_end: dict[str, pd.Timestamp] = {}
-    removed: list[list[pd.Timestamp]] = []
-    for log in sorted(Path(table, "_delta_log").glob("*.json")):
-        actions = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-        removed.append([first_end[a["remove"]["path"]] for a in actions if "remove" in a])
-        first_end.update({a["add"]["path"]: pd.Timestamp(json.loads(a["add"]["stats"])["minValues"]["window_end"])
-                          for a in actions if "add" in a})
-    return removed[1:]
+    def files(version: int) -> dict[str, pd.Timestamp]:
+        actions = pa.table(DeltaTable(table, version=version).get_add_actions(flatten=True)).to_pydict()
+        return dict(zip(actions["path"], map(pd.Timestamp, actions["min.window_end"]), strict=True))
+
+    snapshots = [files(v) for v in range(DeltaTable(table).version() + 1)]
+    return [[ends[p] for p in ends.keys() - now.keys()] for ends, now in itertools.pairwise(snapshots)]
 
 
 @pytest.mark.parametrize("driver_max_keys", [DRIVER_MAX_KEYS, 0], ids=["driver", "spark"])
