@@ -13,6 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_jobs.spark_functions import F
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
@@ -24,8 +26,6 @@ _FLAG = "__null_"
 def join_on_keys(left: DataFrame, right: DataFrame, keys: Sequence[str], how: str = "inner") -> DataFrame:
     """``left.join(right, keys, how)`` with NULL matching NULL (``<=>``, which Spark still plans as an equi-join);
     the outer joins' key columns are coalesced from both sides, as a join on names gives them."""
-    from pyspark.sql import functions as F
-
     if not keys:
         return left.join(right, F.lit(True), how)
     renamed = {k: f"_right_{k}" for k in keys}  # both sides often come from the same rows: names, not lineage

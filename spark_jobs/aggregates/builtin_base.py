@@ -3,25 +3,18 @@ and registers with ``@builtin``; :mod:`spark_jobs.aggregates.builtins` imports t
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import pyarrow as pa
 
 from spark_jobs.aggregates.base import AggregateFunction
+from spark_jobs.spark_functions import F
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
-    from pyspark.sql import functions as F
-else:  # a DAG file's parse imports the aggregates, never pyspark: Spark's functions load on first use
+else:  # a DAG file's parse imports the aggregates, never pyspark
     Column = DataFrame = Any  # annotations only
-
-    class _Functions:
-        def __getattr__(self, name: str) -> Any:
-            return getattr(importlib.import_module("pyspark.sql.functions"), name)
-
-    F = _Functions()
 
 __all__ = ["ARROW_TYPES", "BUILTINS", "NUMERIC", "RETRACTING", "Builtin", "Column", "DataFrame", "F", "builtin"]
 

@@ -73,6 +73,7 @@ from spark_jobs.lake.table_rules import (
 )
 from spark_jobs.phases.arrow_merge import Merged, Stored, encoded_columns, merge_groups, value_columns
 from spark_jobs.phases.compiled import CompiledAggregates, final_aggregate
+from spark_jobs.spark_functions import F
 from spark_jobs.spec import PipelineSpec, RollupSpec
 from spark_jobs.spec_plan import Diff, Plan, make_plan
 
@@ -287,7 +288,6 @@ class _Migration:
         if isinstance(rows, pa.Table):
             return pa.Table.from_arrays([rows.column(f.name).cast(f.type) if f.name in kept
                                          else pa.nulls(rows.num_rows, f.type) for f in schema], schema=schema)
-        from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_type
 
         return rows.select(*((F.col(f.name) if f.name in kept else F.lit(None)).cast(from_arrow_type(f.type))
@@ -320,8 +320,6 @@ class _Migration:
             rows = self._merged(partials.filter(pc.less_equal(ids, done)), extra_keys=[DAY], extra=[])
             rows = rows.append_column("max_event_time", pa.array([high] * rows.num_rows, TS))
             return rows if high is None else rows.filter(self.spec.window.is_open_arrow(rows, high - lag))
-        from pyspark.sql import functions as F
-
         high = (old.agg(F.max("max_event_time")).first() or [None])[0]
         stream = self.lake.read(self.tables.partials).where(F.col("source") == STREAM)
         ids = F.substring(F.col("batch"), len("stream-") + 1, 20).cast("bigint")
@@ -401,8 +399,6 @@ class _Migration:
         """The kept aggregates' accumulators merged per ``extra_keys`` and the new keys and windows."""
         if isinstance(rows, pa.Table):
             return self._encoded(*self._merge(rows, extra_keys=extra_keys, extra=extra), rows.schema)
-        from pyspark.sql import functions as F
-
         if self.diff.window_removed:
             rows = rows.drop("window_start", "window_end")
         elif self.diff.coarsened:

@@ -28,6 +28,7 @@ from spark_jobs.lake.table_rules import BATCH, DEAD_LETTER_PARTITIONS, PARTIALS_
 from spark_jobs.persisted import persisted
 from spark_jobs.phases.compiled import CompiledAggregates, partial_aggregate
 from spark_jobs.spark_failures import spark_errors
+from spark_jobs.spark_functions import F
 from spark_jobs.spec import PipelineSpec
 from spark_jobs.windows.base import TS
 
@@ -49,8 +50,6 @@ def parse_date(text: str) -> str:
 
 def batch_columns(partials: DataFrame, *, batch: str, source: str, event_date: Column, run_id: str) -> DataFrame:
     """Lay out partial rows as the ``partials`` table stores them."""
-    from pyspark.sql import functions as F
-
     return partials.select(F.lit(batch).alias("batch"), F.lit(source).alias("source"), event_date.alias("event_date"),
                            *(c for c in partials.columns if c not in ("event_date", SPEC_VERSION)),
                            F.lit(run_id).alias("run_id"), F.current_timestamp().alias("created_at"), SPEC_VERSION)
@@ -58,8 +57,6 @@ def batch_columns(partials: DataFrame, *, batch: str, source: str, event_date: C
 
 def combine(rows: DataFrame, spec: PipelineSpec, compiled: CompiledAggregates, *, date: str, run_id: str) -> DataFrame:
     """Pure transform: valid typed rows of one day -> that day's ``partials`` rows."""
-    from pyspark.sql import functions as F
-
     partials = partial_aggregate(spec.window.assign(rows, event_time=spec.source.event_time, keys=spec.group_by),
                                  compiled)
     return batch_columns(partials, batch=date, source=BATCH, event_date=F.lit(date).cast("date"), run_id=run_id)
@@ -70,8 +67,6 @@ def write_dead_letters(lake: Lake, tables: PipelineTables, rows: DataFrame | pa.
     """Replace the rejects of (job, batch) with this run's rows and quarantined ``files``; no commit when
     both are empty. ``rows``: rows with ``_reason`` (NULL for valid ones), ``_raw`` and ``_file``; a few
     rejects already on the driver come as an Arrow table and commit without a Spark job."""
-    from pyspark.sql import functions as F
-
     path = tables.dead_letter
     partition = {"job": job, "batch": batch}
     if rejected == 0 and not files and not any(f.partition_values == partition for f in lake.files(path)):
@@ -140,12 +135,9 @@ class _Unreadable(InputError):
 
 def _combine(spark: SparkSession, spec: PipelineSpec, compiled: CompiledAggregates, lake: Lake,
              tables: PipelineTables, record: RunRecord, date: str, found: Screen) -> None:
-    from pyspark import StorageLevel
-    from pyspark.sql import functions as F
-
     source = spec.source.partition_path(date)
     # one pass over the input: typed rows are cached, counted, aggregated and rejected from it
-    rows = persisted(classify(read_landing(spark, spec, found), spec, date), StorageLevel.MEMORY_AND_DISK)
+    rows = persisted(classify(read_landing(spark, spec, found), spec, date))
     try:
         valid = rows.where(F.col("_reason").isNull()).drop("_raw", "_reason", "_file")
         partials = combine(valid, spec, compiled, date=date, run_id=record.run_id)

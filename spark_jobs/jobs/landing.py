@@ -16,6 +16,7 @@ from spark_jobs.jobs.landing_files import Screen, screen, spark_read_error
 from spark_jobs.lake import storage
 from spark_jobs.lake.table_rules import DAY
 from spark_jobs.spark_failures import spark_errors
+from spark_jobs.spark_functions import F
 from spark_jobs.spec import OPS, PipelineSpec
 
 if TYPE_CHECKING:
@@ -79,8 +80,6 @@ def read_landing(spark: SparkSession, spec: PipelineSpec, found: Screen) -> Data
 def read_one(spark: SparkSession, spec: PipelineSpec, found: Screen, path: str) -> None:
     """Read every value of one screened file (an action over its raw records: no column is pruned), to find the
     file a batch's failed read failed on."""
-    from pyspark.sql import functions as F
-
     read_landing(spark, spec, dataclasses.replace(found, readable=[path])).agg(F.count("_raw")).first()
 
 
@@ -103,8 +102,6 @@ def _where(files: list[str], spec: PipelineSpec) -> str:
 
 def with_raw(df: DataFrame, spec: PipelineSpec, *keep: str) -> DataFrame:
     """Spec columns as read, the original record as ``_raw`` and its file as ``_file`` (plus ``keep``)."""
-    from pyspark.sql import functions as F
-
     columns = [c for c, _ in spec.source.schema]
     file_col = F.col("_metadata.file_path").alias("_file")
     if spec.source.format == "parquet":
@@ -131,8 +128,6 @@ def classify(raw: DataFrame, spec: PipelineSpec, date: str | Column | None, *kee
     """Typed spec columns plus ``_reason`` (NULL for valid rows), ``_raw``, ``_file`` and ``keep``. ``date`` is
     the landing partition's date (a literal, or a column when rows of many partitions arrive together, as in the
     stream); rows outside it are rejected."""
-    from pyspark.sql import functions as F
-
     corrupt = F.col(CORRUPT).isNotNull() if CORRUPT in raw.columns else F.lit(False)
     # (row fails, why): the message is built for failing rows only
     checks: list[tuple[Column, Column]] = [(corrupt, F.lit("malformed record"))]
@@ -169,8 +164,6 @@ def classify(raw: DataFrame, spec: PipelineSpec, date: str | Column | None, *kee
 def _reasons(checks: list[tuple[Column, Column]]) -> Column:
     """The failing checks' messages joined by '; ', or NULL when every check passes."""
     from operator import or_
-
-    from pyspark.sql import functions as F
 
     failed = reduce(or_, (c for c, _ in checks))
     return F.when(failed, F.concat_ws("; ", *(F.when(c, m) for c, m in checks)))

@@ -27,6 +27,7 @@ from spark_jobs.lake.spec_record import ensure_applied
 from spark_jobs.lake.table_rules import DAY, counted_files, in_days, reduce_app_id, sort_keys, window_cluster
 from spark_jobs.persisted import persisted
 from spark_jobs.phases.compiled import CompiledAggregates, final_aggregate
+from spark_jobs.spark_functions import F
 from spark_jobs.spec import PipelineSpec
 from spark_jobs.windows import Stored
 
@@ -46,8 +47,6 @@ def reduce(partials: DataFrame, compiled: CompiledAggregates, *, run_id: str) ->
 
 def served_rows(merged: DataFrame, *, run_id: str) -> DataFrame:
     """Merged rows laid out as ``aggregates`` rows: stamped with the time and run, ``spec_version`` last."""
-    from pyspark.sql import functions as F
-
     return merged.select(*(c for c in merged.columns if c != SPEC_VERSION), F.current_timestamp().alias("updated_at"),
                          F.lit(run_id).alias("run_id"), *([SPEC_VERSION] if SPEC_VERSION in merged.columns else []))
 
@@ -75,8 +74,6 @@ def _merge(lake: Lake, spec: PipelineSpec, tables: PipelineTables, compiled: Com
            record: RunRecord, attempt: int, *, full: bool) -> None:
     """One plan and commit, from the tables as they are now: the served rows the changed partial files reach
     (the window kind's reach), re-merged from every partial that counts for them."""
-    from pyspark import StorageLevel
-
     record.attempts = attempt
     version = lake.version(tables.partials)
     if version is None:
@@ -101,7 +98,7 @@ def _merge(lake: Lake, spec: PipelineSpec, tables: PipelineTables, compiled: Com
         inputs = reach.stored
         paths = [p for p, f in now.items() if reach.days is None or in_days(f.partition_values.get(DAY), reach.days)]
     if compiled.udafs:
-        inputs = persisted(inputs, StorageLevel.MEMORY_AND_DISK)
+        inputs = persisted(inputs)
     try:
         rows = reduce(inputs, compiled, run_id=record.run_id)
         commit = lake.replace_keys(rows, tables.aggregates, keys=list(spec.key_columns), sort_by=sort_keys(spec),

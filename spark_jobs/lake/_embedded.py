@@ -46,6 +46,7 @@ from spark_jobs.key_match import join_on_keys, key_mask
 from spark_jobs.lake._types import GUARD_PREFIX, AppTxn, Cluster, Commit, DataFile
 from spark_jobs.lake.arrow import split_by, split_rows
 from spark_jobs.lake.tables import is_spec_shaped
+from spark_jobs.spark_functions import F
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -259,7 +260,6 @@ class EmbeddedLake:
             return df
         if isinstance(df, pa.Table):
             return _with_missing(df, schema).select(schema.names)
-        from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_type
 
         return df.select(*(F.col(f.name) if f.name in df.columns else F.lit(None).cast(from_arrow_type(f.type)).alias(f.name)
@@ -344,8 +344,6 @@ class EmbeddedLake:
     def _merge_keys_spark(self, rows: DataFrame, touched: DataFrame, path: str, version: int, keys: list[str],
                           files: list[str], affected: list[str] | None) -> tuple[list[str], DataFrame]:
         """Of ``files``, those holding a touched key (``affected`` when known), and ``rows`` with their other rows."""
-        from pyspark.sql import functions as F
-
         touched = touched.select(*keys).distinct()
         if affected is None:
             current = self.read_files(path, files, version=version).select(
@@ -589,8 +587,6 @@ def _layout(rows: DataFrame | pa.Table, cluster: Cluster | None) -> DataFrame | 
         pieces = [*split_by(rows.filter(pc.invert(tail)), cluster.column, cluster.files), rows.filter(tail)]
         return [p for p in pieces if p.num_rows] or [rows]
     if cluster.tail_from is not None:  # two partitions at least: Spark plans a union of single partitions as one
-        from pyspark.sql import functions as F
-
         tail = F.coalesce(F.col(cluster.column) >= F.lit(cluster.tail_from), F.lit(False))
         return rows.where(~tail).repartitionByRange(max(2, cluster.files), cluster.column).union(
             rows.where(tail).repartition(1))

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs.key_match import arrow_join, join_on_keys
+from spark_jobs.spark_functions import F
 from spark_jobs.windows.base import TS
 
 if TYPE_CHECKING:
@@ -55,7 +56,6 @@ class ChangelogRule:
         """``before`` and ``after``: identity and value columns with ``n_rows``; ``first_seen``: group key columns
         and ``_first_seen``; ``stamp``: the constants every row of this change carries (batch_id, writer, run_id)."""
         from pyspark.sql import Window
-        from pyspark.sql import functions as F
 
         keys, names = list(self.identity), [*self.values]
         old = before.select(*keys, F.struct(*names, "n_rows").alias("_old"))

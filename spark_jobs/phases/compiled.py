@@ -15,8 +15,8 @@ from spark_jobs.aggregates.builtins import Builtin
 from spark_jobs.aggregates.vectorized import udaf_merge, udaf_partials
 from spark_jobs.key_match import join_on_keys
 from spark_jobs.lake.layout import ADOPTED, SPEC_VERSION
+from spark_jobs.spark_functions import F
 from spark_jobs.spec import PipelineSpec
-from spark_jobs.windows.base import F
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame

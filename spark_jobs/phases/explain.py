@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Literal
 from spark_jobs.aggregates.builtins import Builtin
 from spark_jobs.lake.table_rules import DAY
 from spark_jobs.phases.compiled import SIGN, CompiledAggregates, final_aggregate, partial_aggregate
-from spark_jobs.windows.base import F
+from spark_jobs.spark_functions import F
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

@@ -42,8 +42,8 @@ from spark_jobs.persisted import persisted
 from spark_jobs.phases.compiled import CompiledAggregates
 from spark_jobs.quality.suites import coverage_columns, input_expectations, output_expectations
 from spark_jobs.quality.thresholds import QualityRules, load_rules
+from spark_jobs.spark_functions import F
 from spark_jobs.spec import PipelineSpec
-from spark_jobs.windows.base import F
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -270,9 +270,7 @@ SUITES: dict[str, Suite] = {suite.name: suite for suite in (InputSuite(), Output
 
 def _cached_checks(df: DataFrame, checks: Callable[[DataFrame], list[Check]]) -> tuple[list[Check], DataFrame]:
     """``checks`` over ``df`` cached once: GX computes each metric as its own Spark job."""
-    from pyspark import StorageLevel
-
-    df = persisted(df, StorageLevel.MEMORY_AND_DISK)
+    df = persisted(df)
     try:
         return checks(df), df
     except BaseException:  # not a catch: whatever stopped the checks, release the cache and re-raise it

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from spark_jobs.lake.layout import ADOPTED, SPEC_VERSION
 from spark_jobs.quality.thresholds import QualityRules, Range
+from spark_jobs.spark_functions import F
 from spark_jobs.spec import PipelineSpec
-from spark_jobs.windows.base import F
 
 if TYPE_CHECKING:
     from great_expectations.expectations import Expectation

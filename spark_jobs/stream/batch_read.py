@@ -21,9 +21,9 @@ from spark_jobs.lake.table_rules import DAY
 from spark_jobs.persisted import persisted
 from spark_jobs.phases import CompiledAggregates, partial_aggregate
 from spark_jobs.spark_failures import spark_errors
+from spark_jobs.spark_functions import F
 from spark_jobs.spec import PipelineSpec
 from spark_jobs.stream.outputs import Rows
-from spark_jobs.windows.base import F
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -46,8 +46,6 @@ class BatchReader:
         """The pass. A batch comes to the driver in that same Spark job when its files' footers bound it under the
         driver's limit, or when twice the groups per row of the densest batch yet would fit; another is cached and
         counted first. A file unreadable past its footer fails here (InputError)."""
-        from pyspark import StorageLevel
-
         combined = self._combined(found, watermark)
         bound = found.readable_rows()
         groups = None if bound is None else bound * self.spec.window.windows_per_row  # at most, per row and window
@@ -57,7 +55,7 @@ class BatchReader:
         read = BatchRead(combined)
         try:
             if not (expected and read.collect(bounded=fits)):
-                read.combined = persisted(combined, StorageLevel.MEMORY_AND_DISK)
+                read.combined = persisted(combined)
                 valid = F.col(_BAD).isNull()
                 read.counted(read.combined.agg(
                     F.sum(F.when(valid, F.col("_rows"))).alias("rows"), F.count(F.when(~valid, 1)).alias("rejected"),

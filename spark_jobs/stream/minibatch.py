@@ -30,13 +30,13 @@ from spark_jobs.lake import AppTxn, Lake, PipelineTables
 from spark_jobs.lake.spec_record import ensure_applied
 from spark_jobs.lake.table_rules import batch_days, batch_files_in, day_bounds, stream_app_id
 from spark_jobs.phases import CompiledAggregates
+from spark_jobs.spark_functions import F
 from spark_jobs.spec import PipelineSpec
 from spark_jobs.stream.arrow_engine import DRIVER_MAX_KEYS, ArrowEngine
 from spark_jobs.stream.batch_read import BatchRead, BatchReader
 from spark_jobs.stream.handoff import Handoffs
 from spark_jobs.stream.outputs import BatchCommits, MergeEngine, MiniBatch, commit_outputs
 from spark_jobs.stream.spark_engine import SparkEngine
-from spark_jobs.windows.base import F
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

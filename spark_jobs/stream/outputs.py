@@ -18,8 +18,8 @@ from spark_jobs.jobs.timing import PhaseTimer
 from spark_jobs.lake import AppTxn, Lake, PipelineTables
 from spark_jobs.lake.reader import commit_with_txn
 from spark_jobs.lake.table_rules import DAY, PARTIALS_PARTITIONS, sort_keys, stream_layout
+from spark_jobs.spark_functions import F
 from spark_jobs.spec import PipelineSpec
-from spark_jobs.windows.base import F
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -72,8 +72,10 @@ def source_stream(spark: SparkSession, spec: PipelineSpec) -> DataFrame:
 # broadcast is a Spark job (about 30 a batch instead of 6) whose scheduling would set the latency. After the
 # pre-aggregation every shuffle holds touched keys only: one partition per core is enough (set in ``run``). A batch's
 # groups hold small sketches: 64k may stay in a task's hash map (sorting at 16k took a fifth of a 20-file batch).
+# Its cached groups and served values live until its commits: compressing their columns took longer than computing them.
 _SMALL_BATCH_CONF = {"spark.sql.adaptive.enabled": "false", "spark.sql.autoBroadcastJoinThreshold": "-1",
-                     "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "65536"}
+                     "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "65536",
+                     "spark.sql.inMemoryColumnarStorage.compressed": "false"}
 
 
 @contextmanager

@@ -16,10 +16,10 @@ from spark_jobs.lake.table_rules import DAY, STREAM, counted_files
 from spark_jobs.persisted import persisted
 from spark_jobs.phases import CompiledAggregates, final_aggregate
 from spark_jobs.phases.changelog_rule import FIRST_SEEN, ChangelogRule
+from spark_jobs.spark_functions import F
 from spark_jobs.stream.open_sessions import state_answers
 from spark_jobs.stream.outputs import BatchOutputs, MiniBatch, stream_stamp
 from spark_jobs.windows import Reach, Stored
-from spark_jobs.windows.base import F
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -102,9 +102,7 @@ class SparkEngine:
 
     def _cache(self, frame: DataFrame) -> DataFrame:
         """Persisted until the batch commits (:meth:`after_commit` releases it)."""
-        from pyspark import StorageLevel
-
-        frame = persisted(frame, StorageLevel.MEMORY_AND_DISK)
+        frame = persisted(frame)
         self._cached.append(frame)
         return frame
 

@@ -9,7 +9,6 @@ the driver needs it, its Arrow form beside it."""
 from __future__ import annotations
 
 import datetime as dt
-import importlib
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -22,17 +21,10 @@ import pyarrow.compute as pc
 
 from spark_jobs.durations import Duration
 from spark_jobs.key_match import join_on_keys, key_mask
+from spark_jobs.spark_functions import F
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
-    from pyspark.sql import functions as F
-else:  # a DAG file's parse reads the window kinds, never pyspark: its functions are imported at their first use
-
-    class _SparkFunctions:
-        def __getattr__(self, name: str) -> Any:
-            return getattr(importlib.import_module("pyspark.sql.functions"), name)
-
-    F = _SparkFunctions()
 
 __all__ = ["BOUNDS", "RECOMBINE", "TS", "F", "Grouped", "Reach", "SizedWindows", "Stored", "WindowChange", "WindowKind",
            "epoch_micros", "floor_micros", "floor_ticks", "ticks"]
