@@ -6,12 +6,16 @@ its own lake; background processes start in their own session and are stopped by
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
 import secrets
+import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -53,15 +57,6 @@ class AirflowHome:
             time.sleep(1 + attempt)
         return proc
 
-    def json(self, *args: str) -> Any:
-        for attempt in range(5):  # SQLite can answer "database is locked" under concurrent writers
-            proc = self.run(*args, "-o", "json", check=False)
-            if proc.returncode == 0:  # warnings may precede the JSON on stdout: it is the last line
-                lines = [line for line in proc.stdout.splitlines() if line.startswith(("[{", "[]", "{"))]
-                return json.loads(lines[-1]) if lines else []
-            time.sleep(1 + attempt)
-        raise AssertionError(f"airflow {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
-
     def import_errors(self) -> list[dict[str, Any]]:
         """The import errors the dag-processor recorded (the CLI exits 1 when there are any)."""
         proc = self.run("dags", "list-import-errors", "-o", "json", check=False)
@@ -70,22 +65,27 @@ class AirflowHome:
             raise AssertionError(f"airflow dags list-import-errors printed no JSON:\n{proc.stderr[-3000:]}")
         return list(json.loads(lines[-1]))
 
-    def runs(self, dag_id: str) -> list[dict[str, Any]]:
-        return self.json("dags", "list-runs", dag_id)
-
-    def dag_runs(self, dag_id: str, run_id_like: str) -> list[tuple[str, str]]:
-        """(run id, state) of the runs in the metadata database (SQLite), read without starting the CLI."""
+    def query(self, sql: str, *params: str) -> list[dict[str, Any]]:
+        """Rows of the metadata database (SQLite), read without the CLI: an ``airflow dags list-runs`` or ``tasks
+        states-for-dag-run`` costs 4-6 s of CPU, which the scheduler and the tasks beside it wait for."""
         db = sqlite3.connect(f"file:{self.home / 'airflow.db'}?mode=ro", uri=True, timeout=30)
+        db.row_factory = sqlite3.Row
         try:
-            return db.execute("SELECT run_id, state FROM dag_run WHERE dag_id = ? AND run_id LIKE ?",
-                              (dag_id, run_id_like)).fetchall()
-        except sqlite3.OperationalError:  # locked by a writer, or not migrated yet: none seen this time
-            return []
+            return [dict(row) for row in db.execute(sql, params)]
         finally:
             db.close()
 
+    def runs(self, dag_id: str, run_id_like: str = "%") -> list[dict[str, Any]]:
+        """The DAG's runs (``run_id``, ``state``, ``logical_date``), in logical date order."""
+        return self.query("SELECT run_id, state, logical_date FROM dag_run WHERE dag_id = ? AND run_id LIKE ? "
+                          "ORDER BY logical_date", dag_id, run_id_like)
+
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        return self.query("SELECT task_id, state, start_date, end_date FROM task_instance WHERE dag_id = ? AND "
+                          "run_id = ?", dag_id, run_id)
+
     def task_states(self, dag_id: str, run_id: str) -> dict[str, str]:
-        return {t["task_id"]: t["state"] for t in self.json("tasks", "states-for-dag-run", dag_id, run_id)}
+        return {t["task_id"]: t["state"] for t in self.task_instances(dag_id, run_id)}
 
     @contextmanager
     def background(self, *commands: list[str]) -> Iterator[list[subprocess.Popen[bytes]]]:
@@ -176,25 +176,43 @@ def airflow_home(tmp: Path, pipelines: Path, server: Any = None) -> AirflowHome:
     env.pop("SPARK_JOBS_RUNNER", None)
     if server is not None:
         env.update({"SPARK_REMOTE": server.remote, "SPARK_JOBS_RUNNER": server.runner})
-    af = AirflowHome(home, pipelines, env, port)
-    af.run("db", "migrate", timeout=300)
     sys.path.insert(0, str(ROOT / "plugins"))  # as Airflow does
-    from spark_jobs_airflow.pipelines import create_pools, load_specs
+    from spark_jobs_airflow.pipelines import load_specs
 
-    create_pools(load_specs(pipelines)[0], airflow=AIRFLOW, env=env)  # as a deployment's init step does
-    return af
+    shutil.copyfile(_migrated_database(load_specs(pipelines)[0]), home / "airflow.db")
+    return AirflowHome(home, pipelines, env, port)
+
+
+_DATABASES: dict[tuple[str, ...], Path] = {}
+
+
+def _migrated_database(specs: list[Any]) -> Path:
+    """A metadata database after ``airflow db migrate`` and the pipelines' pools (as a deployment's init step makes
+    them), built once per test process for each set of pipelines and copied into each home: the two cost about
+    13 s of CLI starts a home."""
+    from spark_jobs_airflow.pipelines import create_pools
+
+    names = tuple(sorted(spec.name for spec in specs))
+    if names not in _DATABASES:
+        home = Path(tempfile.mkdtemp(prefix="airflow-db-"))
+        atexit.register(shutil.rmtree, home, True)
+        env = airflow_env(home, dags=ROOT / "dags", port=0)
+        AirflowHome(home, home, env).run("db", "migrate", timeout=300)
+        create_pools(specs, airflow=AIRFLOW, env=env)
+        _DATABASES[names] = home / "airflow.db"
+    return _DATABASES[names]
 
 
 def wait_for_runs(af: AirflowHome, dag_id: str, n: int, timeout: float, run_type: str = "backfill"
                   ) -> list[dict[str, Any]]:
-    """Wait until ``n`` runs of ``dag_id`` of ``run_type`` exist and all are finished; return them as the CLI lists
-    them. The wait reads the metadata database's ``dag_run`` rows every second: an ``airflow dags list-runs`` costs
-    about 2.7 s of CPU, which a poll every few seconds takes from the scheduler and tasks it waits on."""
+    """Wait until ``n`` runs of ``dag_id`` of ``run_type`` exist and all are finished; return them. Polls the
+    metadata database every second (:meth:`AirflowHome.query`)."""
     deadline = time.monotonic() + timeout
-    runs: list[tuple[str, str]] = []
+    runs: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
-        runs = af.dag_runs(dag_id, f"{run_type}__%")
-        if len(runs) >= n and all(state in TERMINAL for _, state in runs):
-            return [r for r in af.runs(dag_id) if r["run_id"].startswith(f"{run_type}__")]
+        with contextlib.suppress(sqlite3.OperationalError):  # locked by a writer past the busy timeout: next poll
+            runs = af.runs(dag_id, f"{run_type}__%")
+        if len(runs) >= n and all(r["state"] in TERMINAL for r in runs):
+            return runs
         time.sleep(1)
     raise AssertionError(f"{dag_id}: runs not finished after {timeout}s: {runs}\nscheduler log:\n{af.log('scheduler')}")

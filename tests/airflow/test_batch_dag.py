@@ -119,11 +119,9 @@ def test_a_scheduler_backfill_beside_a_stream_run_queues_the_writers_and_matches
     assert [r["state"] for r in runs] == ["success"] * len(DAYS), [af.task_states("views_batch", r["run_id"]) for r in runs]
     assert stream_run["state"] == "success", af.task_states("views_stream", stream_run["run_id"])
     assert_matches(actual(tables.aggregates, spec), expected(read_landing(tmp_path / "landing"), spec), spec)
-    writers = [(t["start_date"], t["end_date"], f"{dag} {t['task_id']} {t['logical_date'][:10]}")
-               for dag, run_ids in (("views_batch", [r["run_id"] for r in runs]),
-                                    ("views_stream", [stream_run["run_id"]]))
-               for run_id in run_ids for t in af.json("tasks", "states-for-dag-run", dag, run_id)
-               if t["task_id"] in ("reduce", "stream")]
+    writers = [(t["start_date"], t["end_date"], f"{dag} {t['task_id']} {run['run_id']}")
+               for dag, dag_runs in (("views_batch", runs), ("views_stream", [stream_run]))
+               for run in dag_runs for t in af.task_instances(dag, run["run_id"]) if t["task_id"] in ("reduce", "stream")]
     assert len(writers) == len(DAYS) + 2  # a reduce per day, the stream and its reduce
     writers.sort()
     for before, after in itertools.pairwise(writers):
