@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -186,7 +186,7 @@ def airflow_home(tmp: Path, pipelines: Path, server: Any = None) -> AirflowHome:
 _DATABASES: dict[tuple[str, ...], Path] = {}
 
 
-def _migrated_database(specs: list[Any]) -> Path:
+def _migrated_database(specs: Sequence[Any]) -> Path:
     """A metadata database after ``airflow db migrate`` and the pipelines' pools (as a deployment's init step makes
     them), built once per test process for each set of pipelines and copied into each home: the two cost about
     13 s of CLI starts a home."""
