@@ -28,7 +28,7 @@ from spark_jobs.lake.layout import table_schema
 from spark_jobs.lake.reader import is_table, open_table
 from spark_jobs.lake.spec_record import RecordedSpec, fingerprint, has_data, normalise
 from spark_jobs.spec import AggregateSpec, PipelineSpec
-from spark_jobs.windows.base import RECOMBINE
+from spark_jobs.windows.kind import RECOMBINE
 
 __all__ = ["Change", "Diff", "Plan", "compare", "make_plan"]
 

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from spark_jobs.inspection import Series
 from spark_jobs.inspection.rollup import Rollup, parse_by, parse_grain
 from spark_jobs.inspection.views import is_number, parse_time
-from spark_jobs.windows.base import EPOCH
+from spark_jobs.windows.kind import EPOCH
 
 from .chart import COLORS
 

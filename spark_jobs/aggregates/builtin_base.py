@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import pyarrow as pa
 
-from spark_jobs.aggregates.base import AggregateFunction
+from spark_jobs.aggregates.contract import AggregateFunction
 from spark_jobs.spark_functions import F
 
 if TYPE_CHECKING:

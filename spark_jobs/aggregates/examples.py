@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_jobs.aggregates.base import AggregateFunction
+from spark_jobs.aggregates.contract import AggregateFunction
 
 __all__ = ["VectorSum", "WeightedAvg"]
 

@@ -8,8 +8,8 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from spark_jobs.aggregates.base import AggregateFunction
 from spark_jobs.aggregates.builtins import BUILTINS, NUMERIC, RETRACTING, Builtin
+from spark_jobs.aggregates.contract import AggregateFunction
 from spark_jobs.errors import SpecError
 
 __all__ = ["create", "is_user_defined", "load_user_aggregate", "validate_aggregate"]

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_jobs.aggregates.base import BoundAggregate
+from spark_jobs.aggregates.contract import BoundAggregate
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -26,7 +26,7 @@ from spark_jobs.lake.table_rules import rollup_app_id
 from spark_jobs.phases.arrow_merge import bucket_origin, bucket_starts, merge_groups, value_columns
 from spark_jobs.phases.compiled import CompiledAggregates
 from spark_jobs.spec import PipelineSpec, RollupSpec, parse_duration
-from spark_jobs.windows.base import EPOCH, TS, epoch_micros
+from spark_jobs.windows.kind import EPOCH, TS, epoch_micros
 
 __all__ = ["Rollup", "parse_by", "parse_grain", "rollup"]
 

@@ -30,7 +30,7 @@ from spark_jobs.phases.compiled import CompiledAggregates, partial_aggregate
 from spark_jobs.spark_failures import spark_errors
 from spark_jobs.spark_functions import F
 from spark_jobs.spec import PipelineSpec
-from spark_jobs.windows.base import TS
+from spark_jobs.windows.kind import TS
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

@@ -29,7 +29,7 @@ from spark_jobs.lake.table_rules import rollup_app_id
 from spark_jobs.phases.arrow_merge import bucket_floor, bucket_starts, encoded_columns, merge_groups, value_columns
 from spark_jobs.phases.compiled import CompiledAggregates
 from spark_jobs.spec import RollupSpec
-from spark_jobs.windows.base import EPOCH, TS, epoch_micros
+from spark_jobs.windows.kind import EPOCH, TS, epoch_micros
 
 __all__ = ["refresh"]
 

@@ -14,10 +14,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_jobs.aggregates.base import AggregateFunction, BoundAggregate
 from spark_jobs.aggregates.builtins import Builtin
+from spark_jobs.aggregates.contract import AggregateFunction, BoundAggregate
 from spark_jobs.lake.layout import ADOPTED, SPEC_VERSION
-from spark_jobs.windows.base import EPOCH, TS, epoch_micros, ticks
+from spark_jobs.windows.kind import EPOCH, TS, epoch_micros, ticks
 
 __all__ = ["MONDAY", "Merged", "Stored", "bucket_floor", "bucket_origin", "bucket_starts", "encoded_columns",
            "merge_groups", "value_columns"]

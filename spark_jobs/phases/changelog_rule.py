@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from spark_jobs.key_match import arrow_join, join_on_keys
 from spark_jobs.spark_functions import F
-from spark_jobs.windows.base import TS
+from spark_jobs.windows.kind import TS
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

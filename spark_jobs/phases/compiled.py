@@ -10,8 +10,8 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from spark_jobs.aggregates import create
-from spark_jobs.aggregates.base import BoundAggregate
 from spark_jobs.aggregates.builtins import Builtin
+from spark_jobs.aggregates.contract import BoundAggregate
 from spark_jobs.aggregates.vectorized import udaf_merge, udaf_partials
 from spark_jobs.key_match import join_on_keys
 from spark_jobs.lake.layout import ADOPTED, SPEC_VERSION

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from spark_jobs.lake import Lake, PipelineTables
 from spark_jobs.lake.table_rules import DAY, batch_days
 from spark_jobs.stream.outputs import MiniBatch
-from spark_jobs.windows.base import TS, F, WindowKind
+from spark_jobs.windows.kind import TS, F, WindowKind
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

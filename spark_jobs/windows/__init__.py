@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from spark_jobs.durations import Duration, parse_duration
-from spark_jobs.windows.base import BOUNDS, Reach, Stored, WindowChange, WindowKind
 from spark_jobs.windows.cumulative import Cumulative
 from spark_jobs.windows.hopping import Hopping
+from spark_jobs.windows.kind import BOUNDS, Reach, Stored, WindowChange, WindowKind
 from spark_jobs.windows.session import Sessions
 from spark_jobs.windows.tumbling import Tumbling
 from spark_jobs.windows.unwindowed import Unwindowed

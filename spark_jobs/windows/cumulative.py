@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from spark_jobs.durations import Duration
 from spark_jobs.key_match import join_on_keys, key_mask
-from spark_jobs.windows.base import EPOCH, TS, F, Grouped, epoch_micros, floor_micros, floor_ticks, ticks
+from spark_jobs.windows.kind import EPOCH, TS, F, Grouped, epoch_micros, floor_micros, floor_ticks, ticks
 from spark_jobs.windows.tumbling import TiledWindows
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from spark_jobs.durations import Duration
-from spark_jobs.windows.base import RECOMBINE, F, SizedWindows, WindowChange, WindowKind
+from spark_jobs.windows.kind import RECOMBINE, F, SizedWindows, WindowChange, WindowKind
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

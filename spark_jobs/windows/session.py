@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from spark_jobs.durations import Duration, utc
 from spark_jobs.key_match import join_on_keys
 from spark_jobs.persisted import persisted
-from spark_jobs.windows.base import RECOMBINE, TS, F, Grouped, Reach, Stored, WindowChange, WindowKind, ticks
+from spark_jobs.windows.kind import RECOMBINE, TS, F, Grouped, Reach, Stored, WindowChange, WindowKind, ticks
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from spark_jobs.durations import Duration
-from spark_jobs.windows.base import TS, F, SizedWindows, WindowChange, WindowKind, floor_micros, floor_ticks, ticks
+from spark_jobs.windows.kind import TS, F, SizedWindows, WindowChange, WindowKind, floor_micros, floor_ticks, ticks
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from spark_jobs.windows.base import RECOMBINE, F, WindowChange, WindowKind
+from spark_jobs.windows.kind import RECOMBINE, F, WindowChange, WindowKind
 
 if TYPE_CHECKING:
     from pyspark.sql import Column

@@ -22,7 +22,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark_jobs.aggregates.base import AggregateFunction
 from spark_jobs.aggregates.builtins import (
     ApproxCountDistinct,
     ApproxPercentile,
@@ -33,6 +32,7 @@ from spark_jobs.aggregates.builtins import (
     Max,
     Min,
 )
+from spark_jobs.aggregates.contract import AggregateFunction
 from spark_jobs.aggregates.examples import WeightedAvg
 from spark_jobs.aggregates.registry import create
 from spark_jobs.errors import RetractNotSupportedError
