@@ -17,17 +17,20 @@ that can no longer be read (its log cleaned up, a removed file vacuumed) is skip
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 from functools import partial
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.lake import AppTxn, Lake, PipelineTables
 from spark_jobs.lake.layout import CHANGE_STAMP, table_schema, value_fields
-from spark_jobs.lake.reader import READ_ERRORS, Snapshot, commit_files, open_table
+from spark_jobs.lake.reader import READ_ERRORS, CommitFiles, Snapshot, commit_files, open_table
 from spark_jobs.lake.table_rules import changelog_app_id
+from spark_jobs.lake.time_chunks import time_chunks
 from spark_jobs.phases.changelog_rule import ChangelogRule
 from spark_jobs.spec import PipelineSpec
 
@@ -85,16 +88,34 @@ def _told(aggregates: Snapshot, rule: ChangelogRule, schema: pa.Schema, version:
         return None
     columns = [*rule.identity, *rule.values, "n_rows"]
     dropped = json.loads(commit.info.get("dropped_keys") or "[]")  # apply's: keys the removed files still hold
+    writer = commit.info.get("job") or str(commit.info.get("operation", "")).lower()
+    stamp = {"batch_id": None, "writer": writer, "run_id": commit.info.get("run_id"),
+             "aggregates_version": commit.version}
     try:
-        after = aggregates.read_files(commit.added, columns)
-        before = aggregates.read_files(commit.removed, [*columns, *dropped], [schema.field(k) for k in dropped])
+        if dropped:
+            after = aggregates.read_files(commit.added, columns)
+            before = aggregates.read_files(commit.removed, [*columns, *dropped], [schema.field(k) for k in dropped])
+            return rule.replaced(before, after, stamp, schema, dropped)
+        return rule.joined([rule.arrow(aggregates.read_files(removed, columns, filter=where),
+                                       aggregates.read_files(added, columns, filter=where), None, stamp, schema)
+                            for removed, added, where in _pieces(aggregates, commit)])
     except READ_ERRORS as exc:
         log.warning("cannot read the files of commit %s of %s (%s): the changelog does not tell it", commit.version,
                     aggregates.path, exc)
         return None
-    writer = commit.info.get("job") or str(commit.info.get("operation", "")).lower()
-    stamp = {"batch_id": None, "writer": writer, "run_id": commit.info.get("run_id"),
-             "aggregates_version": commit.version}
-    if dropped:
-        return rule.replaced(before, after, stamp, schema, dropped)
-    return rule.arrow(before, after, None, stamp, schema)
+
+
+def _pieces(aggregates: Snapshot, commit: CommitFiles) -> list[tuple[list[str], list[str], pc.Expression | None]]:
+    """The commit's removed and added files, a few days of windows at a time (:mod:`spark_jobs.lake.time_chunks`): a
+    full reduce rewrites every row, and its change is told holding a few days' rows at once. Whole where the files
+    have no window statistics."""
+    files = [*commit.removed, *commit.added]
+    if "window_start" not in aggregates.schema().names or not files:
+        return [(list(commit.removed), list(commit.added), None)]
+    spans = aggregates.footer_spans(files, "window_start")
+    chunks = time_chunks(spans, lambda t: t.replace(hour=0, minute=0, second=0, microsecond=0), dt.timedelta(days=1))
+    if chunks is None:
+        return [(list(commit.removed), list(commit.added), None)]
+    at = dict(zip(aggregates.uris(files), files, strict=True))
+    return [([f for f in commit.removed if f in mine], [f for f in commit.added if f in mine], c.where("window_start"))
+            for c in chunks if (mine := {at[u] for u in c.uris})]

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import operator
-from collections.abc import Iterable
-from functools import partial, reduce
+from functools import partial
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -24,8 +22,9 @@ from spark_jobs.jobs.forked import cores, forked_map
 from spark_jobs.lake import AppTxn, Cluster, Lake, PipelineTables
 from spark_jobs.lake.arrow import split_by
 from spark_jobs.lake.layout import SPEC_VERSION, table_schema
-from spark_jobs.lake.reader import READ_ERRORS, Snapshot, open_table
+from spark_jobs.lake.reader import READ_ERRORS, Snapshot, open_table, read_plain
 from spark_jobs.lake.table_rules import rollup_app_id
+from spark_jobs.lake.time_chunks import in_ranges, merged_spans, time_chunks
 from spark_jobs.phases.arrow_merge import bucket_floor, bucket_starts, encoded_columns, merge_groups, value_columns
 from spark_jobs.phases.compiled import CompiledAggregates
 from spark_jobs.spec import RollupSpec
@@ -64,7 +63,7 @@ def _attempt(lake: Lake, compiled: CompiledAggregates, rollup: RollupSpec, run_i
     keys = [*rollup.by, "window_start", "window_end"]
     touched = None
     if ranges is not None:
-        old = open_table(path, planned).read(keys, filter=_in_ranges(ranges)) if planned is not None else None
+        old = open_table(path, planned).read(keys, filter=in_ranges("window_start", ranges)) if planned is not None else None
         touched = pa.concat_tables([t for t in (old, rows.select(keys)) if t is not None]).group_by(keys).aggregate([])
     buckets = len(pc.unique(rows.column("window_start"))) if rows.num_rows else 1
     commit = lake.replace_keys(rows, path, keys=keys, touched=touched, app_txn=AppTxn(app, source),
@@ -97,24 +96,38 @@ def changed_buckets(aggregates: Snapshot, since: int, grain_s: int) -> list[tupl
                 return None
             lo, hi = (epoch_micros(bucket_floor(row[c], grain_s)) for c in ("min.window_start", "max.window_start"))
             spans.append((lo, hi + grain_s * _US))
-    return [(EPOCH + dt.timedelta(microseconds=lo), EPOCH + dt.timedelta(microseconds=hi)) for lo, hi in _union(spans)]
+    return [(EPOCH + dt.timedelta(microseconds=lo), EPOCH + dt.timedelta(microseconds=hi)) for lo, hi in merged_spans(spans)]
 
 
 def rollup_rows(aggregates: Snapshot, compiled: CompiledAggregates, rollup: RollupSpec,
                 ranges: list[tuple[dt.datetime, dt.datetime]] | None, *, run_id: str) -> pa.Table:
     """The rollup table's rows for the buckets in ``ranges`` (all when None), from ``aggregates``, with its column order
-    and types (``by`` keys, bucket bounds, values, ``n_rows``, accumulators, ``spec_version``)."""
+    and types (``by`` keys, bucket bounds, values, ``n_rows``, accumulators, ``spec_version``). Read a run of buckets at
+    a time on every core (:mod:`spark_jobs.lake.time_chunks`): a refresh of every bucket holds the rows of a few."""
+    grain = rollup.grain.seconds
     schema = aggregates.schema()
     acc = [c for e in compiled.entries for c in e.acc_columns]
     versions = [SPEC_VERSION] if SPEC_VERSION in schema.names else []
-    rows = aggregates.read([*rollup.by, "window_start", "window_end", "n_rows", *acc, *versions],
-                           filter=None if ranges is None else _in_ranges(ranges))
-    rows = compiled.spec.window.rollup_rows(rows).drop_columns(["window_end"])
-    rows = rows.drop_columns(["window_start"]).append_column(
-        "window_start", bucket_starts(rows.column("window_start"), rollup.grain.seconds))
-    pieces = split_by(rows, "window_start", 2 * cores()) if rows.num_rows >= PARALLEL_ROWS else [rows]
-    rolled = forked_map(lambda piece: _rolled(piece, compiled, rollup, schema, versions, run_id=run_id), pieces)
-    return pa.concat_tables(rolled) if len(rolled) > 1 else rolled[0]
+    columns = [*rollup.by, "window_start", "window_end", "n_rows", *acc, *versions]
+
+    def bucketed(rows: pa.Table) -> pa.Table:  # each row's bucket as its window_start
+        rows = compiled.spec.window.rollup_rows(rows).drop_columns(["window_end"])
+        return rows.drop_columns(["window_start"]).append_column(
+            "window_start", bucket_starts(rows.column("window_start"), grain))
+
+    def rolled(rows: pa.Table) -> pa.Table:
+        return _rolled(rows, compiled, rollup, schema, versions, run_id=run_id)
+
+    spans = aggregates.file_spans("window_start")
+    chunks = None if spans is None else time_chunks(spans, lambda t: bucket_floor(t, grain), dt.timedelta(seconds=grain),
+                                                    ranges)
+    if chunks is None:  # files a worker cannot read, or without statistics: all at once, split by bucket
+        rows = bucketed(aggregates.read(columns, filter=None if ranges is None else in_ranges("window_start", ranges)))
+        out = forked_map(rolled, split_by(rows, "window_start", 2 * cores()) if rows.num_rows >= PARALLEL_ROWS else [rows])
+    else:
+        out = forked_map(lambda c: rolled(bucketed(read_plain(c.uris, schema, columns, c.where("window_start")))),
+                         chunks) or [rolled(bucketed(schema.empty_table().select(columns)))]
+    return pa.concat_tables(out) if len(out) > 1 else out[0]
 
 
 def _rolled(rows: pa.Table, compiled: CompiledAggregates, rollup: RollupSpec, schema: pa.Schema, versions: list[str],
@@ -130,21 +143,3 @@ def _rolled(rows: pa.Table, compiled: CompiledAggregates, rollup: RollupSpec, sc
            "updated_at": pa.repeat(now, merged.num_rows), "run_id": pa.repeat(pa.scalar(run_id), merged.num_rows)}
     columns = [f for f in table_schema(spec, rollup.table, rollup) if f.name in out]
     return pa.table([out[f.name].cast(f.type) for f in columns], pa.schema(columns))
-
-
-def _in_ranges(ranges: Iterable[tuple[dt.datetime, dt.datetime]]) -> pc.Expression:
-    terms = [(pc.field("window_start") >= pa.scalar(lo, TS)) & (pc.field("window_start") < pa.scalar(hi, TS))
-             for lo, hi in ranges]
-    # no term: the commits since changed no data file, nothing to recompute, the version to record
-    return reduce(operator.or_, terms) if terms else pc.scalar(False)
-
-
-def _union(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for lo, hi in sorted(spans):
-        if out and lo <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], hi))
-        else:
-            out.append((lo, hi))
-    return out
-

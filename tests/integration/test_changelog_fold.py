@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from spark_jobs.__main__ import main
 from spark_jobs.jobs import combine, reduce
 from spark_jobs.jobs.apply import apply
-from spark_jobs.lake import PipelineTables
+from spark_jobs.lake import PipelineTables, time_chunks
 from spark_jobs.lake.layout import value_fields
 from spark_jobs.phases.changelog_rule import ChangelogRule
 from spark_jobs.spec import PipelineSpec, load_spec
@@ -45,6 +45,12 @@ STEP = st.one_of(
     st.tuples(st.just("stream")), st.tuples(st.just("combine"), st.integers(0, 1)), st.tuples(st.just("reduce")),
     st.tuples(st.just("full")), st.tuples(st.just("backfill"), st.integers(0, 1)),
     st.tuples(st.just("apply"), st.sampled_from(["add", "coarsen", "drop"])))
+
+
+@pytest.fixture(autouse=True)
+def changes_told_a_day_at_a_time(monkeypatch):
+    """A full reduce's change is told a day of windows at a time, as on a large table."""
+    monkeypatch.setattr(time_chunks, "CHUNK_BYTES", 1)
 
 
 def _changed(spec: PipelineSpec, how: str) -> PipelineSpec:

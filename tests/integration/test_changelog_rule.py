@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import math
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -78,3 +80,23 @@ def test_a_session_that_grew_is_updated_under_its_start_and_one_absorbed_is_dele
     rows = rule.arrow(old, new, first, {"batch_id": 0}, CHANGELOG).to_pylist()
     assert [(r["op"], r["window_start"].hour, r["window_end"].hour, r["views"]) for r in rows] == [
         ("-U", 0, 1, 1), ("+U", 0, 3, 3), ("-D", 2, 3, 1)]
+
+
+@pytest.mark.parametrize("kind", sorted(RULES))
+@settings(max_examples=40, deadline=None)
+@given(before=st.lists(served, max_size=8), after=st.lists(served, max_size=8), cuts=st.sets(st.integers(1, 3)))
+def test_a_change_told_in_pieces_of_time_joins_into_the_change_told_whole(kind, before, after, cuts):
+    """A full reduce tells its change a few days of windows at a time (``changelog_feed``): each piece holds every row
+    of its identities, and the joined pieces are the rows, order and ``seq`` of one telling."""
+    rule = RULES[kind]
+    old, new = side(before, rule.identity), side(after, rule.identity)
+    bounds = [T0, *(T0 + dt.timedelta(hours=h) for h in sorted(cuts)), T0 + dt.timedelta(days=1)]
+
+    def piece(t: pa.Table, lo: dt.datetime, hi: dt.datetime) -> pa.Table:
+        return t.filter(pc.and_(pc.greater_equal(t["window_start"], pa.scalar(lo, TS)),
+                                pc.less(t["window_start"], pa.scalar(hi, TS))))
+
+    whole = rule.arrow(old, new, None, {"batch_id": None}, CHANGELOG)
+    pieces = [rule.arrow(piece(old, lo, hi), piece(new, lo, hi), None, {"batch_id": None}, CHANGELOG)
+              for lo, hi in itertools.pairwise(bounds)]
+    assert comparable(rule.joined(pieces).to_pylist()) == comparable(whole.to_pylist())
