@@ -30,7 +30,7 @@ from spark_jobs.lake import AppTxn, Lake, PipelineTables
 from spark_jobs.lake.layout import CHANGE_STAMP, table_schema, value_fields
 from spark_jobs.lake.reader import READ_ERRORS, CommitFiles, Snapshot, commit_files, open_table
 from spark_jobs.lake.table_rules import changelog_app_id
-from spark_jobs.lake.time_chunks import time_chunks
+from spark_jobs.lake.time_chunks import in_ranges, time_chunks
 from spark_jobs.phases.changelog_rule import ChangelogRule
 from spark_jobs.spec import PipelineSpec
 
@@ -107,15 +107,12 @@ def _told(aggregates: Snapshot, rule: ChangelogRule, schema: pa.Schema, version:
 
 def _pieces(aggregates: Snapshot, commit: CommitFiles) -> list[tuple[list[str], list[str], pc.Expression | None]]:
     """The commit's removed and added files, a few days of windows at a time (:mod:`spark_jobs.lake.time_chunks`): a
-    full reduce rewrites every row, and its change is told holding a few days' rows at once. Whole where the files
-    have no window statistics."""
+    full reduce rewrites every row, and its change is told holding a few days' rows at once."""
     files = [*commit.removed, *commit.added]
-    if "window_start" not in aggregates.schema().names or not files:
-        return [(list(commit.removed), list(commit.added), None)]
-    spans = aggregates.footer_spans(files, "window_start")
-    chunks = time_chunks(spans, lambda t: t.replace(hour=0, minute=0, second=0, microsecond=0), dt.timedelta(days=1))
-    if chunks is None:
+    day = lambda t: t.replace(hour=0, minute=0, second=0, microsecond=0)  # noqa: E731
+    if "window_start" not in aggregates.schema().names or (
+            chunks := time_chunks(aggregates.spans("window_start", files), day, dt.timedelta(days=1))) is None:
         return [(list(commit.removed), list(commit.added), None)]
     at = dict(zip(aggregates.uris(files), files, strict=True))
-    return [([f for f in commit.removed if f in mine], [f for f in commit.added if f in mine], c.where("window_start"))
+    return [([f for f in commit.removed if f in mine], [f for f in commit.added if f in mine], in_ranges("window_start", c.ranges))
             for c in chunks if (mine := {at[u] for u in c.uris})]

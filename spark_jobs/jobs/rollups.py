@@ -18,9 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs.jobs.conflicts import retry_conflicts
-from spark_jobs.jobs.forked import cores, forked_map
+from spark_jobs.jobs.forked import forked_map
 from spark_jobs.lake import AppTxn, Cluster, Lake, PipelineTables
-from spark_jobs.lake.arrow import split_by
 from spark_jobs.lake.layout import SPEC_VERSION, table_schema
 from spark_jobs.lake.reader import READ_ERRORS, Snapshot, open_table, read_plain
 from spark_jobs.lake.table_rules import rollup_app_id
@@ -34,7 +33,6 @@ __all__ = ["refresh"]
 
 log = logging.getLogger("spark_jobs")
 _US = 1_000_000
-PARALLEL_ROWS = 20_000  # rows of aggregates a rollup merges on every core (fewer: in this process)
 MAX_FILES = 64  # files a refresh lays its rows out in: about one per bucket, so the next refresh rewrites few
 
 
@@ -110,30 +108,24 @@ def rollup_rows(aggregates: Snapshot, compiled: CompiledAggregates, rollup: Roll
     versions = [SPEC_VERSION] if SPEC_VERSION in schema.names else []
     columns = [*rollup.by, "window_start", "window_end", "n_rows", *acc, *versions]
 
-    def bucketed(rows: pa.Table) -> pa.Table:  # each row's bucket as its window_start
-        rows = compiled.spec.window.rollup_rows(rows).drop_columns(["window_end"])
-        return rows.drop_columns(["window_start"]).append_column(
-            "window_start", bucket_starts(rows.column("window_start"), grain))
-
     def rolled(rows: pa.Table) -> pa.Table:
         return _rolled(rows, compiled, rollup, schema, versions, run_id=run_id)
 
-    spans = aggregates.file_spans("window_start")
-    chunks = None if spans is None else time_chunks(spans, lambda t: bucket_floor(t, grain), dt.timedelta(seconds=grain),
-                                                    ranges)
-    if chunks is None:  # files a worker cannot read, or without statistics: all at once, split by bucket
-        rows = bucketed(aggregates.read(columns, filter=None if ranges is None else in_ranges("window_start", ranges)))
-        out = forked_map(rolled, split_by(rows, "window_start", 2 * cores()) if rows.num_rows >= PARALLEL_ROWS else [rows])
-    else:
-        out = forked_map(lambda c: rolled(bucketed(read_plain(c.uris, schema, columns, c.where("window_start")))),
-                         chunks) or [rolled(bucketed(schema.empty_table().select(columns)))]
+    chunks = time_chunks(aggregates.spans("window_start"), lambda t: bucket_floor(t, grain), dt.timedelta(seconds=grain),
+                         ranges)
+    if chunks is None:  # files a worker cannot read, or without statistics: all at once, here
+        return rolled(aggregates.read(columns, filter=None if ranges is None else in_ranges("window_start", ranges)))
+    out = forked_map(lambda c: rolled(read_plain(c.uris, schema, columns, in_ranges("window_start", c.ranges))),
+                     chunks) or [rolled(schema.empty_table().select(columns))]
     return pa.concat_tables(out) if len(out) > 1 else out[0]
 
 
 def _rolled(rows: pa.Table, compiled: CompiledAggregates, rollup: RollupSpec, schema: pa.Schema, versions: list[str],
             *, run_id: str) -> pa.Table:
-    """The rollup rows of whole buckets (``window_start`` holds each row's bucket)."""
+    """The rollup rows of the buckets of ``aggregates`` rows that hold each of them whole."""
     spec, entries, grain = compiled.spec, compiled.entries, rollup.grain.seconds
+    rows = spec.window.rollup_rows(rows).drop_columns(["window_end"])
+    rows = rows.drop_columns(["window_start"]).append_column("window_start", bucket_starts(rows["window_start"], grain))
     merged, accs = merge_groups(rows, [*rollup.by, "window_start"], entries)
     end = pc.add(merged.column("window_start").cast(pa.int64()), grain * _US).cast(TS)
     now = pa.scalar(dt.datetime.now(dt.UTC), TS)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -194,21 +194,6 @@ class Snapshot:
         """Where the data files (paths relative to the table, as its log names them) are."""
         return [str(Path(self.path) / f) for f in files]
 
-    def footer_spans(self, files: Sequence[str], column: str) -> list[FileSpan]:
-        """Data files of this table (live or not) with their size and the range of ``column`` their Parquet footers
-        give (None where a row group has no statistics for it): a removed file's log entry has no statistics."""
-        spans = []
-        for uri in self.uris(files):
-            meta = pq.read_metadata(uri)
-            at = [i for i in range(meta.num_columns) if meta.num_row_groups
-                  and meta.row_group(0).column(i).path_in_schema == column]
-            stats = [meta.row_group(g).column(at[0]).statistics for g in range(meta.num_row_groups)] if at else []
-            known = [s for s in stats if s is not None and s.has_min_max]
-            whole = bool(known) and len(known) == len(stats)
-            spans.append(FileSpan(uri, storage.size(uri), min(s.min for s in known) if whole else None,
-                                  max(s.max for s in known) if whole else None))
-        return spans
-
     def read(self, columns: Sequence[str] | None = None, filter: pc.Expression | None = None) -> pa.Table:
         return self._dataset().to_table(columns=None if columns is None else list(columns), filter=filter)
 
@@ -216,18 +201,21 @@ class Snapshot:
         """The first ``n`` rows in file order; stops reading once it has them."""
         return self._dataset().head(n, columns=None if columns is None else list(columns), filter=filter)
 
-    def file_spans(self, column: str) -> list[FileSpan] | None:
-        """Each live data file with its size and its statistics' range of ``column`` (None where it has none), for a
-        reader that must not touch delta-rs (a forked worker: :func:`read_plain`); None when pyarrow alone does not
-        read the table's rows (see :meth:`_dataset`)."""
+    def spans(self, column: str, files: Sequence[str] | None = None) -> list[FileSpan] | None:
+        """Data files (``files``, live or not; else the live ones) with their size and the range of ``column`` their
+        statistics give (the log's for live files, the Parquet footers' for others: a removed file's log entry has
+        none), for a reader that must not touch delta-rs (a forked worker: :func:`read_plain`); None when pyarrow
+        alone does not read the table's rows (:meth:`_plain`)."""
         if not self._plain():
             return None
+        if files is not None:
+            return [_footer_span(uri, column) for uri in self.uris(files)]
         actions = self.add_actions()
-        none = [None] * actions.num_rows
-        lows, highs = (actions.column(f"{b}.{column}").to_pylist() if f"{b}.{column}" in actions.column_names else none
-                       for b in ("min", "max"))
-        return [FileSpan(str(Path(self.path) / unquote(p)), size, lo, hi) for p, size, lo, hi in zip(
-            actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist(), lows, highs, strict=True)]
+        lows, highs = (actions.column(f"{b}.{column}").to_pylist() if f"{b}.{column}" in actions.column_names
+                       else [None] * actions.num_rows for b in ("min", "max"))
+        return [FileSpan(uri, size, lo, hi) for uri, size, lo, hi in zip(
+            self.uris([unquote(p) for p in actions.column("path").to_pylist()]),
+            actions.column("size_bytes").to_pylist(), lows, highs, strict=True)]
 
     def _plain(self) -> bool:
         """Whether a plain Parquet dataset of the files reads the same rows: a local table without partition columns
@@ -244,9 +232,8 @@ class Snapshot:
         return pads.dataset(self._table.file_uris(), schema=self.schema(), format="parquet")
 
 
-@dataclass(frozen=True)
-class FileSpan:
-    """A data file and the range of one column its statistics give (None: no statistics for it)."""
+class FileSpan(NamedTuple):
+    """A data file and the range of one column its statistics give (None: not every row group has them)."""
 
     uri: str
     size: int
@@ -256,6 +243,17 @@ class FileSpan:
 
 def read_plain(uris: Sequence[str], schema: pa.Schema, columns: Sequence[str],
                filter: pc.Expression | None = None) -> pa.Table:
-    """Rows of data files :meth:`Snapshot.file_spans` named, as ``schema``, with pyarrow alone (a forked worker's
+    """Rows of data files :meth:`Snapshot.spans` named, as ``schema``, with pyarrow alone (a forked worker's
     read: delta-rs's runtime panics in a forked process)."""
     return pads.dataset(list(uris), schema=schema, format="parquet").to_table(columns=list(columns), filter=filter)
+
+
+def _footer_span(uri: str, column: str) -> FileSpan:
+    """The range of ``column`` in a Parquet file's row-group statistics (None unless every row group has it)."""
+    meta = pq.read_metadata(uri)
+    at = [i for i in range(meta.num_columns) if meta.num_row_groups and meta.row_group(0).column(i).path_in_schema == column]
+    stats = [meta.row_group(g).column(at[0]).statistics for g in range(meta.num_row_groups)] if at else []
+    known = [s for s in stats if s is not None and s.has_min_max]
+    whole = bool(known) and len(known) == len(stats)
+    return FileSpan(uri, storage.size(uri), min(s.min for s in known) if whole else None,
+                    max(s.max for s in known) if whole else None)

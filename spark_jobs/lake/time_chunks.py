@@ -1,15 +1,15 @@
-"""A table's rows read a time range at a time, so a job over all of them (a full rollup refresh, the changelog of a full
-reduce) holds a few ranges' rows at once however large the table: the ranges are runs of whole steps (a rollup's
-buckets, days) of about :data:`CHUNK_BYTES` of data files, each file's bytes spread evenly over the steps its
-statistics span. A file across two runs is read by both, each for its own rows."""
+"""A table read a time range at a time, so a job over all its rows (a full rollup refresh, the changelog of a full
+reduce) holds a few ranges' rows at once: runs of whole steps (a rollup's buckets, days) of at most
+:data:`CHUNK_BYTES` of data files, a file's bytes spread evenly over the steps its statistics span. A file across two
+runs is read by both, each for its own rows."""
 
 from __future__ import annotations
 
 import datetime as dt
 import operator
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from functools import reduce
+from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -19,27 +19,21 @@ from spark_jobs.lake.reader import FileSpan
 __all__ = ["CHUNK_BYTES", "TimeChunk", "in_ranges", "merged_spans", "time_chunks"]
 
 CHUNK_BYTES = 4 << 20  # data file bytes read at once (and once per core where the reads run on every core)
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-_US = dt.timedelta(microseconds=1)
-Ranges = Sequence[tuple[dt.datetime, dt.datetime]]
+_EPOCH, _US = dt.datetime(1970, 1, 1, tzinfo=dt.UTC), dt.timedelta(microseconds=1)
 
 
-@dataclass(frozen=True)
-class TimeChunk:
+class TimeChunk(NamedTuple):
     """Ranges [start, end) of a time column and the data files that may hold their rows."""
 
     uris: tuple[str, ...]
     ranges: tuple[tuple[dt.datetime, dt.datetime], ...]
 
-    def where(self, column: str) -> pc.Expression:
-        return in_ranges(column, self.ranges)
 
-
-def time_chunks(spans: Sequence[FileSpan], floor: Callable[[dt.datetime], dt.datetime], step: dt.timedelta,
-                wanted: Ranges | None = None) -> list[TimeChunk] | None:
-    """The steps (``floor`` gives a time's step start) that the files' statistics span and ``wanted`` holds (all when
-    None), in runs of at most :data:`CHUNK_BYTES` (or one step); None when a file has no statistics for the column."""
-    if any(s.low is None or s.high is None for s in spans):
+def time_chunks(spans: Sequence[FileSpan] | None, floor: Callable[[dt.datetime], dt.datetime], step: dt.timedelta,
+                wanted: Sequence[tuple[dt.datetime, dt.datetime]] | None = None) -> list[TimeChunk] | None:
+    """The steps (``floor`` gives a time's step start) that the files span and ``wanted`` holds (all when None), in
+    runs; None without the files' statistics."""
+    if spans is None or any(s.low is None or s.high is None for s in spans):
         return None
     width = step // _US
     files = [(_micros(floor(s.low)), _micros(floor(s.high)) + width, s) for s in spans]

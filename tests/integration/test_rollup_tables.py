@@ -21,7 +21,7 @@ import pytest
 
 from spark_jobs.errors import SpecChangedError, SpecError
 from spark_jobs.inspection.rollup import Rollup, rollup
-from spark_jobs.jobs import combine, reduce, rollups
+from spark_jobs.jobs import combine, reduce
 from spark_jobs.jobs.apply import apply
 from spark_jobs.lake import PipelineTables, time_chunks
 from spark_jobs.lake.reader import open_table
@@ -76,7 +76,6 @@ def forked_merges():
     """Every refresh here merges its buckets on every core (forked workers), a bucket at a time, as a large one does
     (and a full reduce tells its change a day at a time)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(rollups, "PARALLEL_ROWS", 1)
         patch.setattr(time_chunks, "CHUNK_BYTES", 1)
         yield
 
