@@ -31,6 +31,7 @@ from spark_jobs.lake.layout import CHANGE_STAMP, table_schema, value_fields
 from spark_jobs.lake.reader import READ_ERRORS, CommitFiles, Snapshot, commit_files, open_table
 from spark_jobs.lake.table_rules import changelog_app_id
 from spark_jobs.lake.time_chunks import in_ranges, time_chunks
+from spark_jobs.phases.arrow_merge import bucket_floor
 from spark_jobs.phases.changelog_rule import ChangelogRule
 from spark_jobs.spec import PipelineSpec
 
@@ -38,6 +39,7 @@ __all__ = ["STREAM_JOB", "tell_commits"]
 
 log = logging.getLogger("spark_jobs")
 STREAM_JOB = "stream"  # the ``job`` of the stream's commits: it tells them itself
+DAY_S = 86_400  # a commit is told a run of days of windows at a time
 RESCAN = 100  # commits with nothing to tell (the stream's) scanned again by each run, before one records them
 
 
@@ -109,9 +111,8 @@ def _pieces(aggregates: Snapshot, commit: CommitFiles) -> list[tuple[list[str], 
     """The commit's removed and added files, a few days of windows at a time (:mod:`spark_jobs.lake.time_chunks`): a
     full reduce rewrites every row, and its change is told holding a few days' rows at once."""
     files = [*commit.removed, *commit.added]
-    day = lambda t: t.replace(hour=0, minute=0, second=0, microsecond=0)  # noqa: E731
-    if "window_start" not in aggregates.schema().names or (
-            chunks := time_chunks(aggregates.spans("window_start", files), day, dt.timedelta(days=1))) is None:
+    if "window_start" not in aggregates.schema().names or (chunks := time_chunks(
+            aggregates.spans("window_start", files), lambda t: bucket_floor(t, DAY_S), dt.timedelta(seconds=DAY_S))) is None:
         return [(list(commit.removed), list(commit.added), None)]
     at = dict(zip(aggregates.uris(files), files, strict=True))
     return [([f for f in commit.removed if f in mine], [f for f in commit.added if f in mine], in_ranges("window_start", c.ranges))

@@ -206,7 +206,7 @@ class Snapshot:
         statistics give (the log's for live files, the Parquet footers' for others: a removed file's log entry has
         none), for a reader that must not touch delta-rs (a forked worker: :func:`read_plain`); None when pyarrow
         alone does not read the table's rows (:meth:`_plain`)."""
-        if not self._plain():
+        if not self._plain(self._table.file_uris()):
             return None
         if files is not None:
             return [_footer_span(uri, column) for uri in self.uris(files)]
@@ -217,19 +217,19 @@ class Snapshot:
             self.uris([unquote(p) for p in actions.column("path").to_pylist()]),
             actions.column("size_bytes").to_pylist(), lows, highs, strict=True)]
 
-    def _plain(self) -> bool:
-        """Whether a plain Parquet dataset of the files reads the same rows: a local table without partition columns
-        and without reader features."""
-        return not (self.partition_columns or self.reader_features or any("://" in u for u in self._table.file_uris()))
+    def _plain(self, uris: Sequence[str]) -> bool:
+        """Whether a plain Parquet dataset of the files (``uris``, the live ones) reads the same rows: a local table
+        without partition columns and without reader features."""
+        return not (self.partition_columns or self.reader_features or any("://" in u for u in uris))
 
     def _dataset(self) -> pads.Dataset:
         """The live files as a pyarrow dataset. delta-rs's own builds a guarantee from every file's statistics,
         about a millisecond a file before a row is read (0.6-0.9 s for a stream's 700 files of ``aggregates``);
         a plain Parquet dataset prunes by row-group statistics as it scans. The plain one where it reads the same
         rows (:meth:`_plain`)."""
-        if not self._plain():
+        if not self._plain(uris := self._table.file_uris()):
             return self._table.to_pyarrow_dataset()
-        return pads.dataset(self._table.file_uris(), schema=self.schema(), format="parquet")
+        return pads.dataset(uris, schema=self.schema(), format="parquet")
 
 
 class FileSpan(NamedTuple):
