@@ -35,8 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, *, keep_session: bool = False) -> int:
-    """Run one command (see :func:`spark_jobs.cli.main`)."""
-    return cli.main(argv, keep_session=keep_session, commands=[_add_server])
+    """Run one command (see :func:`spark_jobs.cli.run_parsed`)."""
+    return cli.run_parsed(build_parser(), argv, keep_session=keep_session)
 
 
 def run() -> None:

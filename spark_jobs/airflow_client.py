@@ -20,8 +20,6 @@ from typing import Any
 
 __all__ = ["AirflowClient", "RunsNotFinished"]
 
-TERMINAL = ("success", "failed")
-
 
 class RunsNotFinished(TimeoutError):
     """The runs waited for did not all finish in time."""
@@ -78,7 +76,7 @@ class AirflowClient:
                 on_change(f"  {time.monotonic() - started:5.0f}s {dag_id}: "
                           + (", ".join(f"{d} {s}" for d, s in states) or "no run yet"))
                 seen = states
-            if len(matching) >= runs and all(r["state"] in TERMINAL for r in matching):
+            if len(matching) >= runs and all(r["state"] in ("success", "failed") for r in matching):
                 return matching
             if time.monotonic() - started > timeout:
                 raise RunsNotFinished(f"{dag_id}: {len(matching)} runs ({prefix or 'any'}*) not all finished after "

@@ -309,14 +309,14 @@ def _verbose_after_the_command(parser: argparse.ArgumentParser) -> None:
                 _verbose_after_the_command(child)
 
 
-def main(argv: Sequence[str] | None = None, *, keep_session: bool = False, commands: Sequence[Command] = ()) -> int:
-    """Run one command. A Spark Connect session is released at the end unless ``keep_session`` (a caller
-    that runs many commands in one process, as ``python -m benchmarks airflow``'s warm CLI, keeps it warm)."""
-    return run_parsed(build_parser(commands), argv, keep_session=keep_session)
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one job command (``python -m spark_jobs`` adds ``server``)."""
+    return run_parsed(build_parser(), argv)
 
 
 def run_parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None, *, keep_session: bool = False) -> int:
-    """Parse ``argv``, run the chosen ``func`` (None is exit code 0), map a pipeline error to its exit code."""
+    """Parse ``argv``, run the chosen ``func`` (None is exit code 0), map a pipeline error to its exit code; then
+    release a Spark Connect session unless ``keep_session`` (a warm caller running many commands keeps it)."""
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)

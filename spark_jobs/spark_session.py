@@ -22,7 +22,7 @@ from spark_jobs.errors import ComputeError, UsageError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["SessionConfig", "build_session", "ensure_java_home", "initial_shuffle_partitions", "is_remote", "server_conf",
+__all__ = ["SessionConfig", "build_session", "ensure_java_home", "initial_shuffle_partitions", "server_conf",
            "shuffle_partitions_for"]
 
 # Settings every session gets: the lake's files must not depend on who wrote them.
@@ -89,7 +89,7 @@ MIN_SHUFFLE_PARTITIONS = 8
 # and let adaptive execution coalesce to the cores that came (parallelismFirst). A session of its own
 # then sets :func:`shuffle_partitions_for` its cores; a Connect server keeps this.
 CLUSTER_SHUFFLE_PARTITIONS = 200
-_LOCAL_CORES = re.compile(r"^local\[(\*|\d+)")
+_LOCAL_CORES = re.compile(r"^local(?:\[(\*|\d+))?")  # local without threads (or local-cluster): 1
 
 
 def shuffle_partitions_for(cores: int) -> int:
@@ -103,9 +103,8 @@ def initial_shuffle_partitions(config: SessionConfig) -> int:
     threads, else :data:`CLUSTER_SHUFFLE_PARTITIONS` for a cluster whose cores are not known yet."""
     if config.shuffle_partitions is not None:
         return config.shuffle_partitions
-    if config.master.startswith("local"):
-        found = _LOCAL_CORES.match(config.master)
-        threads = found.group(1) if found else "1"
+    if found := _LOCAL_CORES.match(config.master):
+        threads = found.group(1) or "1"
         return shuffle_partitions_for((os.cpu_count() or 1) if threads == "*" else int(threads))
     return CLUSTER_SHUFFLE_PARTITIONS
 
@@ -114,8 +113,7 @@ def ensure_java_home() -> None:
     """PySpark 4 needs JAVA_HOME; derive it from the ``java`` on PATH when unset."""
     if os.environ.get("JAVA_HOME"):
         return
-    java = shutil.which("java")
-    if java is None:
+    if (java := shutil.which("java")) is None:
         raise ComputeError("no Java found: install a JDK 17 or 21 and put 'java' on PATH, or set JAVA_HOME")
     os.environ["JAVA_HOME"] = str(Path(java).resolve().parent.parent)
 
@@ -177,8 +175,7 @@ def _connect(config: SessionConfig) -> SparkSession:
                             and not (k == "spark.sql.shuffle.partitions" and config.shuffle_partitions is None)}
     spark = SparkSession.builder.remote(config.remote).config(map=conf).getOrCreate()
     # a server that stops answering fails the job within about a minute, not pyspark's ten (15 tries, 60 s apart)
-    client = getattr(spark, "client", None)
-    if client is not None:
+    if (client := getattr(spark, "client", None)) is not None:
         client.set_retry_policies([DefaultPolicy(max_retries=8, max_backoff=10_000)])
     return spark
 
@@ -189,8 +186,7 @@ def close_remote() -> None:
         return
     from pyspark.sql.connect.session import SparkSession as RemoteSession
 
-    active = RemoteSession.getActiveSession()
-    if active is not None:
+    if (active := RemoteSession.getActiveSession()) is not None:
         active.stop()
 
 
@@ -205,19 +201,13 @@ def address(remote: str) -> tuple[str, int]:
                          "a number; use sc://host:port, e.g. sc://127.0.0.1:15002") from exc
 
 
-def is_remote(spark: SparkSession) -> bool:
-    """True for a Spark Connect client session (no SparkContext, no JVM in this process)."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
-
-
 def delta_jars_available(spark: SparkSession) -> bool:
     """True when the Delta Lake Spark classes are on the driver's classpath."""
-    if is_remote(spark):  # the server's classpath: its session extensions say whether Delta is there
+    if type(spark).__module__.startswith("pyspark.sql.connect"):  # a Connect client: the server's extensions say
         return "DeltaSparkSessionExtension" in (spark.conf.get("spark.sql.extensions", "") or "")
     from py4j.protocol import Py4JError
 
-    jvm = spark.sparkContext._jvm
-    if jvm is None:  # no JVM gateway to look the class up in
+    if (jvm := spark.sparkContext._jvm) is None:  # no JVM gateway to look the class up in
         return False
     try:
         jvm.java.lang.Class.forName("io.delta.tables.DeltaTable")

@@ -40,7 +40,7 @@ from spark_jobs.lake.spec_record import RecordedSpec
 
 from .auth import NotAuthenticated, airflow_user, login_url
 from .chart import svg_chart
-from .rollup_view import MAX_ROLLUP_ROWS, RollupForm, chart_metrics, rollup_series
+from .rollup_view import MAX_ROLLUP_ROWS, MAX_SERIES, RollupForm, chart_metrics
 
 if TYPE_CHECKING:
     from spark_jobs.lake.reader import Snapshot
@@ -75,7 +75,7 @@ GrainQ = Annotated[str | None, Query(max_length=40, description="rollup: all, or
 
 def _blank(value: str | None) -> str | None:
     """An empty form field means the parameter is not given."""
-    return value if value else None
+    return value or None
 
 
 def _strict_query(request: Request) -> None:
@@ -113,12 +113,6 @@ def _versions(r: views.TableRef) -> list[dict[str, Any]]:
     """The table's versions, newest first, with the commit time as text."""
     return [{**v, "committed_at": v["committed_at"].strftime("%Y-%m-%d %H:%M:%S")}
             for v in views.versions(r).to_pylist()]
-
-
-def _numeric_metrics(r: views.TableRef, version: int | None) -> list[str]:
-    """The value columns a chart can plot."""
-    return [c["column"] for c in views.schema(r, version=version).to_pylist()
-            if c["role"] == "value" and c["type"].startswith(("int", "uint", "double", "float", "decimal"))]
 
 
 def _table_view(r: views.TableRef, *, version: int | None, where: str | None, columns: str | None,
@@ -284,7 +278,7 @@ def _rollup_json_url(request: Request, name: str, form: RollupForm, version: int
 
 
 def _add_pages(router: APIRouter, ctx: _Context) -> None:
-    """The HTML pages of the lake, its tables and their diffs (the charts: :func:`_add_chart_pages`)."""
+    """The HTML pages of the lake, its tables, their diffs and charts."""
 
     @router.get("/", response_class=HTMLResponse)
     def index(request: Request) -> HTMLResponse:
@@ -324,18 +318,16 @@ def _add_pages(router: APIRouter, ctx: _Context) -> None:
                         to_version=d.to_version, limit=limit, error=None, d=d, changed=_changed_grid(d),
                         added=_grid(d.added), removed=_grid(d.removed))
 
-
-def _add_chart_pages(router: APIRouter, ctx: _Context) -> None:
     @router.get("/table/{name}/chart", response_class=HTMLResponse)
     def chart_page(request: Request, name: NameParam, metric: MetricQ = None, version: VersionQ = None,
                    where: WhereQ = None) -> HTMLResponse:
         r = ctx.ref(name)
         metric, where = _blank(metric), _blank(where)
-        vers = _versions(r)
         v = views.open_version(r, version=version).version()
-        choices = _numeric_metrics(r, v)
+        choices = [c["column"] for c in views.schema(r, version=v).to_pylist()  # the value columns a chart can plot
+                   if c["role"] == "value" and c["type"].startswith(("int", "uint", "double", "float", "decimal"))]
         chosen = metric or (choices[0] if choices else None)
-        common: dict[str, Any] = {"name": name, "versions": vers, "version": v, "metrics": choices,
+        common: dict[str, Any] = {"name": name, "versions": _versions(r), "version": v, "metrics": choices,
                                   "metric": chosen, "where": where}
         if chosen is None:
             return ctx.page(request, "chart.html", 400, error=f"{name} has no numeric value columns to chart", **common)
@@ -360,7 +352,8 @@ def _add_chart_pages(router: APIRouter, ctx: _Context) -> None:
             if chosen not in metrics:  # a chart draws a numeric aggregate
                 raise InspectError(f"metric {chosen!r} is not a numeric aggregate of {spec.name}; "
                                    f"choose one of {', '.join(metrics)}")
-            s = rollup_series(result, table=name, version=snapshot.version(), keys=form.request(spec).by, metric=chosen)
+            s = views.Series.of(result, table=name, version=snapshot.version(), metric=chosen,
+                                keys=form.request(spec).by, x="start", max_lines=MAX_SERIES)
         except InspectError as exc:
             return ctx.page(request, "rollup.html", 400, error=str(exc), metrics=chart_metrics(None, spec), **common)
         shown = result.slice(0, MAX_LIMIT)
@@ -386,9 +379,8 @@ def _add_api(router: APIRouter, ctx: _Context) -> None:
     @router.get("/api/table/{name}/rows")
     def api_rows(name: NameParam, version: VersionQ = None, as_of: AsOfQ = None, where: WhereQ = None,
                  columns: ColumnsQ = None, order_by: OrderQ = None, limit: LimitQ = 50) -> JSONResponse:
-        rows = views.show(ctx.ref(name), version=version, as_of=_blank(as_of), where=_blank(where),
-                          columns=views.column_list(_blank(columns), "columns"), order_by=views.sort_keys(order_by),
-                          limit=limit)
+        rows = views.show(ctx.ref(name), version=version, as_of=_blank(as_of), where=_blank(where), limit=limit,
+                          columns=views.column_list(_blank(columns), "columns"), order_by=views.sort_keys(order_by))
         return JSONResponse(jsonable(rows.to_pylist()))
 
     @router.get("/api/table/{name}/diff")
@@ -435,7 +427,7 @@ def create_app(*, lake_root: str | None = None, authenticate: bool = True) -> Fa
     auth: list[Any] = [Depends(airflow_user)] if authenticate else []
     # authentication runs first: an anonymous request learns nothing about the parameters or the tables
     router = APIRouter(dependencies=[*auth, Depends(_strict_query)])
-    for add in (_add_pages, _add_chart_pages, _add_api):
+    for add in (_add_pages, _add_api):
         add(router, ctx)
     app.include_router(router)
     return app

@@ -64,7 +64,7 @@ def svg_chart(series: Series, *, x_label: str = "window_start") -> str:
     first = -(-x_lo // step) * step  # x labels on round times (UTC)
     for k in range(int((x_hi - first) // step) + 1):
         t = dt.datetime.fromtimestamp(first + k * step, dt.UTC)
-        x = LEFT + (first + k * step - x_lo) / (x_hi - x_lo) * plot_w
+        x = sx(t)
         out.append(f'<line x1="{x:.1f}" y1="{TOP + plot_h}" x2="{x:.1f}" y2="{TOP + plot_h + 4}" stroke="#555"/>')
         out.append(f'<text x="{x:.1f}" y="{TOP + plot_h + 16}" text-anchor="middle">{t:%m-%d %H:%M}</text>')
     out.append(f'<line x1="{LEFT}" y1="{TOP + plot_h}" x2="{WIDTH - RIGHT}" y2="{TOP + plot_h}" stroke="#555"/>')

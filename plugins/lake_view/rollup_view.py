@@ -1,4 +1,4 @@
-"""What the rollup page and its JSON route share: the form's defaults, its ``by`` text, and the chart's lines.
+"""What the rollup page and its JSON route share: the form's defaults, its ``by`` text, and the chart's metrics.
 
 The rollup itself is :func:`spark_jobs.inspection.rollup.rollup`; the spec comes from
 :func:`spark_jobs.inspection.specs.find_spec`. Nothing here reads more than the newest window's start.
@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_jobs.inspection import Series
 from spark_jobs.inspection.rollup import Rollup, parse_by, parse_grain
 from spark_jobs.inspection.views import is_number, parse_time
 from spark_jobs.windows.kind import EPOCH
@@ -24,7 +23,7 @@ if TYPE_CHECKING:
     from spark_jobs.lake.reader import Snapshot
     from spark_jobs.spec import PipelineSpec
 
-__all__ = ["MAX_ROLLUP_ROWS", "MAX_SERIES", "RollupForm", "chart_metrics", "default_range", "fmt_time", "rollup_series"]
+__all__ = ["MAX_ROLLUP_ROWS", "MAX_SERIES", "RollupForm", "chart_metrics", "default_range", "fmt_time"]
 
 MAX_ROLLUP_ROWS = 10_000  # a bigger answer is refused: a coarser grain, fewer keys or a where makes it smaller
 MAX_SERIES = len(COLORS)  # lines drawn: the key combinations with the largest totals, a colour each
@@ -85,8 +84,3 @@ def chart_metrics(result: pa.Table | None, spec: PipelineSpec) -> list[str]:
         types = dict(zip(result.column_names, result.schema.types, strict=True))
         names = [n for n in names if n in types and (is_number(types[n]) or pa.types.is_null(types[n]))]
     return [*names, "n_rows"]
-
-
-def rollup_series(result: pa.Table, *, table: str, version: int, keys: tuple[str, ...], metric: str) -> Series:
-    """One line per ``keys`` combination of ``metric`` over the bucket ``start`` (the largest totals first)."""
-    return Series.of(result, table=table, version=version, metric=metric, keys=keys, x="start", max_lines=MAX_SERIES)

@@ -17,7 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -152,36 +152,28 @@ class SparkJobOperator(BaseOperator):
         connect_conn_id: Airflow connection of the Connect server (type ``spark_connect``: host, port,
             login as user_id, password as token, extra ``{"use_ssl": true}``), if defined.
         driver_memory: ``--driver-memory`` of the job's driver.
-        conf: extra ``--conf`` pairs (``spark.log.level`` defaults to WARN).
-        env: extra environment variables (templated).
         skip_if: called with the context before submitting; a returned reason skips the task.
     """
 
-    template_fields: Sequence[str] = ("args", "env")
+    template_fields: Sequence[str] = ("args",)
     ui_color = "#f4a460"
 
     def __init__(self, *, args: Sequence[str], master: str | None = None, remote: str | None = None,
                  conn_id: str | None = "spark_default", connect_conn_id: str | None = "spark_connect_default",
-                 driver_memory: str = "1g", conf: Mapping[str, str] | None = None,
-                 env: Mapping[str, str] | None = None, skip_if: Callable[[Any], str | None] | None = None,
-                 **kwargs: Any) -> None:
+                 driver_memory: str = "1g", skip_if: Callable[[Any], str | None] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.args = list(args)
         self.master, self.remote, self.conn_id, self.connect_conn_id = master, remote, conn_id, connect_conn_id
         self.driver_memory = driver_memory
-        self.conf = dict(conf or {})
-        self.env = dict(env or {})
         self.skip_if = skip_if
         self._proc: subprocess.Popen[str] | None = None
         self._runner_conn: socket.socket | None = None
 
     def command(self, master: str) -> list[str]:
         submit = shutil.which("spark-submit") or str(Path(sys.executable).parent / "spark-submit")
-        cmd = [submit, "--master", master, "--driver-memory", self.driver_memory, "--name",
-               f"spark_jobs {self.args[0] if self.args else ''}".strip()]
-        for key, value in {"spark.log.level": "WARN", **self.conf}.items():
-            cmd += ["--conf", f"{key}={value}"]
-        return [*cmd, str(SUBMIT_FILE), *map(str, self.args)]
+        return [submit, "--master", master, "--driver-memory", self.driver_memory, "--name",
+                f"spark_jobs {self.args[0] if self.args else ''}".strip(), "--conf", "spark.log.level=WARN",
+                str(SUBMIT_FILE), *map(str, self.args)]
 
     def environment(self, target: SparkTarget) -> dict[str, str]:
         from spark_jobs.spark_session import ensure_java_home
@@ -194,7 +186,6 @@ class SparkJobOperator(BaseOperator):
                     "PYSPARK_DRIVER_PYTHON": env.get("PYSPARK_DRIVER_PYTHON", sys.executable),
                     "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}", "PYTHONUNBUFFERED": "1",
                     "GX_ANALYTICS_ENABLED": "False"})
-        env.update({k: str(v) for k, v in self.env.items()})
         return env
 
     def execute(self, context: Any) -> str | None:

@@ -54,8 +54,7 @@ def validate_aggregate(fn: str, columns: Sequence[str], args: Mapping[str, Any],
     """Problems with one spec entry as (field, message); ``retracting``: a changelog source, so it must retract."""
     if is_user_defined(fn):
         return _validate_user_defined(fn, columns, args, retracting=retracting)
-    builtin = BUILTINS.get(fn)
-    if builtin is None:
+    if (builtin := BUILTINS.get(fn)) is None:
         return [("fn", f"unknown function {fn!r}; use one of {', '.join(BUILTINS)} "
                        "or 'package.module:Class' for a user-defined aggregate")]
     problems = builtin.check_args(dict(args))

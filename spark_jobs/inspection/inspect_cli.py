@@ -145,7 +145,7 @@ def _limit(n: int) -> int:
 
 def _rollup(args: argparse.Namespace, named: _Pipeline | None, ref: Any) -> Any:
     from spark_jobs.inspection import views
-    from spark_jobs.inspection.rollup import Rollup, parse_by, parse_grain, rollup
+    from spark_jobs.inspection.rollup import SOURCE, Rollup, parse_by, parse_grain, rollup
 
     if named is None:
         raise InspectError(f"rollup needs the pipeline's spec, and the lake records none for {ref.name}: pass "
@@ -157,7 +157,7 @@ def _rollup(args: argparse.Namespace, named: _Pipeline | None, ref: Any) -> Any:
                      parse_grain(args.grain), args.where)
     result = rollup(views.open_version(ref), spec, request, record=named.record)
     if not args.json:
-        print(f"merged from {spec.name}.{result.schema.metadata[b'source'].decode()}", file=sys.stderr)
+        print(f"merged from {spec.name}.{result.schema.metadata[SOURCE].decode()}", file=sys.stderr)
     return result
 
 

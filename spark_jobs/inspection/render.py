@@ -22,11 +22,11 @@ def human_bytes(n: int | None) -> str:
     if n is None:
         return ""
     size = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if size < 1024 or unit == "TB":
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
-    return f"{n} B"
+    return f"{size:.1f} TB"
 
 
 def cell(value: Any, *, width: int | None = MAX_CELL) -> str:

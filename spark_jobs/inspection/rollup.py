@@ -83,8 +83,7 @@ def _check(spec: PipelineSpec, request: Rollup) -> None:
             raise InspectError(f"{flag} {t:%Y-%m-%d %H:%M:%S} cuts a {tile} window; use a window "
                                f"boundary such as {before:%Y-%m-%d %H:%M:%S} or "
                                f"{before + dt.timedelta(seconds=size):%Y-%m-%d %H:%M:%S}")
-    unknown = [k for k in request.by if k not in spec.group_by]
-    if unknown:
+    if unknown := [k for k in request.by if k not in spec.group_by]:
         raise InspectError(f"unknown key {', '.join(map(repr, unknown))} in --by; {spec.name} is grouped by "
                            f"{', '.join(spec.group_by) or 'nothing'} (drop a key to merge across it)")
     if request.grain_s is not None and request.grain_s % size:
@@ -116,8 +115,7 @@ def rollup(table: Snapshot, spec: PipelineSpec, request: Rollup, *, declared: bo
     keys = list(request.by)
     columns = [*keys, "window_start", "window_end", "n_rows", *(c for e in entries for c in e.acc_columns),
                *([SPEC_VERSION] if SPEC_VERSION in schema.names else [])]
-    missing = [c for c in columns if c not in schema.names]
-    if missing:
+    if missing := [c for c in columns if c not in schema.names]:
         raise InspectError(f"{table.path} lacks {', '.join(missing)}: it is not the aggregates table of {spec.name}")
     ws_type = schema.field("window_start").type
     expr = ((pc.field("window_start") >= pa.scalar(request.start, ws_type))

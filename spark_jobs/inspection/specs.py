@@ -20,7 +20,7 @@ def find_spec(pipeline: str, folder: Path | None = None) -> PipelineSpec:
     """The validated spec named ``pipeline`` in ``folder`` (default :func:`specs_folder`); InspectError for no such
     folder, no valid spec of that name, or two. A file is fully validated only when its ``name`` is ``pipeline``;
     files that cannot be read or validated are skipped, and named in the error when no spec matches."""
-    where = folder if folder is not None else specs_folder()
+    where = folder or specs_folder()
     hint = f"set ${SPECS_ENV} to the folder of the pipeline specs (default: the repo's pipelines/)"
     if not where.is_dir():
         raise InspectError(f"no pipeline specs folder {where}; {hint}")

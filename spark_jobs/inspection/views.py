@@ -13,7 +13,7 @@ import json
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import takewhile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BOOKKEEPING", "LAKE_ENV", "column_list", "coverage", "spec_versions", "Series", "TableDiff", "TableRef", "default_lake", "is_delta",
            "diff", "history", "list_tables", "open_version", "parse_time", "partitions", "resolve_table", "runs",
-           "schema", "series", "show", "sort_keys", "table_keys", "table_summary", "versions", "is_number"]
+           "schema", "series", "show", "sort_keys", "table_keys", "versions", "is_number"]
 
 LAKE_ENV = "SPARK_JOBS_LAKE"
 BOOKKEEPING = ("run_id", "created_at", "updated_at")
@@ -138,14 +138,14 @@ def versions(ref: TableRef) -> pa.Table:
     return _arrow(rows, version=pa.int64(), committed_at=pa.timestamp("ms", tz="UTC"), operation=pa.string())
 
 
-def open_version(ref: TableRef, *, version: int | None = None, as_of: str | dt.datetime | None = None) -> Snapshot:
+def open_version(ref: TableRef, *, version: int | None = None, as_of: str | None = None) -> Snapshot:
     """The table at ``version``, at the last commit at or before ``as_of``, or its latest version; InspectError
     when both are given, for a version out of range, or a time before the first commit."""
     if version is not None and as_of is not None:
         raise InspectError("give either a version or an as-of time, not both")
     latest = _latest(ref)
     if as_of is not None:
-        at = parse_time(as_of) if isinstance(as_of, str) else as_of
+        at = parse_time(as_of)
         if (version := latest.version_at(at)) is None:
             history = sorted(latest.history(), key=lambda h: int(h["version"]))
             first = commit_time(history[0]).strftime("%Y-%m-%d %H:%M:%S") if history else "unknown"
@@ -161,16 +161,6 @@ def open_version(ref: TableRef, *, version: int | None = None, as_of: str | dt.d
     except READ_ERRORS as exc:
         raise InspectError(f"version {version} of {ref.name} can no longer be read (its log or files were "
                            f"cleaned up): {exc}; list readable versions with: inspect history {ref.name}") from exc
-
-
-def table_summary(path: str) -> dict[str, object]:
-    table = open_table(path)
-    actions = table.add_actions()
-    last = table.history(1)[0]
-    rows, size = (int(pc.sum(actions[c]).as_py() or 0) if actions.num_rows else 0
-                  for c in ("num_records", "size_bytes"))
-    return {"version": table.version(), "rows": rows, "files": actions.num_rows, "bytes": size,
-            "last_commit": commit_time(last).strftime("%Y-%m-%d %H:%M:%S"), "operation": last.get("operation", "")}
 
 
 def _pipelines(lake: str) -> list[dict[str, str]]:
@@ -196,10 +186,15 @@ def list_tables(lake: str, *, pipeline: str | None = None) -> pa.Table:
     rows = []
     for entry in (e for e in _pipelines(lake) if pipeline in (None, e["table"].split(".")[0])):
         try:
-            summary = table_summary(entry["path"])
+            table = open_table(entry["path"])
+            actions, last = table.add_actions(), table.history(1)[0]
+            n_rows, size = (int(pc.sum(actions[c]).as_py() or 0) if actions.num_rows else 0
+                            for c in ("num_records", "size_bytes"))
+            rows.append({"table": entry["table"], "version": table.version(), "rows": n_rows, "files": actions.num_rows,
+                         "bytes": size, "last_commit": commit_time(last).strftime("%Y-%m-%d %H:%M:%S"),
+                         "operation": last.get("operation", ""), "path": entry["path"]})
         except READ_ERRORS as exc:
             raise LakeError(f"cannot read Delta table {entry['table']} at {entry['path']}: {exc}") from exc
-        rows.append({"table": entry["table"], **summary, "path": entry["path"]})
     return _arrow(rows, table=pa.string(), version=pa.int64(), rows=pa.int64(), files=pa.int64(), bytes=pa.int64(),
                   last_commit=pa.string(), operation=pa.string(), path=pa.string())
 
@@ -267,21 +262,16 @@ def sort_keys(text: str | None) -> list[tuple[str, str]] | None:
     return out
 
 
-def show(ref: TableRef, *, version: int | None = None, as_of: str | dt.datetime | None = None,
+def show(ref: TableRef, *, version: int | None = None, as_of: str | None = None,
          where: str | None = None, columns: Sequence[str] | None = None, limit: int = 20,
          order_by: Sequence[tuple[str, str]] | None = None) -> pa.Table:
     """Rows of a table (at a version or time), filtered by ``where``; accumulator columns left out unless asked.
     ``order_by``: ``(column, "ascending" | "descending")`` pairs, applied before ``limit``."""
-    if limit < 1:
-        raise InspectError(f"limit must be at least 1, got {limit}")
     table = open_version(ref, version=version, as_of=as_of)
     schema = table.schema()
     _check_columns(ref, schema, columns or [])
     columns = list(columns) if columns else [f.name for f in schema if "__" not in f.name]
-    for col, direction in order_by or []:
-        _check_columns(ref, schema, [col], "order-by column")
-        if direction not in ("ascending", "descending"):
-            raise InspectError(f"bad sort direction {direction!r}; use asc or desc")
+    _check_columns(ref, schema, [c for c, _ in order_by or []], "order-by column")
     expr = parse_where(where, schema) if where is not None else None
     if not order_by:
         return table.head(limit, columns=columns, filter=expr)
@@ -370,8 +360,8 @@ class TableDiff:
     n_removed: int
     n_changed: int
     n_unchanged: int
-    columns_added: list[str] = field(default_factory=list)
-    columns_removed: list[str] = field(default_factory=list)
+    columns_added: list[str]
+    columns_removed: list[str]
 
 
 def _side(ref: TableRef, table: Snapshot, version: int, keys: list[str], compared: list[str], suffix: str) -> pa.Table:
@@ -408,8 +398,6 @@ def diff(ref: TableRef, *, from_version: int, to_version: int | None = None, key
     (sketches and struct accumulators: their results are compared through the value columns). Floats count as
     changed beyond a relative difference of 1e-9.
     """
-    if limit < 1:
-        raise InspectError(f"limit must be at least 1, got {limit}")
     old_t = open_version(ref, version=from_version)
     new_t = open_version(ref, version=to_version)
     to_v = new_t.version()
@@ -482,11 +470,10 @@ def runs(lake: str, *, pipeline: str | None = None, limit: int | None = None) ->
     if pipeline is not None and not re.fullmatch(_PIPELINE, pipeline):
         raise InspectError(f"bad pipeline name {pipeline[:100]!r}; pipeline names match [a-z][a-z0-9_]*")
     _lake_dir(lake)
-    entries = [e for e in _pipelines(lake) if e["table"].endswith(".runs")]
-    if pipeline is not None:
-        entries = [e for e in entries if e["table"] == f"{pipeline}.runs"]
-        if not entries:
-            raise LakeError(f"no runs table for pipeline {pipeline!r} under {lake}; run a job of it first")
+    entries = [e for e in _pipelines(lake) if e["table"].endswith(".runs")
+               and pipeline in (None, e["table"].removesuffix(".runs"))]
+    if pipeline is not None and not entries:
+        raise LakeError(f"no runs table for pipeline {pipeline!r} under {lake}; run a job of it first")
     rows: list[dict[str, Any]] = []
     for entry in entries:
         name = entry["table"].split(".")[0]
@@ -500,8 +487,6 @@ def runs(lake: str, *, pipeline: str | None = None, limit: int | None = None) ->
     far_past = dt.datetime.min.replace(tzinfo=dt.UTC)
     rows.sort(key=lambda r: (r["started_at"] or far_past, r["run_id"] or ""))
     if limit is not None:
-        if limit < 1:
-            raise InspectError(f"limit must be at least 1, got {limit}")
         rows = rows[-limit:]
     i64, text = pa.int64(), pa.string()
     return _arrow(rows, run_id=text, pipeline=text, job=text, batch=text, status=text,
@@ -540,7 +525,7 @@ class Series:
 
 
 def series(ref: TableRef, *, metric: str, version: int | None = None, where: str | None = None,
-           spec: PipelineSpec | None = None, max_lines: int = 6, max_points: int = 5000) -> Series:
+           max_lines: int = 6, max_points: int = 5000) -> Series:
     """A numeric column of a windowed table over ``window_start``, one line per group key."""
     table = open_version(ref, version=version)
     s = table.schema()
@@ -550,7 +535,7 @@ def series(ref: TableRef, *, metric: str, version: int | None = None, where: str
     if not is_number(t := s.field(metric).type):
         numeric = [f.name for f in s if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)]
         raise InspectError(f"metric {metric!r} is {t}, not a number; numeric columns are {', '.join(numeric)}")
-    keys = [k for k in table_keys(ref, s, spec=spec) if k not in ("window_start", "window_end")]
+    keys = [k for k in table_keys(ref, s) if k not in ("window_start", "window_end")]
     expr = parse_where(where, s) if where is not None else None
     rows = table.read([*keys, "window_start", metric], filter=expr)
     if rows.num_rows > max_points * max(1, max_lines):

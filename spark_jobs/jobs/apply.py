@@ -1,22 +1,14 @@
 """apply: make a live lake match a changed spec, exactly once, without raw data wherever the algebra allows.
 
-The steps, for spec version ``V`` (see :mod:`spark_jobs.spec_plan` for how changes are sorted):
+For spec version ``V`` (:mod:`spark_jobs.spec_plan` sorts the changes; docs/evolution.md tells which is which):
 
 1. Record ``V`` as ``applying`` in ``specs``: from here every job refuses to start (``ensure_applied``).
 2. Bring each spec-shaped table to ``V``, one Delta commit per table carrying the app transaction
    ``<pipeline>.spec = V``; a table that already has it is skipped, so a rerun after ``kill -9`` continues
-   where the last one stopped. In order:
-   - the stream's state: merged across dropped keys; rebuilt from the stream's partials for the windows
-     still open when windows are coarsened (the state held only the open fine windows);
-   - ``partials``: merged across dropped keys into coarser windows per batch and day, dropped aggregates'
-     columns removed;
-   - ``aggregates``: the reduce of those partials (the hybrid rule), recording the partials version merged;
-   - ``changelog``: new columns added (it keeps dropped ones: it is a log), then the change of ``aggregates``
-     told (:mod:`spark_jobs.jobs.changelog_feed`: windows re-derived are deleted and inserted, values updated);
-   - rollups: rebuilt from ``aggregates`` (removed ones deleted).
-   An added aggregate only adds columns (no file is rewritten): they read NULL, and its rows' older
-   ``spec_version`` keeps it NULL until the days are recombined. A change of the rows' layout (a key added,
-   a window refined, the source's typing) empties the tables instead: every day must be recombined.
+   where the last one stopped. In order: the stream's state, ``partials``, ``aggregates`` (their reduce),
+   ``changelog`` (it keeps dropped columns: it is a log; then the change of ``aggregates`` is told) and the rollups.
+   An added aggregate only adds columns (NULL until the days are recombined); a change of the rows' layout (a key
+   added, a window refined, the source's typing) empties the tables instead: every day must be recombined.
 3. Record ``V`` as ``applied``: jobs with the new spec run again.
 
 A writer that raced the apply conflicts on the ``<pipeline>.spec`` app transaction and retries, and its
@@ -41,6 +33,7 @@ from spark_jobs.errors import LakeError, SpecChangedError
 from spark_jobs.jobs import changelog_feed, rollups
 from spark_jobs.jobs.conflicts import retry_conflicts
 from spark_jobs.jobs.forked import cores, forked_map
+from spark_jobs.jobs.reduce import reduce
 from spark_jobs.jobs.run_record import new_run_id, recorded_run
 from spark_jobs.lake import AppTxn, Cluster, DataFile, Lake, PipelineTables, open_lake, storage
 from spark_jobs.lake.arrow import read_data_files
@@ -157,10 +150,8 @@ def _target(spec: PipelineSpec, current: RecordedSpec, diff: Diff, tables: Pipel
     coverage = {a.name: version if (diff.reset or a.name in diff.added) else current.since(a.name)
                 for a in spec.aggregates}
     through = current.uncovered_through
-    if diff.reset:
-        days = day_versions(tables.partials)
-        if days:
-            through = max(dt.date.fromisoformat(max(days)), through or dt.date.min)
+    if diff.reset and (days := day_versions(tables.partials)):
+        through = max(dt.date.fromisoformat(max(days)), through or dt.date.min)
     return RecordedSpec(version=version, status=APPLYING, spec=normalise(spec), coverage=coverage,
                         layout_since=version if diff.reset else current.layout_since, uncovered_through=through,
                         changes=[dataclasses.asdict(c) for c in diff.changes], run_id=run_id)
@@ -228,8 +219,7 @@ class _Migration:
         for name, path, step in (("state", t.stream_state, self._state), ("partials", t.partials, self._partials),
                                  ("aggregates", t.aggregates, self._aggregates), ("changelog", t.changelog, None)):
             self._step(name, path, step if self.diff.reset or self.diff.derives else None)
-        told = changelog_feed.tell_commits(self.lake, self.spec, run_id=self.run_id)  # the rows re-derived
-        if told is not None:
+        if (told := changelog_feed.tell_commits(self.lake, self.spec, run_id=self.run_id)) is not None:  # re-derived
             self.written["changelog"] = told
         for name in self.diff.rollups_removed:
             storage.delete_tree(t.rollup(name))
@@ -259,10 +249,8 @@ class _Migration:
         return self.lake.add_columns(path, fields, app_txns=txns or [self.txn]).version
 
     def _rollup_stands(self, rollup: RollupSpec, path: str, read: int | None) -> bool:
-        """Whether a rollup's rows are those it would be rebuilt with: its grain and keys are unchanged, so each
-        row merges the same events whatever the windows and keys of ``aggregates`` (coarsened, or a key it does not
-        group by dropped), and it had merged the ``aggregates`` that had merged every partial (nothing pending
-        that the rewritten ``aggregates`` now holds)."""
+        """Whether a rollup's rows stand: its grain and keys are unchanged (each row merges the same events whatever
+        ``aggregates``' windows and dropped keys), and it had merged an ``aggregates`` that had merged every partial."""
         changed = any(c.field == f"rollups[{rollup.name}]" for c in self.diff.changes)
         if changed or self.diff.reset or self.diff.window_removed or self.aggregates_read is None or read is None:
             return False
@@ -366,13 +354,10 @@ class _Migration:
             if not self.reduced:  # the reduce it had not run merges the rewritten partials (all of them) next time
                 extra = ()
         elif self.spark is not None:  # the reduce of the new partials (recorded as merged), as a full reduce does
-            from spark_jobs.jobs.reduce import reduce
-
             counted = self.lake.read_files(self.tables.partials, list(counted_files(files)), version=partials)
             rows = reduce(counted, self.kept, run_id=self.run_id)
         else:
             rows = self._reduced_merged(partials)
-            rows = self._reduced(partials) if rows is None else rows
         return self._rewrite(self._conform(rows, "aggregates"), path, read, extra=extra, sort_by=sort_keys(self.spec),
                              cluster=cluster)
 
@@ -426,12 +411,12 @@ class _Migration:
         return pa.table({**dict(zip(merged.column_names, merged.columns, strict=True)),
                          **encoded_columns(merged, accs, self.kept.entries, schema, self.kept.coverage)})
 
-    def _reduced_merged(self, partials: int | None) -> pa.Table | None:
+    def _reduced_merged(self, partials: int | None) -> pa.Table:
         """The reduce from the partials this run merged (version ``partials``), when each key's window has one
         counted row there (a batch lake: one batch per day): its accumulators and values are the window's, so
-        they are neither read back nor merged again. None otherwise (:meth:`_reduced` reads and merges)."""
+        they are neither read back nor merged again. Otherwise :meth:`_reduced` reads and merges."""
         if self.merged_partials is None or self.merged_partials[0] != partials or not self.spec.window.serves_stored:
-            return None
+            return self._reduced(partials)
         rows = self.merged_partials[1]
         batch = pc.equal(rows.column("source"), BATCH)
         counted = pc.or_(batch, pc.invert(pc.is_in(rows.column(DAY), pc.unique(rows.column(DAY).filter(batch)))))
@@ -440,7 +425,7 @@ class _Migration:
         rows = rows.filter(counted)
         keys = list(self.spec.key_columns)
         if rows.select(keys).group_by(keys, use_threads=False).aggregate([]).num_rows != rows.num_rows:
-            return None
+            return self._reduced(partials)
         return self._stamped({c.removeprefix(_VALUE): rows.column(c) for c in rows.column_names}, rows.num_rows)
 
     def _reduced(self, partials: int | None) -> pa.Table:

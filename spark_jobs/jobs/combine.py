@@ -104,10 +104,8 @@ def _dead_letter_rows(rows: pa.Table, files: Sequence[BadFile], *, run_id: str, 
 
 def run(spark: SparkSession, spec: PipelineSpec, date: str, *, lake: Lake | None = None,
         run_id: str | None = None) -> RunRecord:
-    """Combine one landing day into ``partials`` (replacing that day's batch partials). A landing file that
-    cannot be read counts all or nothing: it is found before the day is read, or, when Spark fails on it anyway,
-    by reading the day's files one at a time; then the day is read again without it (``source.on_bad_file:
-    quarantine``) or the job stops naming it (``fail``)."""
+    """Combine one landing day into ``partials`` (replacing that day's batch partials). A file Spark fails on
+    anyway is found by reading the day's files one at a time, then left out or named (``source.on_bad_file``)."""
     date = parse_date(date)
     lake = lake or open_lake(spark)
     tables = PipelineTables(spec.lake, spec.name)

@@ -46,10 +46,6 @@ class RetryPolicy:
                              "set it to e.g. 8, or unset it")
         return cls(attempts=attempts)
 
-    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
-        """The wait after losing ``attempt`` (1-based)."""
-        return (rng or random).uniform(0, min(self.cap_s, self.base_s * 2 ** (attempt - 1)))
-
 
 def retry_conflicts(step: Callable[[int], T], *, what: str, policy: RetryPolicy | None = None,
                     sleep: Callable[[float], None] = time.sleep, recheck: Callable[[], object] | None = None) -> T:
@@ -70,7 +66,7 @@ def retry_conflicts(step: Callable[[int], T], *, what: str, policy: RetryPolicy 
                     "Another writer keeps changing the same table. Run the writers of a table one at a time "
                     "(the Airflow DAGs share the pool aggregates_<pipeline> for that), or raise "
                     "SPARK_JOBS_COMMIT_ATTEMPTS; rerunning the job is safe") from exc
-            wait = policy.delay(attempt)
+            wait = random.uniform(0, min(policy.cap_s, policy.base_s * 2 ** (attempt - 1)))
             log.warning("%s lost a commit race (attempt %d of %d): %s; re-planning from the new snapshot in %.1f s",
                         what, attempt, policy.attempts, str(exc).splitlines()[0], wait)
             sleep(wait)

@@ -133,5 +133,4 @@ def generate(config: GenerateConfig, *, progress: bool = True) -> GenerateResult
             else:
                 bad_rows += _write_text(chunk, path, config.format, rng, max(1, len(bad) // config.files_per_day))
         bad_rows += len(bad)
-    files = config.days * config.files_per_day
-    return GenerateResult(config.days * config.rows_per_day, bad_rows, files, config.dates)
+    return GenerateResult(config.days * config.rows_per_day, bad_rows, config.days * config.files_per_day, config.dates)

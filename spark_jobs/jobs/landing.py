@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from functools import reduce
+from operator import or_
 from typing import TYPE_CHECKING
 
 from spark_jobs.errors import InputError, SchemaMismatchError
@@ -52,8 +53,7 @@ def screen_partition(spec: PipelineSpec, date: str) -> Screen:
 def read_landing(spark: SparkSession, spec: PipelineSpec, found: Screen) -> DataFrame:
     """The raw rows of screened landing files (a day's, or a mini-batch's of any days), read one way for the batch
     and the stream: spec columns as read (untyped text for JSON and CSV), ``_raw``, ``_file``, and ``event_date``
-    from each file's partition directory. Parquet columns are read as ``found.types``; a CSV file by its header's
-    names, in its header's order (files of several headers are read a header at a time)."""
+    from each file's partition directory; a CSV file by its header's names, in its header's order."""
     files = found.readable
     if not files:
         return _no_rows(spark, spec)
@@ -163,7 +163,5 @@ def classify(raw: DataFrame, spec: PipelineSpec, date: str | Column | None, *kee
 
 def _reasons(checks: list[tuple[Column, Column]]) -> Column:
     """The failing checks' messages joined by '; ', or NULL when every check passes."""
-    from operator import or_
-
     failed = reduce(or_, (c for c, _ in checks))
     return F.when(failed, F.concat_ws("; ", *(F.when(c, m) for c, m in checks)))

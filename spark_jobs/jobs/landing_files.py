@@ -84,9 +84,9 @@ class Screen:
         self.bad.extend(bad)
 
 
-def _footer(path: str) -> tuple[dict[str, str] | None, int, str | None]:
-    """A Parquet file's column types (Arrow names, every timestamp's ``timestamp``) and row count, or why its
-    footer cannot be read."""
+def _screen_footer(path: str, size: int, out: Screen, footers: dict[str, dict[str, str]]) -> None:
+    """A Parquet file's column types (Arrow names, every timestamp's ``timestamp``) and row count from its footer,
+    or the file is unreadable."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -94,8 +94,10 @@ def _footer(path: str) -> tuple[dict[str, str] | None, int, str | None]:
         with storage.open_input(path) as handle, pq.ParquetFile(handle) as file:
             schema, rows = file.schema_arrow, file.metadata.num_rows
     except (OSError, ValueError) as exc:  # ArrowInvalid is a ValueError: an interrupted upload, or not Parquet
-        return None, 0, f"not a readable Parquet file ({str(exc).splitlines()[0][:200]})"
-    return {f.name: "timestamp" if pa.types.is_timestamp(f.type) else str(f.type) for f in schema}, rows, None
+        out.bad.append(BadFile(path, size, f"not a readable Parquet file ({str(exc).splitlines()[0][:200]})"))
+        return
+    out.rows[path] = rows
+    footers[path] = {f.name: "timestamp" if pa.types.is_timestamp(f.type) else str(f.type) for f in schema}
 
 
 def screen(paths: Sequence[str], spec: PipelineSpec, *, exact: bool = True) -> Screen:
@@ -116,11 +118,7 @@ def screen(paths: Sequence[str], spec: PipelineSpec, *, exact: bool = True) -> S
         elif spec.source.format != "parquet":
             out.readable.append(path)  # text: a line that does not parse is a rejected row, with its reason
         else:
-            types, rows, problem = _footer(path)
-            if types is None:
-                out.bad.append(BadFile(path, size, problem or "unreadable"))
-            else:
-                footers[path], out.rows[path] = types, rows
+            _screen_footer(path, size, out, footers)
     if spec.source.format != "parquet":
         return out
     columns = spec.source.columns  # and after them the others, which a rejected row's raw record keeps
@@ -160,8 +158,7 @@ def _screen_csv(path: str, size: int, spec: PipelineSpec, out: Screen) -> None:
 
 
 def isolate_unreadable(paths: Sequence[str], read_one: Callable[[str], object]) -> list[BadFile]:
-    """After Spark failed reading a batch: read each file alone (``read_one`` runs an action over it)
-    and return the ones that fail, with Spark's reason."""
+    """After Spark failed reading a batch: the files that fail read alone (``read_one`` runs an action over one)."""
     bad = []
     for path in paths:
         try:
@@ -172,8 +169,7 @@ def isolate_unreadable(paths: Sequence[str], read_one: Callable[[str], object]) 
 
 
 def file_columns(bad: Sequence[BadFile]) -> dict[str, list[str]]:
-    """The quarantined files as rejects for ``dead_letter`` (``_reason``, ``_raw``, ``_file``), one row per file:
-    ``raw`` holds the path and size, ``reason`` starts with ``file quarantined``."""
+    """The quarantined files as ``dead_letter`` rejects, one row per file (``_raw``: its path and size)."""
     return {"_reason": [f"{QUARANTINED}: {b.reason}" for b in bad],
             "_raw": [json.dumps({"path": b.path, "size": b.size}) for b in bad], "_file": [b.path for b in bad]}
 

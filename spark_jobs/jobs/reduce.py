@@ -63,8 +63,7 @@ def run(spark: SparkSession, spec: PipelineSpec, *, lake: Lake | None = None, ru
         retry_conflicts(partial(_merge, lake, spec, tables, compiled, record, full=full), what="reduce",
                         recheck=lambda: ensure_applied(lake, spec))
         # also after a no-op: a stop may have left the changelog or the rollups behind aggregates
-        told = changelog_feed.tell_commits(lake, spec, run_id=record.run_id)
-        if told is not None:
+        if (told := changelog_feed.tell_commits(lake, spec, run_id=record.run_id)) is not None:
             record.versions_written["changelog"] = told
         record.versions_written.update(rollups.refresh(lake, compiled, run_id=record.run_id))  # {}: no rollups
     return record

@@ -60,9 +60,9 @@ def _attempt(lake: Lake, compiled: CompiledAggregates, rollup: RollupSpec, run_i
     rows = rollup_rows(aggregates, compiled, rollup, ranges, run_id=run_id)
     keys = [*rollup.by, "window_start", "window_end"]
     touched = None
-    if ranges is not None:
-        old = open_table(path, planned).read(keys, filter=in_ranges("window_start", ranges)) if planned is not None else None
-        touched = pa.concat_tables([t for t in (old, rows.select(keys)) if t is not None]).group_by(keys).aggregate([])
+    if ranges is not None:  # buckets changed since ``done``: the rollup table exists
+        old = open_table(path, planned).read(keys, filter=in_ranges("window_start", ranges))
+        touched = pa.concat_tables([old, rows.select(keys)]).group_by(keys).aggregate([])
     buckets = len(pc.unique(rows.column("window_start"))) if rows.num_rows else 1
     commit = lake.replace_keys(rows, path, keys=keys, touched=touched, app_txn=AppTxn(app, source),
                                sort_by=["window_start", *rollup.by], read_version=planned,
@@ -99,18 +99,15 @@ def changed_buckets(aggregates: Snapshot, since: int, grain_s: int) -> list[tupl
 
 def rollup_rows(aggregates: Snapshot, compiled: CompiledAggregates, rollup: RollupSpec,
                 ranges: list[tuple[dt.datetime, dt.datetime]] | None, *, run_id: str) -> pa.Table:
-    """The rollup table's rows for the buckets in ``ranges`` (all when None), from ``aggregates``, with its column order
-    and types (``by`` keys, bucket bounds, values, ``n_rows``, accumulators, ``spec_version``). Read a run of buckets at
-    a time on every core (:mod:`spark_jobs.lake.time_chunks`): a refresh of every bucket holds the rows of a few."""
+    """The rollup table's rows for the buckets in ``ranges`` (all when None), from ``aggregates``. Read a run of buckets
+    at a time on every core (:mod:`spark_jobs.lake.time_chunks`): a refresh of every bucket holds the rows of a few."""
     grain = rollup.grain.seconds
     schema = aggregates.schema()
     acc = [c for e in compiled.entries for c in e.acc_columns]
     versions = [SPEC_VERSION] if SPEC_VERSION in schema.names else []
     columns = [*rollup.by, "window_start", "window_end", "n_rows", *acc, *versions]
 
-    def rolled(rows: pa.Table) -> pa.Table:
-        return _rolled(rows, compiled, rollup, schema, versions, run_id=run_id)
-
+    rolled = partial(_rolled, compiled=compiled, rollup=rollup, schema=schema, versions=versions, run_id=run_id)
     chunks = time_chunks(aggregates.spans("window_start"), lambda t: bucket_floor(t, grain), dt.timedelta(seconds=grain),
                          ranges)
     if chunks is None:  # files a worker cannot read, or without statistics: all at once, here

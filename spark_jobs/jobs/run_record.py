@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,7 +17,7 @@ import pyarrow as pa
 from spark_jobs.lake import Lake, PipelineTables
 from spark_jobs.lake.runs_table import RUNS_SCHEMA
 
-__all__ = ["RUNS_SCHEMA", "RunRecord", "new_run_id", "recorded_run"]
+__all__ = ["RunRecord", "new_run_id", "recorded_run"]
 
 log = logging.getLogger("spark_jobs")
 
@@ -78,7 +77,6 @@ def recorded_run(lake: Lake, tables: PipelineTables, *, job: str, batch: str | N
                  run_id: str | None) -> Iterator[RunRecord]:
     """Time the block and append its record to ``runs``; a failure is recorded, then re-raised."""
     run = RunRecord(run_id or new_run_id(job), tables.pipeline, job, batch, lake.name)
-    started = time.monotonic()
     try:
         yield run
         if run.status == "running":
@@ -89,7 +87,7 @@ def recorded_run(lake: Lake, tables: PipelineTables, *, job: str, batch: str | N
         raise
     finally:
         run.finished_at = datetime.now(UTC)
-        log.info("%s (%.1fs)", run.summary(), time.monotonic() - started)
+        log.info("%s", run.summary())  # which tells the run's seconds
         try:
             lake.append_rows(run.to_arrow(), tables.runs, metadata={"run_id": run.run_id, "job": job})
         except Exception:  # the run's own outcome (its error, or none) must not be hidden by the record's: logged

@@ -50,4 +50,3 @@ class PhaseTimer:
     def text(self) -> str:
         return ", ".join(f"{k} {v:.2f}s" + (f" ({self.jobs[k]} jobs)" if self.jobs.get(k) else "")
                          for k, v in self.seconds.items())
-

@@ -44,7 +44,7 @@ from spark_jobs.durations import utc
 from spark_jobs.errors import ConflictError, LakeError, SpecChangedError
 from spark_jobs.key_match import join_on_keys, key_mask
 from spark_jobs.lake._types import GUARD_PREFIX, AppTxn, Cluster, Commit, DataFile
-from spark_jobs.lake.arrow import split_by, split_rows
+from spark_jobs.lake.arrow import fill_columns, split_by, split_rows
 from spark_jobs.lake.tables import is_spec_shaped
 from spark_jobs.spark_functions import F
 
@@ -87,14 +87,6 @@ def _same_columns(a: pa.Schema, b: pa.Schema) -> bool:
     """Same names and types, in any order: readers match columns by name, and a column added to a table
     by a spec change comes last in it, not where a new table would have it."""
     return sorted((f.name, str(f.type)) for f in a) == sorted((f.name, str(f.type)) for f in b)
-
-
-def _with_missing(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """``table`` with a NULL column for each of ``schema``'s it lacks (a column the table kept for history)."""
-    for f in schema:
-        if f.name not in table.column_names:
-            table = table.append_column(f, pa.nulls(table.num_rows, f.type))
-    return table
 
 
 def _stat_value(value: Any, *, upper: bool) -> Any:
@@ -221,8 +213,7 @@ class EmbeddedLake:
         if unsupported:
             raise LakeError(f"Delta table {path} uses reader features {sorted(unsupported)} that the embedded backend "
                             "cannot read; use the delta-spark backend (SPARK_JOBS_DELTA_BACKEND=delta-spark)")
-        uris = dt.file_uris(partition_filters=list(partitions) if partitions else None)
-        return self._read_uris(path, dt, uris)
+        return self._read_uris(path, dt, dt.file_uris(partition_filters=list(partitions) if partitions else None))
 
     def read_files(self, path: str, files: Sequence[str], *, version: int | None = None) -> DataFrame:
         """Rows of some data files of the table (relative paths, as in ``files()``)."""
@@ -248,18 +239,16 @@ class EmbeddedLake:
         """Add rows. ``conform``: the rows take the table's columns, those they lack as NULL (a log such as
         ``changelog`` keeps the columns of a dropped aggregate for its history). ``read_version``: the append was
         planned from that version, and a concurrent planned writer makes it conflict."""
-        snapshot: DeltaTable | Literal["latest"] | None = "latest" if read_version is None else self.table(
-            path, read_version)
         return self._commit_df(self._conform(df, path, conform), path, partition_by=partition_by, app_txn=app_txn,
-                               metadata=metadata, snapshot=snapshot)
+                               metadata=metadata,
+                               snapshot="latest" if read_version is None else self.table(path, read_version))
 
     def _conform(self, df: DataFrame | pa.Table, path: str, conform: bool = True) -> DataFrame | pa.Table:
         """``df`` with the table's columns: NULL for those it lacks, without those the table lacks."""
-        schema = self.schema(path) if conform else None
-        if schema is None:
+        if not conform or (schema := self.schema(path)) is None:
             return df
         if isinstance(df, pa.Table):
-            return _with_missing(df, schema).select(schema.names)
+            return fill_columns(df, schema)
         from pyspark.sql.pandas.types import from_arrow_type
 
         return df.select(*(F.col(f.name) if f.name in df.columns else F.lit(None).cast(from_arrow_type(f.type)).alias(f.name)
@@ -299,13 +288,13 @@ class EmbeddedLake:
         return Commit(DeltaTable(_local(path)).version())
 
     def replace_partition(self, df: DataFrame | pa.Table, path: str, *, partition_by: Sequence[str],
-                          partition: Mapping[str, str], app_txn: AppTxn | None = None,
-                          metadata: Mapping[str, Any] | None = None, conform: bool = False) -> Commit:
+                          partition: Mapping[str, str], metadata: Mapping[str, Any] | None = None,
+                          conform: bool = False) -> Commit:
         """Replace exactly the rows of one partition with ``df`` in one commit (``conform``: see ``append``)."""
         if bad := [k for k in partition if k not in partition_by]:
             raise ValueError(f"{bad} are not partition columns of {path} ({list(partition_by)})")
         return self._commit_df(self._conform(df, path, conform), path, partition_by=partition_by, replace=partition,
-                               app_txn=app_txn, metadata=metadata)
+                               metadata=metadata)
 
     def replace_keys(self, rows: DataFrame | pa.Table, path: str, *, keys: Sequence[str],
                      touched: DataFrame | pa.Table | None, app_txn: AppTxn | None = None,
@@ -318,8 +307,7 @@ class EmbeddedLake:
         disappear from the table. ``touched=None`` replaces the whole table. ``cluster`` lays the written rows out
         in files by a column, so later updates of a narrow range (a backfilled day, the open windows) rewrite few
         files. ``prune=(column, lo, hi)`` promises every touched key has ``lo <= column <= hi``: the files whose
-        Delta statistics overlap that range are rewritten, without a scan for touched keys; the others are not
-        read. Arrow ``rows`` and ``touched`` are merged on the driver, without Spark.
+        Delta statistics overlap that range are rewritten, without a scan for touched keys; the others are not read.
 
         The rewrite is planned from one snapshot (``read_version``, else the latest) and committed against it: a
         concurrent commit that removed files in between fails this one with a :class:`ConflictError` instead of
@@ -385,31 +373,24 @@ class EmbeddedLake:
             df = ([t.sort_by([(c, "ascending") for c in sort_by]) for t in df] if isinstance(df, list)
                   else df.sortWithinPartitions(*sort_by))
         staged = self._stage(df, path, partition_by)
+        txns = [*([app_txn] if app_txn else []), *app_txns]  # the input versions; on a spec-shaped table, the spec's
+        if (spec := self.spec_txn) and is_spec_shaped(path) and all(t.app_id != spec.app_id for t in app_txns):
+            txns.append(spec)
         write = _Write(path, name, schema, tuple(partition_by), [a for a, _ in staged], tuple(removes), replace,
-                       overwrite, metadata, self._app_txns(path, app_txn, app_txns))
+                       overwrite, metadata, [Transaction(t.app_id, t.version) for t in txns])
         self._commit_retrying(write, snapshot)
         failpoint(f"commit:{name}:after")
         return Commit(DeltaTable(_local(path)).version(), rows_added=sum(rows for _, rows in staged))
 
-    def _app_txns(self, path: str, app_txn: AppTxn | None, app_txns: Sequence[AppTxn]) -> list[Transaction]:
-        """The input versions a commit records, and on a spec-shaped table the spec version (unless in ``app_txns``)."""
-        txns = [Transaction(t.app_id, t.version) for t in [*([app_txn] if app_txn else []), *app_txns]]
-        spec_txn = self.spec_txn if self.spec_txn is not None and is_spec_shaped(path) else None
-        if spec_txn is not None and all(t.app_id != spec_txn.app_id for t in app_txns):
-            txns.append(Transaction(spec_txn.app_id, spec_txn.version))
-        return txns
-
     def _commit_retrying(self, write: _Write, snapshot: DeltaTable | Literal["latest"] | None) -> None:
-        """Commit ``write`` against ``snapshot``; ``"latest"``: against the latest version, again (up to
-        ``_COMMIT_TRIES`` times) when a concurrent commit wins the race."""
+        """Commit ``write`` against ``snapshot``, or the latest version (retried): see :meth:`_commit_df`."""
         planned = not isinstance(snapshot, str)
         for attempt in range(1, 2 if planned else _COMMIT_TRIES + 1):
             existing = snapshot if not isinstance(snapshot, str) else self.table(write.path)
             self._check_target(existing, write.path, write.schema, write.partition_by, overwrite=write.overwrite)
-            now = int(time.time() * 1000)
             failpoint(f"commit:{write.name}:before")
             try:
-                self._commit_once(write, existing, now=now, planned=planned)
+                self._commit_once(write, existing, now=int(time.time() * 1000), planned=planned)
                 return
             except CommitFailedError as exc:
                 if planned or attempt == _COMMIT_TRIES:
@@ -423,19 +404,14 @@ class EmbeddedLake:
         Replacements, and writes planned from a snapshot, carry a guard app transaction (see :func:`_guard`)."""
         guards = [Transaction(_guard(write.replace), now)] if write.replace is not None or planned else []
         props = CommitProperties(custom_metadata=_meta(write.metadata), app_transactions=(write.txns + guards) or None)
-        partition_by = list(write.partition_by) or None
-        if existing is None:
-            existing = self._create(write, props, join=not planned)
-        if existing is None:
+        if existing is None and (existing := self._create(write, props, join=not planned)) is None:
             return
-        if write.replace is not None or write.overwrite:
-            filters = [(k, "=", v) for k, v in write.replace.items()] if write.replace is not None else None
-            existing.create_write_transaction([*write.adds], "overwrite", write.schema, partition_by=partition_by,
-                                              partition_filters=filters, commit_properties=props)
-            return
+        filters = [(k, "=", v) for k, v in write.replace.items()] if write.replace is not None else None
         removes = [RemoveAction(f.path, True, now, f.size, dict(f.partition_values)) for f in write.removes]
-        existing.create_write_transaction([*write.adds, *removes], "append", write.schema, partition_by=partition_by,
-                                          commit_properties=props)
+        existing.create_write_transaction([*write.adds, *removes],
+                                          "overwrite" if write.replace is not None or write.overwrite else "append",
+                                          write.schema, partition_by=list(write.partition_by) or None,
+                                          partition_filters=filters, commit_properties=props)
 
     def _check_target(self, existing: DeltaTable | None, path: str, schema: pa.Schema, partition_by: Sequence[str],
                       *, overwrite: bool) -> None:
@@ -511,13 +487,9 @@ class _Write:
 
 def _place(src: str, rel: str, root: str) -> tuple[AddAction, int] | None:
     """Move the staged file ``src`` to ``rel`` under the table ``root``: its add action and rows; None for a
-    file without rows (left in staging).
-
-    The add action is built by hand: deltalake 1.6 has no public call that describes Parquet files written by
-    another engine (here Spark's executors) as add actions. ``write_deltalake`` (with any ``mode`` or
-    ``predicate``) writes its own files from Arrow data on the driver, ``convert_to_deltalake`` only makes a new
-    table of a folder (no commit to an existing one), and ``create_write_transaction`` takes each ``AddAction``
-    ready made, statistics included."""
+    file without rows (left in staging). The action is built by hand: deltalake 1.6 has no public call that
+    describes files another engine wrote (``write_deltalake`` writes its own, ``convert_to_deltalake`` only makes
+    a new table), and ``create_write_transaction`` takes each ``AddAction`` ready made, statistics included."""
     num_rows, stats = _file_stats(src)
     if num_rows == 0:
         return None
@@ -604,9 +576,8 @@ def _merge_keys_arrow(rows: pa.Table, touched: pa.Table, root: str, keys: list[s
             table = pq.read_table(os.path.join(root, file), columns=columns)
         except (pa.ArrowInvalid, KeyError):  # a file from before a column was added: NULL there
             have = set(pq.read_schema(os.path.join(root, file)).names)
-            table = _with_missing(pq.read_table(os.path.join(root, file), columns=[c for c in columns if c in have]),
-                                  target).select(columns)
-        return table.cast(target)
+            table = pq.read_table(os.path.join(root, file), columns=[c for c in columns if c in have])
+        return fill_columns(table, target).cast(target)
 
     if affected is None:
         affected = [f for f in files if key_mask(read(f, keys), keys, touched).any()] if touched.num_rows else []
@@ -617,9 +588,7 @@ def _merge_keys_arrow(rows: pa.Table, touched: pa.Table, root: str, keys: list[s
 
 
 def _meta(metadata: Mapping[str, Any] | None) -> dict[str, str] | None:
-    if not metadata:
-        return None
-    return {k: v if isinstance(v, str) else json.dumps(v, default=str) for k, v in metadata.items()}
+    return {k: v if isinstance(v, str) else json.dumps(v, default=str) for k, v in (metadata or {}).items()} or None
 
 
 def _types(schema: pa.Schema) -> str:

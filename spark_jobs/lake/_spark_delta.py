@@ -114,7 +114,7 @@ class SparkDeltaLake(EmbeddedLake):
     def append(self, df: DataFrame | pa.Table, path: str, *, partition_by: Sequence[str] = (),
                app_txn: AppTxn | None = None, metadata: Mapping[str, Any] | None = None,
                conform: bool = False, read_version: int | None = None) -> Commit:
-        df = self._df(self._conform(df, path) if conform else df)
+        df = self._df(self._conform(df, path, conform))
         self._check_spec(path)
         if read_version is not None:
             self._unmoved(path, read_version, "append")
@@ -143,12 +143,12 @@ class SparkDeltaLake(EmbeddedLake):
         return self._done(path)
 
     def replace_partition(self, df: DataFrame | pa.Table, path: str, *, partition_by: Sequence[str],
-                          partition: Mapping[str, str], app_txn: AppTxn | None = None,
-                          metadata: Mapping[str, Any] | None = None, conform: bool = False) -> Commit:
-        df = self._df(self._conform(df, path) if conform else df)
+                          partition: Mapping[str, str], metadata: Mapping[str, Any] | None = None,
+                          conform: bool = False) -> Commit:
+        df = self._df(self._conform(df, path, conform))
         where = " AND ".join(f"`{k}` = {_quote(v)}" for k, v in partition.items())
         self._check_spec(path)
-        writer = self._writer(df, "overwrite", partition_by, app_txn, metadata)
+        writer = self._writer(df, "overwrite", partition_by, None, metadata)
         return self._save(writer.option("replaceWhere", where), path)
 
     def replace_keys(self, rows: DataFrame | pa.Table, path: str, *, keys: Sequence[str],

@@ -13,7 +13,15 @@ import pyarrow.parquet as pq
 from spark_jobs.lake._types import DataFile
 from spark_jobs.lake.storage import local_path
 
-__all__ = ["read_data_files", "split_by", "split_rows"]
+__all__ = ["fill_columns", "read_data_files", "split_by", "split_rows"]
+
+
+def fill_columns(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with ``schema``'s columns, in its order: NULL for each it lacks (added since, or kept for history)."""
+    for f in schema:
+        if f.name not in table.column_names:
+            table = table.append_column(f, pa.nulls(table.num_rows, f.type))
+    return table.select(schema.names)
 
 
 def split_by(table: pa.Table, column: str, files: int) -> list[pa.Table]:
@@ -49,7 +57,5 @@ def read_data_files(root: str, files: Sequence[DataFile], schema: pa.Schema) -> 
             kind = schema.field(name).type
             scalar = pa.scalar(None, kind) if value is None else pa.scalar(value).cast(kind)
             table = table.append_column(pa.field(name, kind), pa.repeat(scalar, table.num_rows))
-        columns = [table.column(c.name).cast(c.type) if c.name in table.column_names  # a column added since: NULL
-                   else pa.nulls(table.num_rows, c.type) for c in schema]
-        tables.append(pa.Table.from_arrays(columns, schema=schema))
+        tables.append(fill_columns(table, schema).cast(schema))
     return pa.concat_tables(tables) if tables else schema.empty_table()

@@ -21,16 +21,13 @@ def day_versions(partials: str, version: int | None = None) -> dict[str, int]:
     if not is_table(partials):
         return {}
     actions = open_table(partials, version).add_actions()
-    names = actions.column_names
-    day_col, source_col = f"partition.{DAY}", "partition.source"
-    if day_col not in names:
-        return {}
-    def column(name: str) -> list[object]:
-        return actions.column(name).to_pylist() if name in names else [None] * actions.num_rows
+
+    def column(name: str) -> list[object]:  # all None without the column (no partition by day: no day at all)
+        return actions.column(name).to_pylist() if name in actions.column_names else [None] * actions.num_rows
 
     days: dict[str, dict[str, int]] = {}  # day -> source -> oldest version
-    for day, source, low, nulls in zip(column(day_col), column(source_col), column(f"min.{SPEC_VERSION}"),
-                                       column(f"null_count.{SPEC_VERSION}"), strict=True):
+    names = [f"partition.{DAY}", "partition.source", f"min.{SPEC_VERSION}", f"null_count.{SPEC_VERSION}"]
+    for day, source, low, nulls in zip(*map(column, names), strict=True):
         if day is None:
             continue
         # rows with no spec_version (written before spec records) are the adopted version

@@ -20,7 +20,7 @@ from spark_jobs.aggregates.builtins import ARROW_TYPES
 if TYPE_CHECKING:
     from spark_jobs.spec import PipelineSpec, RollupSpec
 
-__all__ = ["ADOPTED", "SPEC_VERSION", "TS", "accumulator_fields", "key_fields", "table_schema", "value_fields"]
+__all__ = ["ADOPTED", "SPEC_VERSION", "TS", "key_fields", "table_schema", "value_fields"]
 
 SPEC_VERSION = "spec_version"
 # The spec version of rows written before the lake recorded its spec (NULL in ``spec_version``): the spec
@@ -43,12 +43,6 @@ def _functions(spec: PipelineSpec) -> list[tuple[str, AggregateFunction[Any, Any
             for agg in spec.aggregates]
 
 
-def accumulator_fields(spec: PipelineSpec) -> list[pa.Field]:
-    """Each aggregate's stored accumulator columns (``<name>__<field>``)."""
-    return [pa.field(f"{name}__{f}", t) for name, fn in _functions(spec)
-            for f, t in zip(fn.acc_fields, fn.acc_types(), strict=True)]
-
-
 def value_fields(spec: PipelineSpec) -> list[pa.Field]:
     """One column per aggregate, its value."""
     return [pa.field(name, fn.value_type()) for name, fn in _functions(spec)]
@@ -62,7 +56,9 @@ CHANGE_STAMP = (pa.field("writer", pa.string()), pa.field("run_id", pa.string())
 
 def table_schema(spec: PipelineSpec, table: str, rollup: RollupSpec | None = None) -> pa.Schema:
     """The columns of ``partials``, ``aggregates``, ``changelog``, ``state`` (the stream's) or a rollup table."""
-    keys, accs = key_fields(spec), accumulator_fields(spec)
+    keys = key_fields(spec)
+    accs = [pa.field(f"{name}__{f}", t) for name, fn in _functions(spec)  # each accumulator's ``<name>__<field>``
+            for f, t in zip(fn.acc_fields, fn.acc_types(), strict=True)]
     n_rows, version = pa.field("n_rows", pa.int64()), pa.field(SPEC_VERSION, pa.int64())
     if table == "partials":
         fields = [pa.field("batch", pa.string()), pa.field("source", pa.string()), pa.field("event_date", pa.date32()),

@@ -55,7 +55,7 @@ class TableMaintenance:
 
 
 def maintain(lake: str, pipeline: str, *, retention_hours: int = DEFAULT_RETENTION_HOURS, dry_run: bool = False,
-             enforce_retention: bool = True, target_size: int | None = None) -> list[TableMaintenance]:
+             enforce_retention: bool = True) -> list[TableMaintenance]:
     """Compact, vacuum and checkpoint every existing table of ``pipeline``; ``dry_run`` changes nothing."""
     from deltalake import CommitProperties, DeltaTable
     from deltalake.exceptions import DeltaError
@@ -69,18 +69,17 @@ def maintain(lake: str, pipeline: str, *, retention_hours: int = DEFAULT_RETENTI
     tables = PipelineTables(lake, pipeline)
     out: list[TableMaintenance] = []
     root = Path(tables.path("runs")).parent
-    rollups = [(p.name, str(p)) for p in sorted(root.iterdir()) if is_table_name(p.name) and p.name not in TABLES] \
+    rollups = sorted(p.name for p in root.iterdir() if is_table_name(p.name) and p.name not in TABLES) \
         if root.is_dir() else []
-    for name, path in [*((n, tables.path(n)) for n in TABLES), *rollups, ("stream_state", tables.stream_state)]:
+    for name, path in [*((n, tables.path(n)) for n in (*TABLES, *rollups)), ("stream_state", tables.stream_state)]:
         if not DeltaTable.is_deltatable(path):
             continue
         try:
             dt = DeltaTable(path)
-            before = dt.version()
-            entry = TableMaintenance(name, path, before, before, len(dt.file_uris()), len(dt.file_uris()))
+            entry = TableMaintenance(name, path, dt.version(), dt.version(), len(dt.file_uris()), len(dt.file_uris()))
             if name in COMPACTED and not dry_run:
                 props = CommitProperties(custom_metadata={"job": "maintain"})
-                entry.compacted = dt.optimize.compact(target_size=target_size, commit_properties=props)
+                entry.compacted = dt.optimize.compact(commit_properties=props)
                 dt = DeltaTable(path)
             entry.vacuumed = dt.vacuum(retention_hours=retention_hours, dry_run=dry_run,
                                        enforce_retention_duration=enforce_retention)

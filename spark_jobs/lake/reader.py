@@ -96,9 +96,9 @@ def commit_files(path: str, version: int) -> CommitFiles | None:
     return CommitFiles(version, info, files["add"], files["remove"])
 
 
-def commit_with_txn(path: str, txn: AppTxn, *, newest: int, oldest: int = 0) -> int | None:
-    """The version of the commit, from ``newest`` back to ``oldest``, that recorded the app transaction ``txn``."""
-    for version in range(newest, oldest - 1, -1):
+def commit_with_txn(path: str, txn: AppTxn, *, newest: int) -> int | None:
+    """The version of the commit, from ``newest`` back to the first, that recorded the app transaction ``txn``."""
+    for version in range(newest, -1, -1):
         if any((t := a.get("txn")) and t.get("appId") == txn.app_id and int(t.get("version", -1)) == txn.version
                for a in _commit_log(path, version) or []):
             return version

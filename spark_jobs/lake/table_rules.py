@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from spark_jobs.lake._types import Cluster, DataFile
 
@@ -82,12 +82,10 @@ def sort_keys(spec: PipelineSpec) -> list[str]:
     return [*spec.window.bounds[:1], *spec.group_by]
 
 
-def window_cluster(spec: PipelineSpec, files: int, *, by: str = "range", column: str = "window_start",
-                   tail_from: dt.datetime | None = None) -> Cluster | None:
+def window_cluster(spec: PipelineSpec, files: int, *, by: Literal["range", "hash"] = "range",
+                   column: str = "window_start", tail_from: dt.datetime | None = None) -> Cluster | None:
     """About ``files`` files of ``aggregates`` by window start (or ``column``); None without a window."""
-    if not spec.window.bounds:
-        return None
-    return Cluster(column, max(files, 1), by="hash" if by == "hash" else "range", tail_from=tail_from)
+    return Cluster(column, max(files, 1), by=by, tail_from=tail_from) if spec.window.bounds else None
 
 
 def batch_files_in(files: Iterable[DataFile], bounds: tuple[dt.date, dt.date] | None) -> list[DataFile]:

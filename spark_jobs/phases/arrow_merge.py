@@ -88,12 +88,10 @@ def merge_groups(rows: pa.Table, keys: list[str], entries: Sequence[BoundAggrega
     for entry in slow:
         fn = entry.function
         columns = [stored.column(c).combine_chunks() for c in entry.acc_columns]
-        as_stored = fn.merge_groups_stored(columns, offsets)
-        if as_stored is not None:
+        if (as_stored := fn.merge_groups_stored(columns, offsets)) is not None:
             merged[entry.name] = Stored(as_stored)
             continue
-        accs = fn.merge_groups(columns, offsets)
-        if accs is None:
+        if (accs := fn.merge_groups(columns, offsets)) is None:
             decoded = _decoded(fn, columns)
             accs = [fn.merge_all(decoded[lo:hi]) for lo, hi in pairwise(offsets.tolist())]
         if not isinstance(fn, Builtin):  # a user's accumulator, read back as stored (the built-ins' are lossless)
@@ -156,8 +154,7 @@ def value_columns(table: pa.Table, accs: Merged, entries: Sequence[BoundAggregat
         if merged is None or isinstance(merged, Stored):
             columns = merged.columns if merged is not None else [table.column(c).combine_chunks()
                                                                   for c in entry.acc_columns]
-            values = fn.stored_values(columns)
-            if values is not None:
+            if (values := fn.stored_values(columns)) is not None:
                 out[entry.name] = values.cast(fn.value_type())
                 continue
             merged = _decoded(fn, columns)

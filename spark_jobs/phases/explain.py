@@ -59,8 +59,7 @@ def phase_frame(spark: SparkSession, compiled: CompiledAggregates, phase: Phase)
     if phase == "combine":
         return partial_aggregate(rows, compiled)
     if phase == "reduce":
-        partials = partial_aggregate(rows, compiled)
-        empty = spark.createDataFrame([], partials.schema)
+        empty = spark.createDataFrame([], partial_aggregate(rows, compiled).schema)
         return final_aggregate(spec.window.serve(empty, spec.group_by), compiled)
     et = F.col(spec.source.event_time)
     delta = partial_aggregate(rows.withColumn(DAY, F.to_date(et)), compiled, extra_keys=[DAY],

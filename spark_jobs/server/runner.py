@@ -105,8 +105,7 @@ def _accept(listener: socket.socket, selector: selectors.BaseSelector, jobs: dic
     conn, _ = listener.accept()
     conn.settimeout(10)  # a client that connects and says nothing cannot hold the runner
     try:
-        line = conn.makefile("rb").readline()
-        if not line:  # a readiness probe
+        if not (line := conn.makefile("rb").readline()):  # a readiness probe
             conn.close()
             return
         request = json.loads(line)
@@ -117,8 +116,7 @@ def _accept(listener: socket.socket, selector: selectors.BaseSelector, jobs: dic
         conn.close()
         return
     conn.settimeout(None)
-    pid = os.fork()
-    if pid == 0:  # the job
+    if (pid := os.fork()) == 0:  # the job
         listener.close()
         for other in jobs.values():
             other.close()

@@ -43,17 +43,13 @@ class Standalone:
     def master_url(self) -> str:
         return f"spark://{self.host}:{self.port}"
 
-    @property
-    def ui_url(self) -> str:
-        return f"http://{self.host}:{self.ui_port}"
-
     def _part(self, name: str) -> Background:
         return Background(name, self.state_dir)
 
     def status(self) -> dict[str, Any] | None:
         """The master's JSON status (workers, applications), None while it does not answer."""
         try:
-            with urllib.request.urlopen(f"{self.ui_url}/json/", timeout=2) as response:
+            with urllib.request.urlopen(f"http://{self.host}:{self.ui_port}/json/", timeout=2) as response:
                 return dict(json.load(response))
         except (OSError, ValueError):
             return None

@@ -197,8 +197,6 @@ def partial_rows(groups: pa.Table, schema: pa.Schema, *, batch: str, run_id: str
 class ArrowEngine:
     """Merges on the driver; keeps the state it committed in memory while the table has not moved on."""
 
-    name = "driver"
-
     def __init__(self, spark: SparkSession, compiled: CompiledAggregates, lake: Lake,
                  max_keys: int = DRIVER_MAX_KEYS) -> None:
         self.spark, self.local, self.lake, self.max_keys = spark, LocalAggregates(compiled), lake, max_keys

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from spark_jobs.lake import Lake, PipelineTables
 from spark_jobs.lake.table_rules import DAY, batch_days
 from spark_jobs.stream.outputs import MiniBatch
-from spark_jobs.windows.kind import TS, F, WindowKind
+from spark_jobs.windows.kind import BOUNDS, TS, F, WindowKind
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -56,7 +56,6 @@ def _answer_arrow(state: pa.Table, days: list[dt.date]) -> bool:
         return False
     if not days or not state.num_rows:
         return True
-    first = pc.cast(pc.cast(state.column("window_start"), TS), pa.date32()).to_numpy(zero_copy_only=False)
-    last = pc.cast(pc.cast(state.column("window_end"), TS), pa.date32()).to_numpy(zero_copy_only=False)
+    first, last = (pc.cast(pc.cast(state.column(c), TS), pa.date32()).to_numpy(zero_copy_only=False) for c in BOUNDS)
     marks = np.array(days, dtype="datetime64[D]")
     return not any(bool(np.any((first <= d) & (last >= d))) for d in marks)

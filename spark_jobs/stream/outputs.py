@@ -69,8 +69,6 @@ def stream_stamp(batch_id: int, run_id: str) -> dict[str, Any]:
 class MergeEngine(Protocol):
     """Merges a mini-batch into the stream's state and derives every output table."""
 
-    name: str
-
     def merge(self, batch: MiniBatch) -> BatchOutputs: ...
 
     def after_commit(self, state_version: int | None, outputs: BatchOutputs) -> None:

@@ -32,8 +32,6 @@ __all__ = ["NEVER", "SparkEngine", "partials_in_reach", "served_before", "state_
 class SparkEngine:
     """Merges in Spark; its outputs are DataFrames (the persisted ones are released after the commit)."""
 
-    name = "spark"
-
     def __init__(self, spark: SparkSession, compiled: CompiledAggregates, lake: Lake) -> None:
         self.spark, self.compiled, self.lake = spark, compiled, lake
         spec = compiled.spec
@@ -55,8 +53,15 @@ class SparkEngine:
         values = self._values(reach, live)
         after = values.where(F.col("_after")).drop("_after")
         first_seen = groups.groupBy(*self.group).agg(F.min(FIRST_SEEN).alias(FIRST_SEEN))
-        new_state = (self._sessions(state, after, batch.closes) if self.kind.state_holds_served
-                     else self._state(state, groups, batch.closes))
+        # whole open sessions: the batch's merged ones in, the ones they absorbed out; else stored rows merged
+        new_state = (self.kind.next_state(state, after, self.group, self.state_columns, day=DAY)
+                     if self.kind.state_holds_served else self._state(state, groups))
+        if batch.closes is not None:  # closed windows leave
+            new_state = new_state.where(self.kind.is_open(batch.closes))
+        if self.compiled.retracting:  # every row of that day and key was retracted
+            new_state = new_state.where(F.col("n_rows") != 0)
+        if self.kind.state_holds_served:
+            new_state = self._cache(new_state)
         before, read_version = values.where(~F.col("_after")).drop("_after"), reach.read_version
         if batch.batch_days:  # the served rows as they are: a batch combine's partials may not be reduced yet
             served, read_version = served_before(self.lake, self.tables, reach.touched, read_version)
@@ -91,15 +96,6 @@ class SparkEngine:
             changed = changed.unionByName(state.where(F.col(DAY).isNotNull()).select(*self.partial_columns))
         return self.kind.reach_of(changed, partials_in_reach(self.lake, self.tables, batch), self.group), None
 
-    def _sessions(self, state: DataFrame, after: DataFrame, closes: dt.datetime | None) -> DataFrame:
-        """The new state of whole open sessions: the batch's merged ones in, the ones they absorbed out."""
-        new_state = self.kind.next_state(state, after, self.group, self.state_columns, day=DAY)
-        if closes is not None:
-            new_state = new_state.where(self.kind.is_open(closes))
-        if self.compiled.retracting:
-            new_state = new_state.where(F.col("n_rows") != 0)
-        return self._cache(new_state)
-
     def _cache(self, frame: DataFrame) -> DataFrame:
         """Persisted until the batch commits (:meth:`after_commit` releases it)."""
         frame = persisted(frame)
@@ -119,20 +115,14 @@ class SparkEngine:
                                                         extra_keys=["_after"], alone=True))
         return self._cache(values)
 
-    def _state(self, state: DataFrame, groups: DataFrame, closes: dt.datetime | None) -> DataFrame:
-        """The new state: the stored rows the batch touches merged with its rows once; closed windows leave."""
+    def _state(self, state: DataFrame, groups: DataFrame) -> DataFrame:
+        """The new state: the stored rows the batch touches merged with its rows once."""
         touched = self.kind.within(state, groups, self.day_keys).select(*self.state_columns)
         stored = self.kind.merge_stored(touched.unionByName(groups.select(*self.state_columns)), self.day_keys)
         merged = final_aggregate(stored, self.compiled, extra_keys=[DAY],
                                  extra_aggs=[F.max("max_event_time").alias("max_event_time")])
         merged = self._cache(merged.select(*self.state_columns))
-        new_state = self.kind.within(state, groups, self.day_keys, anti=True).select(*self.state_columns)
-        new_state = new_state.unionByName(merged)
-        if closes is not None:
-            new_state = new_state.where(self.kind.is_open(closes))
-        if self.compiled.retracting:  # every row of that day and key was retracted
-            new_state = new_state.where(F.col("n_rows") != 0)
-        return new_state
+        return self.kind.within(state, groups, self.day_keys, anti=True).select(*self.state_columns).unionByName(merged)
 
 
 def served_before(lake: Lake, tables: PipelineTables, touched: DataFrame | None, version: int | None

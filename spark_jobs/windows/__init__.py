@@ -59,8 +59,7 @@ def _fixed(raw: Mapping[str, Any], problems: Problems) -> WindowKind | None:
         problems.append(("window", "'slide' and 'step' are mutually exclusive; define only one: slide for hopping "
                                    "windows, step for cumulative ones"))
         return None
-    parsed = _durations(raw, ("size", "slide", "step"), "window", problems)
-    if parsed is None:
+    if (parsed := _durations(raw, ("size", "slide", "step"), "window", problems)) is None:
         return None
     size, slide, step = parsed["size"], parsed.get("slide"), parsed.get("step")
     for name, by in (("slide", slide), ("step", step)):
@@ -81,8 +80,7 @@ def _sessions(raw: Mapping[str, Any], retracting: bool, problems: Problems) -> W
         problems.append(("window", "a session window has a gap and no size or slide: {gap: 30 minutes}; or give a "
                                    "size for tumbling windows"))
         return None
-    parsed = _durations(raw, ("gap",), "window.gap", problems)
-    if parsed is None:
+    if (parsed := _durations(raw, ("gap",), "window.gap", problems)) is None:
         return None
     if retracting:  # a retraction may split a session, which no accumulator can undo
         problems.append(("window.gap", "session windows need an append-only source: source.op_column retracts rows, "

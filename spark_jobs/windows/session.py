@@ -236,8 +236,7 @@ class _Widening:
         known: DataFrame | None = None
         done: tuple[dt.date, dt.date] | None = None  # the days read so far for the pending keys
         while True:
-            rows = self._read(done)
-            if rows is not None:
+            if (rows := self._read(done)) is not None:
                 known = rows if known is None else known.unionByName(rows)
             reached = persisted(_holding(self.kind, self.group, self.changed.limit(0) if known is None else known,
                                          self.changed))
