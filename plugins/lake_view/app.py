@@ -278,7 +278,7 @@ def _rollup_json_url(request: Request, name: str, form: RollupForm, version: int
 
 
 def _add_pages(router: APIRouter, ctx: _Context) -> None:
-    """The HTML pages of the lake, its tables, their diffs and charts."""
+    """The HTML pages of the lake, its tables and their diffs (the charts: :func:`_add_chart_pages`)."""
 
     @router.get("/", response_class=HTMLResponse)
     def index(request: Request) -> HTMLResponse:
@@ -318,6 +318,8 @@ def _add_pages(router: APIRouter, ctx: _Context) -> None:
                         to_version=d.to_version, limit=limit, error=None, d=d, changed=_changed_grid(d),
                         added=_grid(d.added), removed=_grid(d.removed))
 
+
+def _add_chart_pages(router: APIRouter, ctx: _Context) -> None:
     @router.get("/table/{name}/chart", response_class=HTMLResponse)
     def chart_page(request: Request, name: NameParam, metric: MetricQ = None, version: VersionQ = None,
                    where: WhereQ = None) -> HTMLResponse:
@@ -427,7 +429,7 @@ def create_app(*, lake_root: str | None = None, authenticate: bool = True) -> Fa
     auth: list[Any] = [Depends(airflow_user)] if authenticate else []
     # authentication runs first: an anonymous request learns nothing about the parameters or the tables
     router = APIRouter(dependencies=[*auth, Depends(_strict_query)])
-    for add in (_add_pages, _add_api):
+    for add in (_add_pages, _add_chart_pages, _add_api):
         add(router, ctx)
     app.include_router(router)
     return app
