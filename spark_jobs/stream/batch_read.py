@@ -87,9 +87,9 @@ class BatchReader:
                                  event_time=spec.source.event_time, keys=spec.group_by)
         windowed = windowed.withColumns({c: F.when(F.col(_BAD).isNull(), F.col(c)) for c in window.bounds})
         windowed = windowed if watermark is None else window.open_only(windowed, watermark)
-        combined = partial_aggregate(windowed, self.compiled, extra_keys=[DAY, _BAD], extra_aggs=[
-            F.max(et).alias("max_event_time"), F.min(et).alias("_first_seen"),
-            window.count_once(spec.source.event_time).alias("_rows"), F.first("_reject").alias("_reject")])
+        combined = partial_aggregate(windowed, self.compiled, extra_keys=[DAY, _BAD], extra_aggs={
+            "max_event_time": F.max(et), "_first_seen": F.min(et),
+            "_rows": window.count_once(spec.source.event_time), "_reject": F.first("_reject")})
         if self.record.uncovered_through is not None:  # days whose earlier rows a spec change dropped
             combined = combined.withColumn(SPEC_VERSION, F.when(F.col(DAY) <= F.lit(self.record.uncovered_through),
                                                                 F.lit(0).cast("bigint")).otherwise(F.col(SPEC_VERSION)))

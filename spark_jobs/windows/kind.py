@@ -77,6 +77,7 @@ class WindowKind(ABC):
     rows_once = True  # each event counts in exactly one served row (sums of ``n_rows`` add up)
     serves_stored = True  # served rows are the stored rows as they are
     cut_per_key = False  # stored rows are cut per key: dropping a key cannot merge them
+    assigned_by_key = False  # :meth:`assign` leaves rows partitioned by the keys: they group in place
     changelog_values: tuple[str, ...] = ()  # bounds that are values, not identity, in the changelog
     scope: tuple[str, ...] = BOUNDS  # the bounds within which a key's stored rows merge or serve together
     state_covers_reach = True  # the stored rows a non-late event reaches are all open, so in the stream's state

@@ -47,6 +47,7 @@ class Sessions(WindowKind):
     gap: Duration
     serves_stored = False
     cut_per_key = True
+    assigned_by_key = True
     state_covers_reach = False  # its state holds whole open sessions, not the stored rows a reach reads
     state_holds_served = True
     scope = ()  # a key's partial sessions merge with each other whatever their bounds
