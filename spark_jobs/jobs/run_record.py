@@ -54,10 +54,6 @@ class RunRecord:
         end = self.finished_at or datetime.now(UTC)
         return (end - self.started_at).total_seconds()
 
-    @property
-    def reconciles(self) -> bool:
-        return self.rows_in == self.rows_aggregated + self.rows_rejected
-
     def to_arrow(self) -> pa.Table:
         row: dict[str, Any] = asdict(self) | {"duration_s": self.duration_s}
         row |= {key: json.dumps(row[key]) for key in ("inputs", "versions_read", "versions_written")}

@@ -69,8 +69,7 @@ SIGN = "_sign"  # -1 for the -U/-D rows of a changelog source, else 1
 def partial_aggregate(rows: DataFrame, compiled: CompiledAggregates, *, extra_keys: Sequence[str] = (),
                       extra_aggs: Mapping[str, Column] | None = None) -> DataFrame:
     """Combine phase over typed, windowed rows: keys, ``n_rows`` and accumulator columns. ``extra_keys`` group
-    finer than the spec's keys (the stream keeps state per event day); ``extra_aggs`` (aggregate functions by name)
-    follow the accumulators."""
+    finer than the spec's keys (the stream keeps state per event day); ``extra_aggs`` (by name) follow them."""
     spec = compiled.spec
     keys = [*extra_keys, *spec.key_columns]
     event_time = F.col(spec.source.event_time)
@@ -96,21 +95,16 @@ def partial_aggregate(rows: DataFrame, compiled: CompiledAggregates, *, extra_ke
     return out.select(*keys, "n_rows", *compiled.acc_columns, *(c for c in out.columns if c not in known), version)
 
 
-_ROW, _FIRST = "_row", "_first_row"
-
-
 def _grouped_in_place(rows: DataFrame, keys: Sequence[str], aggs: Mapping[str, Column]) -> DataFrame:
-    """One row per group, each aggregate evaluated over its group as a window. For rows a window kind's ``assign``
-    left partitioned by the keys: no exchange is needed, so Spark's two-phase aggregate would build each group's
-    sketches twice for nothing (Spark 4.2 keeps a partial phase that has no exchange after it); a 20-file session
-    batch's read took 11-12 s instead of 19 s. Each aggregate must be a bare aggregate function."""
+    """One row per group, each (bare) aggregate evaluated over its group as a window: rows ``assign`` left partitioned
+    by the keys need no exchange, where Spark 4.2 would still run a partial phase and build each sketch twice."""
     from pyspark.sql import Window
 
     group = Window.partitionBy(*keys)
-    rows = rows.withColumn(_ROW, F.monotonically_increasing_id())
-    out = rows.select(*keys, _ROW, F.min(_ROW).over(group).alias(_FIRST),
+    rows = rows.withColumn("_row", F.monotonically_increasing_id())
+    out = rows.select(*keys, "_row", F.min("_row").over(group).alias("_first_row"),
                       *(agg.over(group).alias(name) for name, agg in aggs.items()))
-    return out.where(F.col(_ROW) == F.col(_FIRST)).drop(_ROW, _FIRST)
+    return out.where(F.col("_row") == F.col("_first_row")).drop("_row", "_first_row")
 
 
 def final_aggregate(partials: DataFrame, compiled: CompiledAggregates, *, extra_keys: Sequence[str] = (),

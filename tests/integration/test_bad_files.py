@@ -112,7 +112,7 @@ def test_combine_quarantines_each_bad_file_and_counts_the_rest_once(spark, lande
     record = combine.run(spark, spec, DAY)
     reduce.run(spark, spec)
     assert (record.files_quarantined, record.files_skipped) == (4, 1)
-    assert record.rows_in == 400 and record.reconciles
+    assert record.rows_in == 400 == record.rows_aggregated + record.rows_rejected
     assert_quarantined(spec, bad, "combine")
     assert_matches(actual(PipelineTables(spec.lake, spec.name).aggregates, spec), expected(rows, spec), spec)
     runs = DeltaTable(PipelineTables(spec.lake, spec.name).runs).to_pyarrow_table().to_pylist()

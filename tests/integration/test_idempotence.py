@@ -93,7 +93,7 @@ def test_rerunning_combine_replaces_the_day_with_identical_partials(spark, tmp_p
     assert len(dead1) == len(dead2) == 3, "the day's rejects are replaced, not appended"
     assert set(dead2["run_id"]) == {second.run_id} and set(dead2["batch"]) == {D1}
     assert sorted(dead2["raw"]) == sorted(dead1["raw"])
-    assert (second.rows_in, second.rows_rejected) == (123, 3) and second.reconciles
+    assert (second.rows_in, second.rows_rejected) == (123, 3) and second.rows_aggregated == 120
 
 
 def test_a_backfilled_day_re_merges_only_its_own_keys(spark, tmp_path):
