@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,20 +61,31 @@ class SparkServer:
         return {**os.environ, "SPARK_REMOTE": self.remote, "SPARK_JOBS_RUNNER": self.runner}
 
 
-@pytest.fixture(scope="session")
-def spark_server():
-    """One real Spark Connect server and runner for every test that needs them, started on first use."""
+@contextlib.contextmanager
+def connect_server(master: str = "local[2]", shuffle_partitions: int = 2, env: dict[str, str] | None = None
+                   ) -> Iterator[SparkServer]:
+    """A real Spark Connect server and warm runner on ``master`` (``python -m spark_jobs server start``)."""
     state = Path(tempfile.mkdtemp(prefix="sj-"))  # short: the runner's socket path must fit in 108 bytes
     port = free_port()
     command = [sys.executable, "-m", "spark_jobs", "server"]
     with steady_jvm():
-        proc = subprocess.run([*command, "start", "--state-dir", str(state), "--port", str(port), "--master",
-                               "local[2]", "--driver-memory", "1g", "--shuffle-partitions", "2"],
-                              capture_output=True, text=True, timeout=300, check=False)
+        proc = subprocess.run([*command, "start", "--state-dir", str(state), "--port", str(port), "--master", master,
+                               "--driver-memory", "1g", "--shuffle-partitions", str(shuffle_partitions)],
+                              env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, f"server start failed:\n{proc.stdout}\n{proc.stderr}"
-    yield SparkServer(f"sc://127.0.0.1:{port}", str(state / "runner.sock"), state)
-    subprocess.run([*command, "stop", "--state-dir", str(state)], capture_output=True, timeout=120, check=False)
-    shutil.rmtree(state, ignore_errors=True)
+    try:
+        yield SparkServer(f"sc://127.0.0.1:{port}", str(state / "runner.sock"), state)
+    finally:
+        subprocess.run([*command, "stop", "--state-dir", str(state)], env=env, capture_output=True, timeout=120,
+                       check=False)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def spark_server():
+    """One real Spark Connect server and runner for every test that needs them, started on first use."""
+    with connect_server() as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

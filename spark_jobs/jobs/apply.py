@@ -390,7 +390,7 @@ class _Migration:
             rows = self.spec.window.coarsen(rows)
         if not self._merges():
             return rows
-        aggs = [getattr(F, how)(F.col(c)).alias(c) for c, how in extra]
+        aggs = {c: getattr(F, how)(F.col(c)) for c, how in extra}
         return final_aggregate(rows, self.kept, extra_keys=extra_keys, extra_aggs=aggs).drop(*self.kept.value_names)
 
     def _merge(self, rows: pa.Table, *, extra_keys: list[str],

@@ -108,7 +108,7 @@ def _grouped_in_place(rows: DataFrame, keys: Sequence[str], aggs: Mapping[str, C
 
 
 def final_aggregate(partials: DataFrame, compiled: CompiledAggregates, *, extra_keys: Sequence[str] = (),
-                    extra_aggs: Sequence[Column] = (), alone: bool = False) -> DataFrame:
+                    extra_aggs: Mapping[str, Column] | None = None, alone: bool = False) -> DataFrame:
     """Reduce phase over partial rows: keys, one value column per aggregate, merged accumulators. ``alone``: each
     row is a group of its own, so a built-in's merge is the row itself: no grouping (nor sketch merge) runs."""
     assert not (alone and extra_aggs), "a row alone is not grouped: no extra aggregates"
@@ -120,7 +120,8 @@ def final_aggregate(partials: DataFrame, compiled: CompiledAggregates, *, extra_
     for b, impl in compiled.native:
         accs = [F.col(c) for c in b.acc_columns]
         exprs.extend(c.alias(n) for c, n in zip(accs if alone else impl.spark_merge(accs), b.acc_columns, strict=True))
-    merged = partials.select(*keys, *exprs) if alone else partials.groupBy(*keys).agg(*exprs, *extra_aggs)
+    extra = [agg.alias(name) for name, agg in (extra_aggs or {}).items()]
+    merged = partials.select(*keys, *exprs) if alone else partials.groupBy(*keys).agg(*exprs, *extra)
     if compiled.retracting and not extra_keys:  # every row of the key was retracted: the key is gone
         merged = merged.where(F.col("n_rows") != 0)
     if compiled.udafs:

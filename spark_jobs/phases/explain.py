@@ -66,7 +66,7 @@ def phase_frame(spark: SparkSession, compiled: CompiledAggregates, phase: Phase)
                               extra_aggs={"max_event_time": F.max(et)})
     state = spark.createDataFrame([], delta.schema)
     return final_aggregate(state.unionByName(delta), compiled, extra_keys=[DAY],
-                           extra_aggs=[F.max("max_event_time").alias("max_event_time")])
+                           extra_aggs={"max_event_time": F.max("max_event_time")})
 
 
 def explain(spark: SparkSession, compiled: CompiledAggregates, phase: Phase) -> str:

@@ -120,7 +120,7 @@ class SparkEngine:
         touched = self.kind.within(state, groups, self.day_keys).select(*self.state_columns)
         stored = self.kind.merge_stored(touched.unionByName(groups.select(*self.state_columns)), self.day_keys)
         merged = final_aggregate(stored, self.compiled, extra_keys=[DAY],
-                                 extra_aggs=[F.max("max_event_time").alias("max_event_time")])
+                                 extra_aggs={"max_event_time": F.max("max_event_time")})
         merged = self._cache(merged.select(*self.state_columns))
         return self.kind.within(state, groups, self.day_keys, anti=True).select(*self.state_columns).unionByName(merged)
 

@@ -21,6 +21,7 @@ from spark_jobs.lake import PipelineTables
 from spark_jobs.spark_session import shuffle_partitions_for
 from tests.airflow.harness import airflow_home
 from tests.builders import ALL_AGGREGATES, FAST_AGGREGATES, day_events, make_spec, write_day
+from tests.conftest import connect_server
 from tests.integration.test_stream import land, with_stream
 from tests.oracle import actual, assert_matches, expected, read_landing
 
@@ -42,23 +43,28 @@ def cli(*args: str, master: str, timeout: float = 600) -> subprocess.CompletedPr
     return proc
 
 
-def test_a_batch_dag_run_on_the_cluster_equals_the_oracle(standalone_cluster, tmp_path):
-    """One Airflow DAG run whose ``spark_default`` connection points at the cluster: each Spark task
-    (the input gate, combine, the partials gate, reduce, the outputs gate) is an application of it."""
+def test_a_batch_dag_run_on_a_connect_server_of_the_cluster_equals_the_oracle(standalone_cluster, tmp_path):
+    """The compose file's deployment: a Spark Connect server whose application runs on the cluster, and an Airflow
+    DAG run whose Spark tasks (the input gate, combine, the partials gate, reduce, the outputs gate) are its clients;
+    the work runs in that one application, on executors of both workers. (Without a Connect server each task is its
+    own ``spark-submit``: ``tests/airflow/test_operators.py`` runs that path.)"""
     spec = make_spec(tmp_path, window={"size": "1 hour"}, aggregates=FAST_AGGREGATES)  # the stream test has a UDAF
     write_day(tmp_path / "landing", "2024-03-01", day_events("2024-03-01", 3000, seed=1, rejected=10), files=4)
-    af = airflow_home(tmp_path, tmp_path)  # no Spark Connect server: every task is a spark-submit
-    af.env.update({"AIRFLOW_CONN_SPARK_DEFAULT": standalone_cluster.master_url, "SPARK_LOCAL_IP": "127.0.0.1"})
     before = len((standalone_cluster.status() or {}).get("completedapps", []))
-    af.run("dags", "test", "views_batch", "2024-03-01", timeout=1200)
+    with connect_server(standalone_cluster.master_url, shuffle_partitions_for(2), driver_env()) as server:
+        af = airflow_home(tmp_path, tmp_path, server)
+        af.run("dags", "test", "views_batch", "2024-03-01", timeout=1200)
+        [app] = [a for a in (standalone_cluster.status() or {}).get("activeapps", []) if "connect" in a.get("name")]
     [run] = af.runs("views_batch")
     states = af.task_states("views_batch", run["run_id"])
     assert run["state"] == "success" and set(states.values()) == {"success"}, states
     tables = PipelineTables(spec.lake, spec.name)
     assert_matches(actual(tables.aggregates, spec), expected(read_landing(tmp_path / "landing"), spec), spec)
     assert DeltaTable(tables.dead_letter).to_pyarrow_table().num_rows == 10
+    executors = [w for w in ("worker-0", "worker-1") if (standalone_cluster.state_dir / w / app["id"]).is_dir()]
+    assert executors == ["worker-0", "worker-1"]  # the server's application ran executors on both workers
     apps = (standalone_cluster.status() or {}).get("completedapps", [])
-    assert len(apps) - before == 5, [a.get("name") for a in apps]  # each Spark task was an application of the cluster
+    assert [a["id"] for a in apps[before:]] == [app["id"]], apps  # and no task started an application of its own
 
 
 def test_the_cluster_runs_tasks_on_both_workers(standalone_cluster, tmp_path):
