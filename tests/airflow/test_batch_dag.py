@@ -97,10 +97,13 @@ def test_bad_input_fails_the_gate_leaves_aggregates_unchanged_and_dead_letters_t
 
 
 @pytest.mark.timeout(1200)  # about two minutes on a quiet machine; the bound is for a loaded one
-def test_a_scheduler_backfill_beside_a_stream_run_queues_the_writers_and_matches_the_oracle(spark_server, tmp_path):
-    """Two days backfilled at once while the stream DAG runs: the writers of ``aggregates`` in both DAGs (the
-    batch reduces, the stream and its reduce) share one pool slot, so they run one after another."""
-    spec, tables, af = setup(tmp_path, spark_server)
+def test_a_scheduler_backfill_of_sessions_beside_a_stream_run_queues_the_writers_and_matches_the_oracle(
+        spark_server, tmp_path):
+    """Sessions per user over two days, backfilled at once while the stream DAG runs: each day's combine cuts
+    partial sessions, each reduce merges the ones in reach, the gates pass, DuckDB agrees; the writers of
+    ``aggregates`` in both DAGs (the batch reduces, the stream and its reduce) share one pool slot, so they run one
+    after another."""
+    spec, tables, af = setup(tmp_path, spark_server, rows=400, window={"gap": "30 minutes"}, group_by=["user_id"])
     (tmp_path / "typo.yml").write_text("name: typo\nsource: {path: [unclosed\n")  # costs this pipeline nothing
     af.env["SPARK_JOBS_STREAM_SCHEDULE"] = "none"  # only the run triggered below
     started = time.monotonic()
@@ -118,7 +121,9 @@ def test_a_scheduler_backfill_beside_a_stream_run_queues_the_writers_and_matches
     assert af.runs("views_batch") == runs  # SPARK_JOBS_END_DATE: no scheduled run of a day without data
     assert [r["state"] for r in runs] == ["success"] * len(DAYS), [af.task_states("views_batch", r["run_id"]) for r in runs]
     assert stream_run["state"] == "success", af.task_states("views_stream", stream_run["run_id"])
-    assert_matches(actual(tables.aggregates, spec), expected(read_landing(tmp_path / "landing"), spec), spec)
+    got = actual(tables.aggregates, spec)
+    assert_matches(got, expected(read_landing(tmp_path / "landing"), spec), spec)
+    assert (got["window_end"] - got["window_start"] >= "30min").all()
     writers = [(t["start_date"], t["end_date"], f"{dag} {t['task_id']} {run['run_id']}")
                for dag, dag_runs in (("views_batch", runs), ("views_stream", [stream_run]))
                for run in dag_runs for t in af.task_instances(dag, run["run_id"]) if t["task_id"] in ("reduce", "stream")]
@@ -130,17 +135,3 @@ def test_a_scheduler_backfill_beside_a_stream_run_queues_the_writers_and_matches
     # two days' combines race for the partials table: the loser re-plans inside the job, nothing fails
     assert sorted(r["batch"] for r in combines) == list(DAYS) and {r["status"] for r in combines} == {"success"}
     print(f"backfill of {len(DAYS)} days beside a stream run: {time.monotonic() - started:.0f}s")
-
-
-def test_a_scheduler_backfill_of_session_windows_matches_the_oracle(spark_server, tmp_path):
-    """Sessions per user over two days, backfilled by the scheduler at once: each day's
-    combine cuts partial sessions, each reduce merges the ones in reach, the gates pass, DuckDB agrees."""
-    spec, tables, af = setup(tmp_path, spark_server, rows=400, window={"gap": "30 minutes"}, group_by=["user_id"])
-    create_backfill(af)
-    with running_airflow(af):
-        af.retry("dags", "unpause", "views_batch")
-        runs = wait_for_runs(af, "views_batch", len(DAYS), timeout=900)
-    assert [r["state"] for r in runs] == ["success"] * len(DAYS), [af.task_states("views_batch", r["run_id"]) for r in runs]
-    got = actual(tables.aggregates, spec)
-    assert_matches(got, expected(read_landing(tmp_path / "landing"), spec), spec)
-    assert (got["window_end"] - got["window_start"] >= "30min").all()
