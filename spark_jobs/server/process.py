@@ -39,13 +39,9 @@ class Background:
             pid = int(self.pid_file.read_text().strip())
         except (OSError, ValueError):
             return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not _alive(pid):
             self.pid_file.unlink(missing_ok=True)
             return None
-        except PermissionError:
-            return pid
         return pid
 
     def start(self, command: Sequence[str], *, env: Mapping[str, str], ready: Callable[[], bool],
@@ -97,7 +93,8 @@ def _alive(pid: int) -> bool:
         if os.waitpid(pid, os.WNOHANG)[0]:
             return False
     try:
-        os.kill(pid, 0)
+        with contextlib.suppress(PermissionError):  # another user's: it runs
+            os.kill(pid, 0)
     except ProcessLookupError:
         return False
     return True
