@@ -111,15 +111,15 @@ def write_text(landing: Path, date: str, name: str, text: str) -> Path:
     return path
 
 
-def killed_at(failpoint: str, *args: str) -> None:
-    """Run ``python -m spark_jobs ARGS`` (local Spark, embedded Delta) and check it was killed with SIGKILL at
-    ``failpoint``."""
+def killed_at(failpoint: str, *args: str, remote: str | None = None) -> None:
+    """Run ``python -m spark_jobs ARGS`` (local Spark, or a client of the Connect server ``remote``; embedded Delta)
+    and check it was killed with SIGKILL at ``failpoint``."""
     from spark_jobs.spark_session import ensure_java_home
 
     ensure_java_home()
     env = {**os.environ, "SPARK_JOBS_FAILPOINT": failpoint, "SPARK_JOBS_DELTA_BACKEND": "embedded",
            "PYSPARK_PYTHON": sys.executable}
-    done = subprocess.run([sys.executable, "-m", "spark_jobs", *args, "--master", "local[1]", "--shuffle-partitions",
-                           "2"], cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,
+    where = ["--remote", remote] if remote else ["--master", "local[1]"]
+    done = subprocess.run([sys.executable, "-m", "spark_jobs", *args, *where, "--shuffle-partitions", "2"], cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,
                           timeout=300, check=False)
     assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]

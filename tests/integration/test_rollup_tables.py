@@ -160,10 +160,10 @@ def test_commits_that_change_no_rows_still_advance_the_rollups(spark, spec):
         late.unlink()
 
 
-def test_a_kill_between_the_aggregates_and_rollup_commits(spark, spec):
+def test_a_kill_between_the_aggregates_and_rollup_commits(spark, spark_server, spec):
     land(spec, "2024-03-07", 31)
     combine.run(spark, spec, "2024-03-07")
-    killed_at("commit:aggregates:after", "reduce", "--pipeline", spec.origin)
+    killed_at("commit:aggregates:after", "reduce", "--pipeline", spec.origin, remote=spark_server.remote)
     tables = PipelineTables(spec.lake, spec.name)
     behind = open_table(tables.rollup("daily")).transaction_version(rollup_app_id(spec, spec.rollups[0]))
     assert behind is not None and behind < open_table(tables.aggregates).version()

@@ -130,13 +130,13 @@ def test_any_split_into_days_files_and_combine_orders_gives_the_oracle(spark, tm
 
 
 @pytest.mark.slow
-def test_a_kill_after_the_aggregates_commit_then_a_rerun(spark, tmp_path):
+def test_a_kill_after_the_aggregates_commit_then_a_rerun(spark, spark_server, tmp_path):
     spec = make_spec(tmp_path, window=SESSION, group_by=["user_id"], aggregates=FAST_AGGREGATES)
     days = land(tmp_path, MIDNIGHT)
     combine.run(spark, spec, days[0])
     reduce.run(spark, spec)
     combine.run(spark, spec, days[1])
-    killed_at("commit:aggregates:before", "reduce", "--pipeline", spec.origin)
+    killed_at("commit:aggregates:before", "reduce", "--pipeline", spec.origin, remote=spark_server.remote)
     reduce.run(spark, spec)
     check(spec, tmp_path)
 
