@@ -242,8 +242,9 @@ def test_kill_at_every_commit_point_then_rerun(spark_server, tmp_path):
 
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("seed", [5, 2])
-def test_kill_run_at_a_random_moment_then_rerun(tmp_path, seed):
-    """``run`` (combine 3 days + reduce) killed with SIGKILL at a random time; a rerun repairs."""
+def test_kill_run_at_a_random_moment_then_rerun(spark_server, tmp_path, seed):
+    """``run`` (combine 3 days + reduce) killed with SIGKILL at a random time; a rerun (on the Connect server, no JVM
+    of its own) repairs."""
     spec = make_pipeline(tmp_path)
     tables = PipelineTables(spec.lake, spec.name)
     delay = random.Random(seed).uniform(4, 25)
@@ -271,7 +272,8 @@ def test_kill_run_at_a_random_moment_then_rerun(tmp_path, seed):
         print(f"seed {seed}: killed after {delay:.1f}s; partials {partials}, aggregates {aggregates}; "
               f"output:\n{out[-1500:]}")
 
-    rerun = cli(*args)
+    rerun = cli("run", "--pipeline", spec.origin, "--remote", spark_server.remote, "--shuffle-partitions", "2",
+                "--from", D1, "--to", D3)
     assert rerun.returncode == 0, _explain(rerun)
     assert_oracle(spec, tmp_path / "landing")
     partials = table_frame(tables.partials)

@@ -2,7 +2,8 @@
 
 A failpoint (``SPARK_JOBS_FAILPOINT=commit:<table>:before|after@n``) kills the process for
 real at a chosen commit of the n-th mini-batch; a restart must leave every table exactly as
-an uninterrupted run leaves it.
+an uninterrupted run leaves it. The restarts and the uninterrupted run go on from the same checkpoint in this
+test process's session (no JVM of their own), but where the CLI's own words are checked.
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ import pyarrow as pa
 import pytest
 import yaml
 from deltalake import DeltaTable
+from pyspark.sql import SparkSession
 
 from spark_jobs.lake import PipelineTables
 from spark_jobs.spark_session import ensure_java_home
 from spark_jobs.spec import load_spec
+from spark_jobs.stream import query as stream
+from spark_jobs.stream.query import StreamSummary
 from tests.integration.test_stream import land
 
 pytestmark = pytest.mark.slow
@@ -51,6 +55,11 @@ def _argv(spec_path: Path, *extra: str) -> list[str]:
 def stream_cli(spec_path: Path, failpoint: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(_argv(spec_path, "--available-now"), cwd=ROOT, env=_env(failpoint), capture_output=True,
                           text=True, timeout=600, check=False)
+
+
+def restart(spark: SparkSession, spec_path: Path) -> StreamSummary:
+    """The stream, available-now, in this process's session."""
+    return stream.run(spark, load_spec(spec_path), available_now=True)
 
 
 def make_pipeline(root: Path, trigger: str = "1 second") -> Path:
@@ -92,24 +101,21 @@ def snapshot(spec_path: Path) -> dict[str, pd.DataFrame]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, pd.DataFrame]:
+def reference(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> dict[str, pd.DataFrame]:
     root = tmp_path_factory.mktemp("reference")
     spec_path = make_pipeline(root)
     land_files(root)
-    done = stream_cli(spec_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "4 mini-batches" in done.stdout
+    assert len(restart(spark, spec_path).batches) == 4
     return snapshot(spec_path)
 
 
 @pytest.mark.parametrize("failpoint", ["commit:changelog:after@2", "commit:state:before@3"])
-def test_kill_9_mid_batch_then_restart_equals_an_uninterrupted_run(tmp_path, reference, failpoint):
+def test_kill_9_mid_batch_then_restart_equals_an_uninterrupted_run(spark, tmp_path, reference, failpoint):
     spec_path = make_pipeline(tmp_path)
     land_files(tmp_path)
     crashed = stream_cli(spec_path, failpoint)
     assert crashed.returncode == KILLED, crashed.stderr[-3000:]
-    restarted = stream_cli(spec_path)
-    assert restarted.returncode == 0, restarted.stderr[-3000:]
+    restart(spark, spec_path)
     got = snapshot(spec_path)
     for name, want in reference.items():
         pd.testing.assert_frame_equal(got[name], want, check_dtype=False, obj=name)
@@ -135,7 +141,7 @@ def test_a_kill_after_spark_marked_a_handed_off_batch_done_replays_it_from_its_r
         pd.testing.assert_frame_equal(got[name], want, check_dtype=False, obj=name)
 
 
-def test_sigterm_stops_at_a_batch_boundary_and_a_restart_goes_on(tmp_path):
+def test_sigterm_stops_at_a_batch_boundary_and_a_restart_goes_on(spark, tmp_path):
     spec_path = make_pipeline(tmp_path)
     land_files(tmp_path, count=1)
     proc = subprocess.Popen(_argv(spec_path), cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -160,7 +166,7 @@ def test_sigterm_stops_at_a_batch_boundary_and_a_restart_goes_on(tmp_path):
     assert "stopped by signal at a batch boundary" in out
     # every batch the stopped run started is complete; a restart processes only what is left
     land_files(tmp_path, first=2, count=2)
-    assert stream_cli(spec_path).returncode == 0
+    restart(spark, spec_path)
     log = DeltaTable(PipelineTables(spec.lake, spec.name).changelog).to_pandas()
     assert sorted(set(log["batch_id"])) == [0, 1, 2, 3]
     assert set(DeltaTable(PipelineTables(spec.lake, spec.name).partials).to_pandas()["batch"]) == {

@@ -182,9 +182,9 @@ def test_the_stream_with_on_bad_file_fail_stops_naming_the_file(spark, landed):
     assert not os.path.exists(PipelineTables(spec.lake, spec.name).aggregates)
 
 
-def test_the_cli_says_what_it_quarantined_and_exits_zero(landed):
+def test_the_cli_says_what_it_quarantined_and_exits_zero(landed, spark_server):
     spec, _, _ = landed
-    proc = subprocess.run([sys.executable, "-m", "spark_jobs", "combine", "--pipeline", spec.origin, "--date", DAY],
-                          capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run([sys.executable, "-m", "spark_jobs", "combine", "--pipeline", spec.origin, "--date", DAY,
+                           "--remote", spark_server.remote], capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "4 file(s) quarantined, 1 empty file(s) skipped" in proc.stdout + proc.stderr
