@@ -120,6 +120,7 @@ def killed_at(failpoint: str, *args: str, remote: str | None = None) -> None:
     env = {**os.environ, "SPARK_JOBS_FAILPOINT": failpoint, "SPARK_JOBS_DELTA_BACKEND": "embedded",
            "PYSPARK_PYTHON": sys.executable}
     where = ["--remote", remote] if remote else ["--master", "local[1]"]
-    done = subprocess.run([sys.executable, "-m", "spark_jobs", *args, *where, "--shuffle-partitions", "2"], cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "spark_jobs", *args, *where, "--shuffle-partitions", "2"],
+                          cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,
                           timeout=300, check=False)
     assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
