@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import free_port, interpreted_spark, quick_jvm
+from tests.helpers import connect_server, free_port, interpreted_spark, quick_jvm, steady_jvm
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("SPARK_JOBS_DELTA_BACKEND", "embedded")
@@ -23,19 +18,7 @@ os.environ.setdefault("SPARK_JOBS_UI", "false")  # no Spark UI (and its port) pe
 logging.getLogger("py4j").setLevel(logging.ERROR)  # py4j logs to a closed stream at interpreter exit
 # Short-lived JVMs (the CLI's and Airflow's jobs, the cluster's) start on C1 only; the two that live as long as the
 # suite (its SparkSession, the Connect server) keep C2: two in-process stream tests took 196 s so, 240 s on C1.
-STEADY_JAVA_OPTIONS = os.environ.get("JAVA_TOOL_OPTIONS")
 os.environ.update(interpreted_spark(quick_jvm(os.environ)))
-
-
-@contextlib.contextmanager
-def steady_jvm():
-    """``JAVA_TOOL_OPTIONS`` as it was before :func:`tests.helpers.quick_jvm`, while a long-lived JVM starts."""
-    with pytest.MonkeyPatch.context() as patch:
-        if STEADY_JAVA_OPTIONS is None:
-            patch.delenv("JAVA_TOOL_OPTIONS")
-        else:
-            patch.setenv("JAVA_TOOL_OPTIONS", STEADY_JAVA_OPTIONS)
-        yield
 
 
 @pytest.fixture(scope="session")
@@ -47,38 +30,6 @@ def spark():
                                               driver_memory="2g"))
     yield session
     session.stop()
-
-
-@dataclass(frozen=True)
-class SparkServer:
-    """The session's Spark Connect server and warm runner (``python -m spark_jobs server start``)."""
-
-    remote: str
-    runner: str
-    state_dir: Path
-
-    def env(self) -> dict[str, str]:
-        return {**os.environ, "SPARK_REMOTE": self.remote, "SPARK_JOBS_RUNNER": self.runner}
-
-
-@contextlib.contextmanager
-def connect_server(master: str = "local[2]", shuffle_partitions: int = 2, env: dict[str, str] | None = None
-                   ) -> Iterator[SparkServer]:
-    """A real Spark Connect server and warm runner on ``master`` (``python -m spark_jobs server start``)."""
-    state = Path(tempfile.mkdtemp(prefix="sj-"))  # short: the runner's socket path must fit in 108 bytes
-    port = free_port()
-    command = [sys.executable, "-m", "spark_jobs", "server"]
-    with steady_jvm():
-        proc = subprocess.run([*command, "start", "--state-dir", str(state), "--port", str(port), "--master", master,
-                               "--driver-memory", "1g", "--shuffle-partitions", str(shuffle_partitions)],
-                              env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 0, f"server start failed:\n{proc.stdout}\n{proc.stderr}"
-    try:
-        yield SparkServer(f"sc://127.0.0.1:{port}", str(state / "runner.sock"), state)
-    finally:
-        subprocess.run([*command, "stop", "--state-dir", str(state)], env=env, capture_output=True, timeout=120,
-                       check=False)
-        shutil.rmtree(state, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -7,15 +7,21 @@ Arrow), so any test module or harness can use it.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
+
+import pytest
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -23,12 +29,15 @@ if TYPE_CHECKING:
 
     from spark_jobs.spec import PipelineSpec
 
-__all__ = ["ROOT", "VENV_BIN", "at_once", "direct_rollup", "free_port", "quick_jvm", "stop_process"]
+__all__ = ["ROOT", "VENV_BIN", "SparkServer", "at_once", "connect_server", "direct_rollup", "free_port", "quick_jvm",
+           "steady_jvm", "stop_process"]
 
 T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
+# JAVA_TOOL_OPTIONS before tests/conftest.py (which imports this module first) makes every JVM start on C1 only
+STEADY_JAVA_OPTIONS = os.environ.get("JAVA_TOOL_OPTIONS")
 
 
 def free_port() -> int:
@@ -146,3 +155,46 @@ def direct_rollup(lake: str, spec: PipelineSpec, start: str, end: str, by: tuple
     request = Rollup(dt.datetime.fromisoformat(start).replace(tzinfo=dt.UTC),
                      dt.datetime.fromisoformat(end).replace(tzinfo=dt.UTC), by, grain_s, where)
     return rollup(open_version(resolve_table(f"{spec.name}.aggregates", lake)), spec, request)
+
+
+@contextlib.contextmanager
+def steady_jvm():
+    """``JAVA_TOOL_OPTIONS`` as it was before :func:`tests.helpers.quick_jvm`, while a long-lived JVM starts."""
+    with pytest.MonkeyPatch.context() as patch:
+        if STEADY_JAVA_OPTIONS is None:
+            patch.delenv("JAVA_TOOL_OPTIONS")
+        else:
+            patch.setenv("JAVA_TOOL_OPTIONS", STEADY_JAVA_OPTIONS)
+        yield
+
+
+@dataclass(frozen=True)
+class SparkServer:
+    """The session's Spark Connect server and warm runner (``python -m spark_jobs server start``)."""
+
+    remote: str
+    runner: str
+    state_dir: Path
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SPARK_REMOTE": self.remote, "SPARK_JOBS_RUNNER": self.runner}
+
+
+@contextlib.contextmanager
+def connect_server(master: str = "local[2]", shuffle_partitions: int = 2, env: dict[str, str] | None = None
+                   ) -> Iterator[SparkServer]:
+    """A real Spark Connect server and warm runner on ``master`` (``python -m spark_jobs server start``)."""
+    state = Path(tempfile.mkdtemp(prefix="sj-"))  # short: the runner's socket path must fit in 108 bytes
+    port = free_port()
+    command = [sys.executable, "-m", "spark_jobs", "server"]
+    with steady_jvm():
+        proc = subprocess.run([*command, "start", "--state-dir", str(state), "--port", str(port), "--master", master,
+                               "--driver-memory", "1g", "--shuffle-partitions", str(shuffle_partitions)],
+                              env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, f"server start failed:\n{proc.stdout}\n{proc.stderr}"
+    try:
+        yield SparkServer(f"sc://127.0.0.1:{port}", str(state / "runner.sock"), state)
+    finally:
+        subprocess.run([*command, "stop", "--state-dir", str(state)], env=env, capture_output=True, timeout=120,
+                       check=False)
+        shutil.rmtree(state, ignore_errors=True)

@@ -248,9 +248,9 @@ def test_kill_run_at_a_random_moment_then_rerun(spark_server, tmp_path, seed):
     spec = make_pipeline(tmp_path)
     tables = PipelineTables(spec.lake, spec.name)
     delay = random.Random(seed).uniform(4, 25)
-    args = ("run", "--pipeline", spec.origin, *SPARK_OPTS, "--from", D1, "--to", D3)
-    proc = subprocess.Popen(_argv(*args), cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    args = ("run", "--pipeline", spec.origin, "--from", D1, "--to", D3)
+    proc = subprocess.Popen(_argv(*args, *SPARK_OPTS), cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + delay
         while proc.poll() is None and time.monotonic() < deadline:
@@ -272,8 +272,7 @@ def test_kill_run_at_a_random_moment_then_rerun(spark_server, tmp_path, seed):
         print(f"seed {seed}: killed after {delay:.1f}s; partials {partials}, aggregates {aggregates}; "
               f"output:\n{out[-1500:]}")
 
-    rerun = cli("run", "--pipeline", spec.origin, "--remote", spark_server.remote, "--shuffle-partitions", "2",
-                "--from", D1, "--to", D3)
+    rerun = cli(*args, "--remote", spark_server.remote, "--shuffle-partitions", "2")
     assert rerun.returncode == 0, _explain(rerun)
     assert_oracle(spec, tmp_path / "landing")
     partials = table_frame(tables.partials)

@@ -21,7 +21,7 @@ from spark_jobs.lake import PipelineTables
 from spark_jobs.spark_session import shuffle_partitions_for
 from tests.airflow.harness import airflow_home
 from tests.builders import ALL_AGGREGATES, FAST_AGGREGATES, day_events, make_spec, write_day
-from tests.conftest import connect_server
+from tests.helpers import connect_server
 from tests.integration.test_stream import land, with_stream
 from tests.oracle import actual, assert_matches, expected, read_landing
 
