@@ -52,16 +52,23 @@ class ChangelogRule:
         return cls(tuple(spec.window.identity(spec.group_by)), (*spec.window.changelog_values, *values),
                    spec.group_by, (*spec.key_columns, *values))
 
-    def spark(self, before: DataFrame, after: DataFrame, first_seen: DataFrame, stamp: Mapping[str, Any]) -> DataFrame:
+    def spark(self, before: DataFrame, after: DataFrame, first_seen: DataFrame, stamp: Mapping[str, Any], *,
+              small: bool = False) -> DataFrame:
         """``before`` and ``after``: identity and value columns with ``n_rows``; ``first_seen``: group key columns
-        and ``_first_seen``; ``stamp``: the constants every row of this change carries (batch_id, writer, run_id)."""
+        and ``_first_seen``; ``stamp``: the constants every row of this change carries (batch_id, writer, run_id).
+        ``small``: ``before`` and ``first_seen`` are broadcast, so ``after`` (a batch's new rows) is not shuffled."""
         from pyspark.sql import Window
 
         keys, names = list(self.identity), [*self.values]
         old = before.select(*keys, F.struct(*names, "n_rows").alias("_old"))
         new = after.select(*keys, F.struct(*names, "n_rows").alias("_new"))
         both = join_on_keys(old, new, keys, "full_outer") if keys else old.crossJoin(new)
-        both = join_on_keys(both, first_seen, self.group, "left") if self.group else both.crossJoin(first_seen)
+        if small and keys:  # each row after with its row before, then the rows before that none after has
+            still = F.broadcast(join_on_keys(new.select(*keys), F.broadcast(old), keys, "left_semi"))
+            both = join_on_keys(new, F.broadcast(old), keys, "left").unionByName(
+                join_on_keys(old, still, keys, "left_anti"), allowMissingColumns=True)
+        seen = F.broadcast(first_seen) if small else first_seen
+        both = join_on_keys(both, seen, self.group, "left") if self.group else both.crossJoin(first_seen)
         same = F.lit(True)
         for name in names:
             same = same & F.col(f"_old.{name}").eqNullSafe(F.col(f"_new.{name}"))

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 NEVER = dt.datetime(1, 1, 1, tzinfo=dt.UTC)  # a prune range no row is in: the batch replaces no served row
+SMALL_ROWS = 200_000  # a batch's group keys, and its served rows before, that its joins broadcast
 
 __all__ = ["NEVER", "SparkEngine", "partials_in_reach", "served_before", "state_in_reach"]
 
@@ -48,13 +49,16 @@ class SparkEngine:
         state = (self.lake.read(self.tables.stream_state) if self.lake.version(self.tables.stream_state) is not None
                  else self.spark.createDataFrame([], groups.select(*self.state_columns).schema))
         live = groups.where(~F.col(DAY).isin(sorted(batch.batch_days))) if batch.batch_days else groups
-        reach, prune = self._reach(batch, groups.select(*self.partial_columns), state)
+        first_seen = self._cache(groups.groupBy(*self.group).agg(F.min(FIRST_SEEN).alias(FIRST_SEEN)))
+        few = first_seen.count() <= SMALL_ROWS  # group keys: those the state's sessions in reach have, broadcast
+        reach, prune = self._reach(batch, groups.select(*self.partial_columns), state, few)
         self._cached += reach.cached
         values = self._values(reach, live)
         after = values.where(F.col("_after")).drop("_after")
-        first_seen = groups.groupBy(*self.group).agg(F.min(FIRST_SEEN).alias(FIRST_SEEN))
-        # whole open sessions: the batch's merged ones in, the ones they absorbed out; else stored rows merged
-        new_state = (self.kind.next_state(state, after, self.group, self.state_columns, day=DAY)
+        # whole open sessions: the batch's merged ones in (a closed one would leave), the ones they absorbed out (a
+        # closed one's are closed too); else stored rows merged
+        opened = after if batch.closes is None else after.where(self.kind.is_open(batch.closes))
+        new_state = (self.kind.next_state(state, opened, self.group, self.state_columns, day=DAY)
                      if self.kind.state_holds_served else self._state(state, groups))
         if batch.closes is not None:  # closed windows leave
             new_state = new_state.where(self.kind.is_open(batch.closes))
@@ -66,11 +70,13 @@ class SparkEngine:
         if batch.batch_days:  # the served rows as they are: a batch combine's partials may not be reduced yet
             served, read_version = served_before(self.lake, self.tables, reach.touched, read_version)
             before = before.limit(0) if served is None else served
+        small = few and not batch.batch_days and before.count() <= SMALL_ROWS
         return BatchOutputs(
             aggregates=served_rows(after.where(F.col("n_rows") != 0) if self.compiled.retracting else after,
                                    run_id=batch.run_id),
             touched=reach.touched,
-            changelog=self.rule.spark(before, after, first_seen, stream_stamp(batch.batch_id, batch.run_id)),
+            changelog=self.rule.spark(before, after, first_seen, stream_stamp(batch.batch_id, batch.run_id),
+                                      small=small),
             partials=batch_columns(groups.select(*self.state_columns).drop("max_event_time"), batch=batch.name,
                                    source=STREAM, event_date=F.col(DAY), run_id=batch.run_id),
             state=new_state, read_version=read_version, prune=prune)
@@ -80,7 +86,7 @@ class SparkEngine:
             df.unpersist()
         self._cached = []
 
-    def _reach(self, batch: MiniBatch, changed: DataFrame, state: DataFrame
+    def _reach(self, batch: MiniBatch, changed: DataFrame, state: DataFrame, few: bool
                ) -> tuple[Reach, tuple[str, Any, Any] | None]:
         """The stored rows the batch reaches (with the batch days' keys, served with the batch partials that count for
         them), and where in ``aggregates`` the replaced rows lie, when known. Sessions: the state's whole sessions where
@@ -88,7 +94,7 @@ class SparkEngine:
         if self.kind.state_covers_reach:
             return self.kind.reach_of(changed, state_in_reach(self.lake, self.tables, batch, state), self.group), None
         if state_answers(self.kind, batch, self.lake, self.tables, state):
-            reach = self.kind.reach_in_state(changed, state, self.group)
+            reach = self.kind.reach_in_state(changed, state, self.group, few=few)
             ends = reach.stored.agg(F.min("window_end").alias("lo"), F.max("window_end").alias("hi")).first()
             return reach, ("window_end", ends["lo"], ends["hi"]) if ends is not None and ends["lo"] is not None else (
                 "window_end", NEVER, NEVER)

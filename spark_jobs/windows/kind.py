@@ -189,7 +189,7 @@ class WindowKind(ABC):
         nor any of ``stored`` merges with them) and the rest; None: no test cheaper than the merge itself."""
         return None
 
-    def reach_in_state(self, changed: DataFrame, state: DataFrame, keys: Sequence[str]) -> Reach:
+    def reach_in_state(self, changed: DataFrame, state: DataFrame, keys: Sequence[str], *, few: bool = False) -> Reach:
         """Where the state holds served rows whole: the ones the ``changed`` stored rows merge with."""
         raise NotImplementedError(f"the stream's state of {self} windows holds stored rows")
 

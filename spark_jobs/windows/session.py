@@ -149,12 +149,14 @@ class Sessions(WindowKind):
         prune = ("window_start", found["lo"], found["hi"]) if found is not None and found["lo"] is not None else None
         return Reach(_inside(known, reached, group), touched, prune, (widen.lo, widen.hi), version, tuple(widen.cached))
 
-    def reach_in_state(self, changed: DataFrame, state: DataFrame, keys: Sequence[str]) -> Reach:
+    def reach_in_state(self, changed: DataFrame, state: DataFrame, keys: Sequence[str], *, few: bool = False) -> Reach:
         """Where the state holds whole every session the ``changed`` partials can touch (Flink's MergingWindowSet):
-        the ones that merge with them are the served rows replaced, as they are; nothing else is read."""
+        the ones that merge with them are the served rows replaced, as they are; nothing else is read. ``few``: the
+        batch has few keys, so the state sessions of its keys are broadcast to pick the partials they may merge with."""
         group = list(keys)
         known = self.within(state, changed, group)
-        reached = persisted(_holding(self, group, known, self.within(changed, known, group)))
+        reached = persisted(_holding(self, group, known, self.within(changed, F.broadcast(known) if few else known,
+                                                                     group)))
         stored = persisted(_inside(known, reached, group))
         return Reach(stored, stored.select(*group, *self.bounds), cached=(reached, stored))
 

@@ -55,18 +55,20 @@ def comparable(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     return [tuple("nan" if isinstance(v, float) and math.isnan(v) else v for v in r.values()) for r in rows]
 
 
+@pytest.mark.parametrize("small", [False, True], ids=["shuffled", "broadcast"])
 @pytest.mark.parametrize("kind", sorted(RULES))
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(before=st.lists(served, max_size=6), after=st.lists(served, max_size=6),
        seen=st.dictionaries(users, st.integers(0, 5), min_size=4))
-def test_the_spark_and_arrow_forms_of_the_rule_agree(spark, kind, before, after, seen):
+def test_the_spark_and_arrow_forms_of_the_rule_agree(spark, kind, small, before, after, seen):
+    """Either Spark form: the rows before and the first events joined by a shuffle, or broadcast to the rows after."""
     rule = RULES[kind]
     old, new = side(before, rule.identity), side(after, rule.identity)
     first = pa.table({"user": list(seen), FIRST_SEEN: pa.array([T0 + dt.timedelta(minutes=m) for m in seen.values()],
                                                                 TS)})
     by_arrow = rule.arrow(old, new, first, {"batch_id": 7}, CHANGELOG).to_pylist()
     frames = [spark.createDataFrame(t) for t in (old, new, first)]
-    by_spark = rule.spark(*frames, {"batch_id": 7}).toArrow().cast(CHANGELOG).to_pylist()
+    by_spark = rule.spark(*frames, {"batch_id": 7}, small=small).toArrow().cast(CHANGELOG).to_pylist()
     assert comparable(by_spark) == comparable(by_arrow)
     assert [r["seq"] for r in by_arrow] == list(range(len(by_arrow)))
 
