@@ -50,7 +50,7 @@ class SparkEngine:
                  else self.spark.createDataFrame([], groups.select(*self.state_columns).schema))
         live = groups.where(~F.col(DAY).isin(sorted(batch.batch_days))) if batch.batch_days else groups
         first_seen = self._cache(groups.groupBy(*self.group).agg(F.min(FIRST_SEEN).alias(FIRST_SEEN)))
-        few = first_seen.count() <= SMALL_ROWS  # group keys: those the state's sessions in reach have, broadcast
+        few = first_seen.count() <= SMALL_ROWS  # few group keys: the rows keyed by them are broadcast to the batch's
         reach, prune = self._reach(batch, groups.select(*self.partial_columns), state, few)
         self._cached += reach.cached
         values = self._values(reach, live)
