@@ -64,8 +64,9 @@ class ChangelogRule:
         new = after.select(*keys, F.struct(*names, "n_rows").alias("_new"))
         both = join_on_keys(old, new, keys, "full_outer") if keys else old.crossJoin(new)
         if small and keys:  # each row after with its row before, then the rows before that none after has
-            still = F.broadcast(join_on_keys(new.select(*keys), F.broadcast(old), keys, "left_semi"))
-            both = join_on_keys(new, F.broadcast(old), keys, "left").unionByName(
+            held = F.broadcast(old)
+            still = F.broadcast(join_on_keys(new.select(*keys), held, keys, "left_semi"))
+            both = join_on_keys(new, held, keys, "left").unionByName(
                 join_on_keys(old, still, keys, "left_anti"), allowMissingColumns=True)
         seen = F.broadcast(first_seen) if small else first_seen
         both = join_on_keys(both, seen, self.group, "left") if self.group else both.crossJoin(first_seen)
