@@ -353,9 +353,7 @@ def _check_aggregate_entry(c: _Checker, field: str, item: Any, schema: dict[str,
 
 
 def _check_stream(c: _Checker, raw: Any) -> StreamSpec:
-    if raw is None:
-        return StreamSpec()
-    s = c.mapping(raw, "stream", ("max_files_per_batch", "trigger", "watermark"))
+    s = c.mapping({} if raw is None else raw, "stream", ("max_files_per_batch", "trigger", "watermark"))
     mfpb = s.get("max_files_per_batch", 100)
     if not isinstance(mfpb, int) or isinstance(mfpb, bool) or mfpb < 1:
         c.add("stream.max_files_per_batch", f"bad value {mfpb!r}; use a whole number >= 1")

@@ -118,10 +118,9 @@ def _source_changes(old: PipelineSpec, new: PipelineSpec, changes: list[Change])
     resets += [Change("raw", f"source.schema.{col}", f"column {col}: {o_cols[col]} -> {n_cols[col]}",
                       f"values are typed differently: {RECOMBINE}")
                for col in sorted(set(o_cols) & set(n_cols)) if o_cols[col] != n_cols[col]]
-    changes += resets
-    changes += [Change("raw", f"source.schema.{col}", f"column {col} ({n_cols[col]}) added", "rows whose value cannot "
-                       "be read as that type are rejected from now on; recombine to count every day so")
-                for col in sorted(set(n_cols) - set(o_cols))]
+    changes += resets + [Change("raw", f"source.schema.{col}", f"column {col} ({n_cols[col]}) added", "rows whose "
+                                "value cannot be read as that type are rejected from now on; recombine to count "
+                                "every day so") for col in sorted(set(n_cols) - set(o_cols))]
     changes += [Change("raw", f"source.schema.{col}", f"column {col} removed", "rows rejected only for that column "
                        "count from now on; recombine to count every day so")
                 for col in sorted(set(o_cols) - set(n_cols))]
@@ -263,8 +262,7 @@ class Plan:
                  + (" (finishing an apply that was cut off)" if self.pending else "")]
         for kind, heading in HEADINGS.items():
             if entries := [c for c in self.diff.changes if c.kind == kind]:
-                lines.append(f"  {heading}:")
-                lines += [f"    - {c.what}: {c.effect}" for c in entries]
+                lines += [f"  {heading}:", *(f"    - {c.what}: {c.effect}" for c in entries)]
         if self.table_rows:
             lines.append("  rewritten from the stored accumulators: " + ", ".join(
                 f"{t} ({n:,} rows)" for t, n in self.table_rows.items()))
@@ -283,8 +281,7 @@ class Plan:
             more = " ..." if len(missing) > 10 else ""
             lines.append(f"  no landing files any more for {', '.join(missing[:10])}{more}: those days stay NULL for "
                          "the new aggregates (or unserved after a layout change) until their files are landed again")
-        lines.append("  recombine them with:")
-        lines += [f"    {c}" for c in self.commands()]
+        lines += ["  recombine them with:", *(f"    {c}" for c in self.commands())]
         return "\n".join(lines)
 
 
@@ -353,10 +350,9 @@ def make_plan(spec: PipelineSpec, records: Sequence[RecordedSpec]) -> Plan:
     days = set(pending_days(spec, current))
     if diff.needs_raw:
         days |= set(day_versions(tables.partials))
-    if diff.dropped_keys:  # rows rejected only for lacking a dropped key count under the new spec
-        days |= rejected_only_for(tables.dead_letter, [f"group key {k} is missing" for k in diff.dropped_keys])
-    if diff.null_keys_grouped:  # and so do rows rejected only for a NULL key, once NULL keys group
-        days |= rejected_only_for(tables.dead_letter, [f"group key {k} is missing" for k in old.group_by])
+    # rows rejected only for lacking a key count under the new spec: a dropped key, or any key once NULL keys group
+    if keys := (old.group_by if diff.null_keys_grouped else diff.dropped_keys):
+        days |= rejected_only_for(tables.dead_letter, [f"group key {k} is missing" for k in keys])
     plan.days = [DayCost(d, *landing_rows(spec, d)) for d in sorted(days)]
     return plan
 

@@ -388,9 +388,8 @@ def _add_api(router: APIRouter, ctx: _Context) -> None:
     @router.get("/api/table/{name}/diff")
     def api_diff(name: NameParam, from_: Annotated[int, Query(alias="from", ge=0, le=2**31)], to: VersionQ = None,
                  keys: ColumnsQ = None, limit: LimitQ = 50) -> JSONResponse:
-        d = views.diff(ctx.ref(name), from_version=from_, to_version=to, keys=views.column_list(_blank(keys), "keys"),
-                       limit=limit)
-        return JSONResponse(diff_to_dict(d))
+        return JSONResponse(diff_to_dict(views.diff(ctx.ref(name), from_version=from_, to_version=to, limit=limit,
+                                                    keys=views.column_list(_blank(keys), "keys"))))
 
     @router.get("/api/table/{name}/schema")
     def api_schema(name: NameParam, version: VersionQ = None) -> JSONResponse:

@@ -122,12 +122,10 @@ def resolve_target(*, master: str | None = None, remote: str | None = None, conn
                    connect_conn_id: str | None = "spark_connect_default") -> SparkTarget:
     """Explicit ``remote`` or ``master``; else a Connect server from ``connect_conn_id`` or ``$SPARK_REMOTE``;
     else ``spark-submit`` to :func:`resolve_master`."""
+    if not (remote or master):
+        remote = (connect_conn_id and _remote_from_connection(connect_conn_id)) or os.environ.get("SPARK_REMOTE")
     if remote:
         return SparkTarget("connect", remote)
-    if not master:
-        found = (_remote_from_connection(connect_conn_id) if connect_conn_id else None) or os.environ.get("SPARK_REMOTE")
-        if found:
-            return SparkTarget("connect", found)
     return SparkTarget("submit", resolve_master(master, conn_id))
 
 
@@ -136,8 +134,7 @@ def _error_text(lines: Sequence[str]) -> str:
     for i in range(len(lines) - 1, -1, -1):
         if lines[i].startswith("error: "):
             return "\n".join(lines[i:])[:4000]
-    tail = [line for line in lines if line.strip()]
-    return tail[-1][:2000] if tail else "(no output)"
+    return next((line[:2000] for line in reversed(lines) if line.strip()), "(no output)")
 
 
 class SparkJobOperator(BaseOperator):
@@ -164,8 +161,7 @@ class SparkJobOperator(BaseOperator):
         super().__init__(**kwargs)
         self.args = list(args)
         self.master, self.remote, self.conn_id, self.connect_conn_id = master, remote, conn_id, connect_conn_id
-        self.driver_memory = driver_memory
-        self.skip_if = skip_if
+        self.driver_memory, self.skip_if = driver_memory, skip_if
         self._proc: subprocess.Popen[str] | None = None
         self._runner_conn: socket.socket | None = None
 
@@ -199,8 +195,7 @@ class SparkJobOperator(BaseOperator):
             tail.append(text)
             self.log.info("%s", text)
 
-        code = self._run(target, self.environment(target), line)
-        if code != 0:
+        if (code := self._run(target, self.environment(target), line)) != 0:
             message = f"spark_jobs {self.args[0] if self.args else ''} failed with exit code {code}: {_error_text(list(tail))}"
             if code in NO_RETRY_EXIT_CODES:
                 raise SparkJobFailure(f"{message}\n(no retry: {NO_RETRY_EXIT_CODES[code]})", code)

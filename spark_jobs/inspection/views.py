@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs.errors import InspectError, LakeError
-from spark_jobs.inspection.where import TIME_PATTERN, parse_where
+from spark_jobs.inspection.where import TIME_PATTERN, is_number, parse_where
 from spark_jobs.key_match import arrow_join
 from spark_jobs.lake import GUARD_PREFIX, PipelineTables
 from spark_jobs.lake.reader import READ_ERRORS, CommitChange, Snapshot, commit_time, is_table, open_table
@@ -132,9 +132,8 @@ def parse_time(text: str) -> dt.datetime:
 
 def versions(ref: TableRef) -> pa.Table:
     """Every version of the table still in its log, newest first: version, committed_at, operation."""
-    latest = _latest(ref)
     rows = sorted(({"version": int(h["version"]), "committed_at": commit_time(h), "operation": h.get("operation", "")}
-                   for h in latest.history()), key=lambda r: -r["version"])
+                   for h in _latest(ref).history()), key=lambda r: -r["version"])
     return _arrow(rows, version=pa.int64(), committed_at=pa.timestamp("ms", tz="UTC"), operation=pa.string())
 
 
@@ -277,10 +276,6 @@ def show(ref: TableRef, *, version: int | None = None, as_of: str | None = None,
         return table.head(limit, columns=columns, filter=expr)
     rows = table.read(list(dict.fromkeys([*columns, *(c for c, _ in order_by)])), filter=expr)
     return rows.sort_by(list(order_by)).slice(0, limit).select(columns)
-
-
-def is_number(t: pa.DataType) -> bool:
-    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
 
 
 def _plain(t: pa.DataType) -> bool:
@@ -484,14 +479,11 @@ def runs(lake: str, *, pipeline: str | None = None, limit: int | None = None) ->
         dl_path = os.path.join(os.path.dirname(entry["path"]), "dead_letter")
         dead = dead_letter_rows_by_run(dl_path) if _inside(dl_path, lake) and is_delta(dl_path) else {}
         rows.extend(_run_row(r, name, dead) for r in recorded)
-    far_past = dt.datetime.min.replace(tzinfo=dt.UTC)
-    rows.sort(key=lambda r: (r["started_at"] or far_past, r["run_id"] or ""))
-    if limit is not None:
-        rows = rows[-limit:]
+    rows.sort(key=lambda r: (r["started_at"] or dt.datetime.min.replace(tzinfo=dt.UTC), r["run_id"] or ""))
     i64, text = pa.int64(), pa.string()
-    return _arrow(rows, run_id=text, pipeline=text, job=text, batch=text, status=text,
-                  started_at=pa.timestamp("us", tz="UTC"), duration_s=pa.float64(), attempts=i64, rows_in=i64,
-                  rows_aggregated=i64, rows_rejected=i64, reconciles=pa.bool_(), files_quarantined=i64,
+    return _arrow(rows if limit is None else rows[-limit:], run_id=text, pipeline=text, job=text, batch=text,
+                  status=text, started_at=pa.timestamp("us", tz="UTC"), duration_s=pa.float64(), attempts=i64,
+                  rows_in=i64, rows_aggregated=i64, rows_rejected=i64, reconciles=pa.bool_(), files_quarantined=i64,
                   files_skipped=i64, dead_letter_rows=i64, read=text, wrote=text, message=text)
 
 
@@ -514,12 +506,9 @@ class Series:
                    for vals in zip(*(rows[k].to_pylist() for k in keys), strict=True)]
                   if keys else ["all"] * rows.num_rows)
         by_label: dict[str, list[tuple[dt.datetime, float | None]]] = {}
-        totals: dict[str, float] = {}
         for label, at, y in zip(labels, rows[x].to_pylist(), rows[metric].to_pylist(), strict=True):
-            value = None if y is None else float(y)
-            by_label.setdefault(label, []).append((at, value))
-            totals[label] = totals.get(label, 0.0) + (value or 0.0)
-        chosen = sorted(by_label, key=lambda lb: (-totals[lb], lb))[:max_lines]
+            by_label.setdefault(label, []).append((at, None if y is None else float(y)))
+        chosen = sorted(by_label, key=lambda lb: (-sum(v or 0.0 for _, v in by_label[lb]), lb))[:max_lines]
         lines = [(lb, sorted(by_label[lb], key=lambda p: p[0])) for lb in sorted(chosen)]
         return cls(table, version, metric, list(keys), lines, len(by_label))
 
@@ -536,8 +525,7 @@ def series(ref: TableRef, *, metric: str, version: int | None = None, where: str
         numeric = [f.name for f in s if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)]
         raise InspectError(f"metric {metric!r} is {t}, not a number; numeric columns are {', '.join(numeric)}")
     keys = [k for k in table_keys(ref, s) if k not in ("window_start", "window_end")]
-    expr = parse_where(where, s) if where is not None else None
-    rows = table.read([*keys, "window_start", metric], filter=expr)
+    rows = table.read([*keys, "window_start", metric], filter=parse_where(where, s) if where is not None else None)
     if rows.num_rows > max_points * max(1, max_lines):
         raise InspectError(f"{rows.num_rows} points match; narrow the filter (e.g. a window_start range)")
     return Series.of(rows, table=ref.name, version=table.version(), metric=metric, keys=keys, x="window_start",

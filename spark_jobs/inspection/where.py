@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 
 from spark_jobs.errors import InspectError
 
-__all__ = ["MAX_FILTER_LENGTH", "TIME_PATTERN", "parse_where"]
+__all__ = ["MAX_FILTER_LENGTH", "TIME_PATTERN", "is_number", "parse_where"]
 
 MAX_FILTER_LENGTH = 2000
 _MAX_DEPTH = 32
@@ -165,8 +165,7 @@ class _Parser:
         col = pc.field(tok.text)
         op = self.tok
         if op.kind == "op":
-            self.i += 1
-            return _OPS[op.text](col, pc.scalar(self.literal(field)))
+            return _OPS[self.next().text](col, pc.scalar(self.literal(field)))
         if self.keyword("IS"):
             negate = self.keyword("NOT")
             if not self.keyword("NULL"):
@@ -197,7 +196,7 @@ class _Parser:
             if tok.kind == "keyword" and tok.text in ("TRUE", "FALSE"):
                 return tok.text == "TRUE"
             raise self.fail(tok, f"column {field.name!r} is boolean; expected TRUE or FALSE, found {_describe(tok)}")
-        if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
+        if is_number(t):
             if tok.kind != "number":
                 raise self.fail(tok, f"column {field.name!r} is {t}; expected a number, found {_describe(tok)}",
                                 f"write numbers unquoted, e.g. {field.name} >= 10")
@@ -235,10 +234,13 @@ def _sample(t: pa.DataType) -> str:
     return "2024-03-01" if pa.types.is_date(t) else "2024-03-01 12:00:00" if pa.types.is_timestamp(t) else "text"
 
 
+def is_number(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
+
+
 def _filterable(t: pa.DataType) -> bool:
-    return (pa.types.is_boolean(t) or pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
-            or pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_timestamp(t)
-            or pa.types.is_date(t))
+    return (pa.types.is_boolean(t) or is_number(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+            or pa.types.is_timestamp(t) or pa.types.is_date(t))
 
 
 def parse_where(text: str, schema: pa.Schema) -> pc.Expression:

@@ -66,11 +66,7 @@ def spec_app_id(pipeline: str) -> str:
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, Duration):
-        return str(value)
-    if isinstance(value, tuple):
-        return [_plain(v) for v in value]
-    return value
+    return str(value) if isinstance(value, Duration) else value
 
 
 def normalise(spec: PipelineSpec) -> dict[str, Any]:

@@ -380,8 +380,7 @@ def write_report(report: QualityReport, spec: PipelineSpec, reports: str | None 
             else Path(spec.lake) / spec.name / "_quality")
     folder = root / report.suite / (report.date or "all")
     folder.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%f")
-    path = folder / f"{stamp}.json"
+    path = folder / f"{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S%f}.json"
     report.report_path = str(path)
     body, text = json.dumps(report.to_json(), indent=2, default=str), report.text() + "\n"
     for name, content in ((path, body), (folder / "latest.json", body), (path.with_suffix(".txt"), text),
@@ -392,9 +391,8 @@ def write_report(report: QualityReport, spec: PipelineSpec, reports: str | None 
 def validate(spark: SparkSession, spec: PipelineSpec, suite: str, *, date: str | None = None,
              reports: str | None = None, run_id: str | None = None) -> QualityReport:
     """Run ``suite`` and write its report; raise :class:`QualityError` when it fails."""
-    if suite not in SUITES:
+    if (gate := SUITES.get(suite)) is None:
         raise InputError(f"unknown suite {suite!r}; use one of {', '.join(SUITES)}")
-    gate = SUITES[suite]
     if gate.needs_date and date is None:
         raise InputError(f"the {gate.name} suite validates one landing partition: pass --date YYYY-MM-DD")
     date = parse_date(date) if date is not None else None

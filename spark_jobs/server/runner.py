@@ -184,8 +184,7 @@ def run_job(path: str | Path, argv: Sequence[str], *, env: Mapping[str, str], cw
     with conn:
         if on_start is not None:
             on_start(conn)
-        request = {"argv": list(argv), "env": dict(env), "cwd": cwd or os.getcwd()}
-        conn.sendall(json.dumps(request).encode() + b"\n")
+        conn.sendall(json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd or os.getcwd()}).encode() + b"\n")
         for raw in conn.makefile("rb"):
             before, mark, rest = raw.partition(EXIT_MARK)
             text = before.decode(errors="replace").rstrip("\n")
