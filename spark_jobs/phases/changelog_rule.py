@@ -62,12 +62,13 @@ class ChangelogRule:
         keys, names = list(self.identity), [*self.values]
         old = before.select(*keys, F.struct(*names, "n_rows").alias("_old"))
         new = after.select(*keys, F.struct(*names, "n_rows").alias("_new"))
-        both = join_on_keys(old, new, keys, "full_outer") if keys else old.crossJoin(new)
         if small and keys:  # each row after with its row before, then the rows before that none after has
             held = F.broadcast(old)
             still = F.broadcast(join_on_keys(new.select(*keys), held, keys, "left_semi"))
             both = join_on_keys(new, held, keys, "left").unionByName(
                 join_on_keys(old, still, keys, "left_anti"), allowMissingColumns=True)
+        else:
+            both = join_on_keys(old, new, keys, "full_outer") if keys else old.crossJoin(new)
         seen = F.broadcast(first_seen) if small else first_seen
         both = join_on_keys(both, seen, self.group, "left") if self.group else both.crossJoin(first_seen)
         same = F.lit(True)
