@@ -14,7 +14,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_jobs.key_match import key_mask
 from spark_jobs.lake import Lake, PipelineTables
 from spark_jobs.lake.layout import ADOPTED, SPEC_VERSION, TS, table_schema
 from spark_jobs.lake.table_rules import DAY, STREAM
@@ -31,9 +30,10 @@ from spark_jobs.windows import WindowKind
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["DRIVER_MAX_KEYS", "ArrowEngine", "Reached", "merge_on_driver", "partial_rows"]
+__all__ = ["DRIVER_MAX_KEYS", "DRIVER_MAX_MERGED", "ArrowEngine", "Reached", "merge_on_driver", "partial_rows"]
 
-DRIVER_MAX_KEYS = 200_000  # (day, key, window) rows of a pre-aggregated batch merged on the driver
+DRIVER_MAX_KEYS = 2_000_000  # (day, key, window) rows of a pre-aggregated batch brought to the driver
+DRIVER_MAX_MERGED = 200_000  # of those, rows merged one by one with the Python algebra (the others serve as they are)
 DRIVER_MAX_STATE = 2_000_000  # state rows held in driver memory for it
 Row = dict[str, Any]
 
@@ -68,7 +68,8 @@ def merge_on_driver(groups: pa.Table, state: pa.Table, local: LocalAggregates, *
     before, after = merge.served(stored), merge.served([*stored, *groups.filter(pa.array(live & ~quick)).to_pylist()])
     quick_values, quick_rows = merge.alone_values(alone)
     after_values, after_rows = merge.aggregates(after)
-    new_state = (merge.kind.next_state_arrow(state, after_rows, merge.group, day=DAY) if merge.kind.state_holds_served
+    new_state = (merge.kind.next_state_arrow(state, pa.concat_tables([after_rows, quick_rows]), merge.group, day=DAY)
+                 if merge.kind.state_holds_served
                  else pa.concat_tables([merge.state(state, rest), alone.select(state.column_names).cast(state.schema)]))
     if closes is not None:
         new_state = new_state.filter(merge.kind.is_open_arrow(new_state, closes))
@@ -115,15 +116,11 @@ class _DriverMerge:
         return Reached(pa.concat_tables(counted), self.kind.touched_arrow(changed, self.group))
 
     def alone(self, groups: pa.Table, live: np.ndarray, state: pa.Table, stored: pa.Table) -> np.ndarray:
-        """The rows of keys alone among the batch's ``live`` rows and in no state or stored row: their state row, served
-        row and ``+I`` are the row itself (where the kind serves stored rows as they are)."""
-        if not (live.any() and self.kind.serves_stored and not self.local.compiled.retracting and self.keys):
+        """The batch's rows that the window kind serves as they are: their served row and ``+I`` are the row itself
+        (and so is their state row); never under retractions, where a row may cancel out."""
+        if self.local.compiled.retracting:
             return np.zeros(groups.num_rows, dtype=bool)
-        counts = groups.filter(pa.array(live)).select(self.keys).group_by(self.keys, use_threads=False).aggregate(
-            [([], "count_all")])
-        alone = counts.filter(pc.equal(counts.column("count_all"), 1))
-        return live & key_mask(groups, self.keys, alone) & ~key_mask(groups, self.keys, state) & ~key_mask(
-            groups, self.keys, stored)
+        return self.kind.alone_arrow(groups, live, state, stored, self.group)
 
     def alone_values(self, alone: pa.Table) -> tuple[pa.Table, pa.Table]:
         """The served values of rows alone (for the changelog) and their ``aggregates`` rows, column-wise."""
@@ -207,10 +204,22 @@ class ArrowEngine:
         self._held: tuple[int | None, pa.Table] | None = None  # (state version, its rows)
         self._cached: list[DataFrame] = []
 
-    def fits(self, keys: int) -> bool:
-        """Whether a batch of ``keys`` pre-aggregated rows merges here: not too many, and a state small enough."""
-        return keys <= self.max_keys and sum(
-            f.num_records or 0 for f in self.lake.files(self.tables.stream_state)) <= DRIVER_MAX_STATE
+    def fits(self, batch: MiniBatch, keys: int) -> bool:
+        """Whether a batch of ``keys`` pre-aggregated rows merges here: not too many, a state small enough, and at
+        most ``DRIVER_MAX_MERGED`` of them merged one by one. Past that many rows, the batch must be on the driver,
+        and its rows that the window kind would not serve as they are beside the whole state are counted (the state
+        holds what a batch reaches, but for the closed sessions a late row reaches: an estimate, not a bound)."""
+        if keys > self.max_keys or sum(
+                f.num_records or 0 for f in self.lake.files(self.tables.stream_state)) > DRIVER_MAX_STATE:
+            return False
+        if keys <= DRIVER_MAX_MERGED:
+            return True
+        if batch.collected is None or self.local.compiled.retracting:
+            return False
+        stored = self._schemas()["state"]
+        state, groups = self._state(stored), batch.collected.select(stored.names).cast(stored)
+        live = np.asarray(pc.invert(_in_days(groups, batch.batch_days)).to_numpy(zero_copy_only=False), dtype=bool)
+        return keys - int(self.kind.alone_arrow(groups, live, state, state, self.group).sum()) <= DRIVER_MAX_MERGED
 
     def merge(self, batch: MiniBatch) -> BatchOutputs:
         schemas = self._schemas()

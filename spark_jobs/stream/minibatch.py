@@ -241,7 +241,7 @@ class MiniBatchAggregator:
                         batch = MiniBatch(batch_id, record.run_id, read.groups(), (read.low, read.high),
                                           self._watermark(high), *self._counted_batch_partials((read.low, read.high)),
                                           collected=read.collected, watermark=outcome.watermark)
-                        engine = self.arrow if self.arrow.fits(read.keys) else self.spark_engine
+                        engine = self.arrow if self.arrow.fits(batch, read.keys) else self.spark_engine
                         outcome.on_driver = engine is self.arrow
                         out = engine.merge(batch)
                 commits = commit_outputs(lake, spec, txn, run_id=record.run_id, rejects=read.rejects(),

@@ -211,6 +211,19 @@ class WindowKind(ABC):
         hit = key_mask(stored, [*keys, *self.scope], changed)
         return stored.filter(pa.array(~hit if anti else hit))
 
+    def alone_arrow(self, changed: pa.Table, live: np.ndarray, state: pa.Table, stored: pa.Table,
+                    keys: Sequence[str]) -> np.ndarray:
+        """The Arrow form of :meth:`alone`: which ``live`` rows of ``changed`` are each a served row as they are. Where
+        stored rows serve as they are: a row whose key and window no other live row, state row or ``stored`` row has."""
+        columns = [*keys, *self.bounds]
+        if not (live.any() and self.serves_stored and columns):
+            return np.zeros(changed.num_rows, dtype=bool)
+        counts = changed.filter(pa.array(live)).select(columns).group_by(columns, use_threads=False).aggregate(
+            [([], "count_all")])
+        once = counts.filter(pc.equal(counts.column("count_all"), 1))
+        return live & key_mask(changed, columns, once) & ~key_mask(changed, columns, state) & ~key_mask(
+            changed, columns, stored)
+
     def serve_rows(self, rows: Iterable[Mapping[str, Any]], keys: Sequence[str]) -> Grouped:
         return self.merge_stored_rows(rows, keys)
 

@@ -205,6 +205,18 @@ class Sessions(WindowKind):
             out.update({(*key, start, end): members for start, end, members in sessions})
         return out
 
+    def alone_arrow(self, changed: pa.Table, live: np.ndarray, state: pa.Table, stored: pa.Table,
+                    keys: Sequence[str]) -> np.ndarray:
+        """The Arrow form of :meth:`alone`: the ``live`` partial sessions within one day that merge with no ``stored``
+        session (the ones in reach, or the whole state: the same answer)."""
+        if not (keys and live.any()):
+            return np.zeros(changed.num_rows, dtype=bool)
+        start = pc.cast(pc.cast(changed.column("window_start"), TS), pa.date32())
+        last = pc.cast(pc.subtract(pc.cast(changed.column("window_end"), TS),
+                                   pa.scalar(dt.timedelta(seconds=self.gap.seconds))), pa.date32())
+        one_day = np.asarray(pc.fill_null(pc.equal(start, last), False).to_numpy(zero_copy_only=False), dtype=bool)
+        return live & one_day & ~_merged_with(changed, stored, keys)
+
     def is_open_arrow(self, rows: pa.Table, watermark: dt.datetime) -> pa.Array:
         return pc.greater_equal(rows.column("window_end"), pa.scalar(watermark, TS))
 

@@ -38,7 +38,7 @@ from spark_jobs.jobs import combine
 from spark_jobs.lake import PipelineTables
 from spark_jobs.spec import PipelineSpec
 from spark_jobs.stream import query as stream
-from tests.builders import ALL_AGGREGATES, FAST_AGGREGATES, day_events, make_spec
+from tests.builders import ALL_AGGREGATES, FAST_AGGREGATES, day_events, events, make_spec
 from tests.integration.test_stream import cdc_rows, cdc_spec, land, with_stream
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -196,6 +196,51 @@ def test_both_engines_write_the_same_tables(spark, tmp_path_factory, kind, sizes
     want, got = _tables(by_spark), _tables(by_driver)
     for name in want:
         _assert_same(name, want[name], got[name])
+
+
+def test_sessions_alone_and_merged_write_the_same_tables(spark, tmp_path, monkeypatch):
+    """A session batch's partial sessions alone take the driver's column-wise path, beside ones that grow a state
+    session, a key's new session apart from its open one, and sessions across midnight: Spark's tables still."""
+    from spark_jobs.windows import Sessions
+
+    served_alone: list[tuple[int, int]] = []
+    alone_arrow = Sessions.alone_arrow
+
+    def spy(self, changed, live, state, stored, keys):
+        mask = alone_arrow(self, changed, live, state, stored, keys)
+        served_alone.append((int(mask.sum()), int(live.sum())))
+        return mask
+
+    monkeypatch.setattr(Sessions, "alone_arrow", spy)
+    spec = with_stream(make_spec(tmp_path, window={"gap": "30 minutes"}, group_by=["user_id"],
+                                 aggregates=ALL_AGGREGATES), max_files_per_batch=2, watermark="1 day")
+    day, next_day = dt.datetime(2024, 3, 1, tzinfo=dt.UTC), dt.datetime(2024, 3, 2, tzinfo=dt.UTC)
+
+    def at(user: str, when: dt.datetime, ms: int) -> tuple[Any, ...]:
+        return when, user, "/a", ms, 1.0, "DE"
+
+    first = [at("a", day + dt.timedelta(hours=10), 5), at("a", day + dt.timedelta(hours=10, minutes=10), 7),
+             at("b", day + dt.timedelta(hours=11), 3), at("c", day + dt.timedelta(hours=23, minutes=50), 4)]
+    later = [at("a", day + dt.timedelta(hours=10, minutes=30), 9),  # grows a's open session
+             at("b", day + dt.timedelta(hours=14), 1),  # a session of its own beside b's open one
+             at("d", day + dt.timedelta(hours=12), 2), at("d", day + dt.timedelta(hours=12, minutes=20), 8),
+             at("e", day + dt.timedelta(hours=23, minutes=55), 6)]
+    after_midnight = [at("c", next_day + dt.timedelta(minutes=10), 5),  # c's session crosses midnight
+                      at("e", next_day + dt.timedelta(minutes=5), 2)]
+    by_spark, by_driver = (spec.with_paths(lake=str(tmp_path / f"lake-{name}")) for name in ("spark", "driver"))
+    for batch in ([(DAY, first)], [(DAY, later), ("2024-03-02", after_midnight)]):
+        for date, rows in batch:
+            land(tmp_path / "landing", date, events(rows))
+        stream.run(spark, by_spark, available_now=True, driver_max_keys=0)
+        assert all(b.on_driver for b in stream.run(spark, by_driver, available_now=True).batches)
+    assert any(0 < alone < live for alone, live in served_alone), served_alone  # both paths in one batch
+    want, got = _tables(by_spark), _tables(by_driver)
+    for name in want:
+        _assert_same(name, want[name], got[name])
+    sessions = {(r["user_id"], r["window_start"]): r["views"] for r in got["aggregates"]}
+    assert sessions == {("a", day + dt.timedelta(hours=10)): 3, ("b", day + dt.timedelta(hours=11)): 1,
+                        ("b", day + dt.timedelta(hours=14)): 1, ("c", day + dt.timedelta(hours=23, minutes=50)): 2,
+                        ("d", day + dt.timedelta(hours=12)): 2, ("e", day + dt.timedelta(hours=23, minutes=55)): 2}
 
 
 def test_the_driver_engine_applies_the_hybrid_rule(spark, tmp_path):
