@@ -323,7 +323,7 @@ def session_labels(rows: pa.Table, keys: Sequence[str]) -> np.ndarray:
     if n == 0:
         return np.zeros(0, dtype=np.int64)
     order = pc.sort_indices(rows, [*((k, "ascending") for k in keys), ("window_start", "ascending"),
-                                   ("window_end", "ascending")], null_placement="at_end").to_numpy()
+                                   ("window_end", "ascending")]).to_numpy()  # NULL keys last, by default
     ordered = rows.take(order)
     new_key = np.zeros(n, dtype=bool)
     new_key[0] = True
