@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from spark_jobs.aggregates.builtin_base import Builtin, Column, F, builtin
 
@@ -40,6 +42,9 @@ class Count(Builtin):
 
     def get_value(self, acc: int) -> int:
         return acc
+
+    def stored_values(self, columns: Sequence[pa.Array]) -> pa.Array:
+        return pc.fill_null(columns[0], 0)  # NULL is the empty count
 
     def accumulate_batch(self, acc: int, *arrays: pa.Array) -> int:
         if not arrays:

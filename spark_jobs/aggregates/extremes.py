@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import pyarrow as pa
@@ -29,6 +30,9 @@ class _Extreme(Builtin):
 
     def get_value(self, acc: Any) -> Any:
         return acc
+
+    def stored_values(self, columns: Sequence[pa.Array]) -> pa.Array:
+        return columns[0]
 
     def accumulate_batch(self, acc: Any, *arrays: pa.Array) -> Any:
         return self.accumulate(acc, pc.min_max(arrays[0])[self.fn].as_py())

@@ -103,6 +103,24 @@ class ApproxPercentile(Builtin):
         value = acc.get_quantile(self.q, True)  # inclusive ranks, as Spark's kll_sketch_get_quantile_double
         return int(value) if self.input_type in ("int", "bigint") else value
 
+    def stored_values(self, columns: Sequence[pa.Array]) -> pa.Array:
+        """``get_value`` of each stored sketch. One that never compacted (a short window's or session's) holds its
+        ``n`` items in level 0, where the inclusive ``q`` quantile is the ``ceil(q * n)``-th smallest (the item
+        DataSketches' sorted view picks): those are cut from the bytes and ranked per row at once; the rest decoded."""
+        blobs = Blobs(columns[0])
+        header = kll_level0_header(blobs)
+        items, at = kll_items(blobs, header, header >= 0)
+        n = np.diff(at)
+        ranked = items[np.lexsort((items, np.repeat(np.arange(len(n)), n)))]
+        found = n > 0
+        values = np.zeros(len(n))
+        values[found] = ranked[at[:-1][found] + np.maximum(np.ceil(self.q * n[found]).astype(np.int64), 1) - 1]
+        for i in np.flatnonzero((header < 0) & blobs.valid).tolist():  # compacted (or not a level-0 sketch)
+            value = self.get_value(self.decode([blobs.cell(i)]))
+            found[i], values[i] = value is not None, value if value is not None else 0.0
+        integral = pa.types.is_integer(self.value_type())  # as ``int()`` of the item
+        return pa.array(np.trunc(values) if integral else values, mask=~found).cast(self.value_type())
+
     def spark_partial(self, value: Column | None, event_time: Column, sign: Column | None = None) -> list[Column]:
         assert value is not None
         return [F.kll_sketch_agg_double(value.cast("double"), self.k)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any, ClassVar
 
@@ -50,6 +51,9 @@ class Sum(Builtin):
     def get_value(self, acc: list[Any]) -> Any:
         return acc[0] if acc[1] > 0 else None
 
+    def stored_values(self, columns: Sequence[pa.Array]) -> pa.Array:
+        return pc.if_else(_counted(columns), columns[0], pa.scalar(None, columns[0].type))
+
     def accumulate_batch(self, acc: list[Any], *arrays: pa.Array) -> list[Any]:
         arr = arrays[0]
         n = len(arr) - arr.null_count
@@ -83,5 +87,14 @@ class Avg(Sum):
     def get_value(self, acc: list[Any]) -> float | None:
         return acc[0] / acc[1] if acc[1] > 0 else None
 
+    def stored_values(self, columns: Sequence[pa.Array]) -> pa.Array:
+        mean = pc.divide(pc.cast(columns[0], pa.float64()), pc.cast(columns[1], pa.float64()))
+        return pc.if_else(_counted(columns), mean, pa.scalar(None, pa.float64()))
+
     def spark_value(self, accs: list[Column]) -> Column:
         return F.when(accs[1] > 0, accs[0] / accs[1])
+
+
+def _counted(columns: Sequence[pa.Array]) -> pa.Array:
+    """The stored (sum, count) rows that hold a non-NULL value."""
+    return pc.fill_null(pc.greater(columns[1], 0), False)

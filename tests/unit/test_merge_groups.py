@@ -1,4 +1,5 @@
-"""The column-wise merges of HLL, KLL, first/last and the example ``WeightedAvg`` equal ``decode`` + ``merge_all`` per group.
+"""The column-wise merges of HLL, KLL, first/last and the example ``WeightedAvg`` equal ``decode`` + ``merge_all`` per group,
+and the column-wise values of stored accumulators equal ``decode`` + ``get_value`` per row.
 
 Stored columns are synthetic (random sketch sizes, modes, NULLs, serialisations, group sizes), so every
 path the fast merges take, and every input they hand back to the per-group fold, is exercised.
@@ -16,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from spark_jobs.aggregates.builtins import ApproxCountDistinct, ApproxPercentile, First, Last
+from spark_jobs.aggregates.builtins import ApproxCountDistinct, ApproxPercentile, Avg, Count, First, Last, Max, Min, Sum
 from spark_jobs.aggregates.examples import WeightedAvg
 
 T0 = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
@@ -139,3 +140,23 @@ def test_weighted_avg_sums_what_the_fold_sums(seed):
         assert stored.type == column.type and len(stored) == len(offsets) - 1
         for got, want in zip(stored.to_pylist(), folded(fn, column, offsets), strict=True):
             assert got == pytest.approx(want, rel=1e-12, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("cls", [Count, Sum, Avg, Min, Max])
+@pytest.mark.parametrize("input_type", ["bigint", "double"])
+def test_stored_values_are_the_values_of_the_decoded_accumulators(cls, input_type, seed):
+    """NULL cells, zero and negative counts (a changelog source's retractions) included."""
+    rng = random.Random(seed)
+    fn = cls("f", ["x"], {}, input_type)
+    types = fn.acc_types()
+    number = (lambda: rng.randrange(-50, 50)) if pa.types.is_integer(types[0]) else (lambda: rng.uniform(-50, 50))
+
+    def cell() -> list[Any]:  # (value or sum, count): a sum is NULL only where nothing was counted
+        count = rng.randrange(-2, 4)
+        return [None if count == 0 and rng.random() < 0.5 else number(), count][:len(types)]
+
+    cells = [[None] * len(types) if rng.random() < 0.2 else cell() for _ in range(rng.randrange(0, 40))]
+    columns = [pa.array([row[j] for row in cells], t) for j, t in enumerate(types)]
+    want = [fn.get_value(fn.decode(list(row))) for row in zip(*(c.to_pylist() for c in columns), strict=True)]
+    assert fn.stored_values(columns).cast(fn.value_type()).to_pylist() == want

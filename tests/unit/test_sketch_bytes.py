@@ -12,6 +12,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from spark_jobs.aggregates.kll import ApproxPercentile
 from spark_jobs.aggregates.sketch_bytes import Blobs, hll_lg_k, kll_items, kll_level0_header
 
 SETTINGS = settings(max_examples=60, deadline=None, database=None)
@@ -113,3 +114,14 @@ def test_rows_too_short_for_a_preamble_are_no_sketch():
     blobs = Blobs(pa.array([b"", b"\x02\x01\x0f", ds.kll_doubles_sketch(8).serialize()[:7]], pa.binary()))
     assert hll_lg_k(blobs).tolist() == [0, 0, 0]
     assert kll_level0_header(blobs).tolist() == [-1, -1, -1]
+
+
+@SETTINGS
+@given(columns(kll_cells(), kll_cells()), st.sampled_from([0.0, 0.05, 0.5, 0.95, 1.0]) | st.floats(0, 1),
+       st.sampled_from(["double", "bigint", None]))
+def test_kll_stored_values_are_the_quantiles_the_library_gives(column, q, input_type):
+    """Percentiles read from the bytes of sketches that never compacted, decoded for the others: as ``get_value``."""
+    array, rows = column
+    fn = ApproxPercentile("p", ["x"], {"q": q}, input_type)
+    assert fn.stored_values([array]).to_pylist() == [
+        None if cell is None else fn.get_value(fn.decode([cell])) for _, cell in rows]
