@@ -61,7 +61,7 @@ def merge_on_driver(groups: pa.Table, state: pa.Table, local: LocalAggregates, *
     merge = _DriverMerge(local, schemas, run_id=run_id, now=now)
     if reached is None:  # the batch days' keys too: they are served with the batch partials that count for them
         reached = merge.reach_in_state(groups, state, batch_days, batch_rows)
-    live = np.asarray(pc.invert(_in_days(groups, batch_days)).to_numpy(zero_copy_only=False), dtype=bool)
+    live = _live(groups, batch_days)
     quick = merge.alone(groups, live, state, reached.stored)
     rest, alone = groups.filter(pa.array(~quick)), groups.filter(pa.array(quick))
     stored = reached.stored.to_pylist()
@@ -178,6 +178,11 @@ class _DriverMerge:
                 "max_event_time": max(times) if times else None, SPEC_VERSION: version}
 
 
+def _live(groups: pa.Table, batch_days: Set[dt.date]) -> np.ndarray:
+    """The batch's rows of days without a batch combine: the ones it merges (the others count from batch partials)."""
+    return np.asarray(pc.invert(_in_days(groups, batch_days)).to_numpy(zero_copy_only=False), dtype=bool)
+
+
 def _in_days(table: pa.Table, days: Set[dt.date]) -> pa.Array:
     return pc.fill_null(pc.is_in(table.column(DAY), pa.array(sorted(days), pa.date32())), False)
 
@@ -218,8 +223,8 @@ class ArrowEngine:
             return False
         stored = self._schemas()["state"]
         state, groups = self._state(stored), batch.collected.select(stored.names).cast(stored)
-        live = np.asarray(pc.invert(_in_days(groups, batch.batch_days)).to_numpy(zero_copy_only=False), dtype=bool)
-        return keys - int(self.kind.alone_arrow(groups, live, state, state, self.group).sum()) <= DRIVER_MAX_MERGED
+        alone = self.kind.alone_arrow(groups, _live(groups, batch.batch_days), state, state, self.group)
+        return keys - int(alone.sum()) <= DRIVER_MAX_MERGED
 
     def merge(self, batch: MiniBatch) -> BatchOutputs:
         schemas = self._schemas()
