@@ -37,11 +37,9 @@ class WeightedAvg(AggregateFunction[Acc, "float | None"]):
         return acc
 
     def retract(self, acc: Acc, *values: Any) -> Acc:
+        """A row taken back is the row accumulated with its weight negated (exact in floating point)."""
         value, weight = values
-        if value is not None and weight is not None:
-            acc["weighted_sum"] -= float(value) * float(weight)
-            acc["weight"] -= float(weight)
-        return acc
+        return self.accumulate(acc, value, None if weight is None else -float(weight))
 
     def accumulate_batch(self, acc: Acc, *arrays: pa.Array) -> Acc:
         values, weights = (a.cast(pa.float64()) for a in arrays)
