@@ -44,14 +44,16 @@ class BatchReader:
 
     def read(self, found: Screen, watermark: dt.datetime | None, batch_id: int) -> BatchRead:
         """The pass. A batch comes to the driver in that same Spark job when its files' footers bound it under the
-        driver's limit, or when twice the groups per row of the densest batch yet would fit; another is cached and
-        counted first. A file unreadable past its footer fails here (InputError)."""
+        driver's limit, or when twice the groups per row of the densest batch yet would fit (before any batch, when
+        its bound is within twice the limit: a pass lost to a batch that does not fit is at most that large); another
+        is cached and counted first. A file unreadable past its footer fails here (InputError)."""
         combined = self._combined(found, watermark)
         bound = found.readable_rows()
         groups = None if bound is None else bound * self.spec.window.windows_per_row  # at most, per row and window
-        fits = groups is not None and groups <= self.driver_max_keys
-        expected = fits or (groups is not None and self._groups_per_row is not None
-                            and 2 * self._groups_per_row * groups <= self.driver_max_keys)
+        most, density = self.driver_max_keys, self._groups_per_row
+        fits = groups is not None and groups <= most
+        expected = fits or (groups is not None
+                            and (groups <= 2 * most if density is None else 2 * density * groups <= most))
         read = BatchRead(combined)
         try:
             if not (expected and read.collect(bounded=fits)):

@@ -464,15 +464,19 @@ def test_batches_expected_to_fit_the_driver_come_to_it_in_the_pass_and_a_denser_
     landing = tmp_path / "landing"
     spec = with_stream(make_spec(tmp_path, window={"size": "1 hour"}), max_files_per_batch=1, watermark="1 day")
     day = day_events("2024-03-01", 300, pages=("/a", "/b")).sort_by("event_time")
-    for i in range(3):  # 100 rows over 8 hours and 2 pages: at most 16 groups each
-        land(landing, "2024-03-01", day.slice(i * 100, 100))
+    for offset, n in ((0, 140), (140, 80), (220, 80)):  # over 8 hours and 2 pages: at most 16 groups each
+        land(landing, "2024-03-01", day.slice(offset, n))
     land(landing, "2024-03-02", day_events("2024-03-02", 100, pages=tuple(f"/p{i}" for i in range(100))))
     batches = stream.run(spark, spec, available_now=True, driver_max_keys=60).batches
     counted_first = ["collect" in b.phases.seconds for b in batches]  # counted in Spark, then collected
-    assert counted_first == [True, False, False, False]  # the first sets the groups per row: 2 x 16/100 x 100 < 60
+    assert counted_first == [True, False, False, False]  # the first sets the groups per row: 2 x 16/140 x 100 < 60
     assert [b.on_driver for b in batches] == [True, True, True, False]  # the last holds about 90 groups
     assert_matches(actual(PipelineTables(spec.lake, spec.name).aggregates, spec), expected(read_landing(landing), spec),
                    spec)
+    # before any batch, one whose bound is within twice the limit is tried in the pass (140 rows <= 2 x 70)
+    again = stream.run(spark, spec.with_paths(lake=str(tmp_path / "lake-again")), available_now=True,
+                       driver_max_keys=70).batches
+    assert ["collect" in b.phases.seconds for b in again] == [False] * 4
 
 
 def test_the_spark_merge_merges_on_from_the_tables_the_driver_merge_wrote(spark, tmp_path):
