@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from spark_jobs.aggregates.builtin_base import Builtin, Column, F, builtin
-from spark_jobs.aggregates.sketch_bytes import Blobs, hll_lg_k
+from spark_jobs.aggregates.sketch_bytes import Blobs, hll_coupons, hll_lg_k
 
 __all__ = ["ApproxCountDistinct"]
 
@@ -62,6 +62,19 @@ class ApproxCountDistinct(Builtin):
 
     def get_value(self, acc: ds.hll_sketch) -> int:
         return round(acc.get_estimate())
+
+    def stored_values(self, columns: Sequence[pa.Array]) -> pa.Array:
+        """``get_value`` of each stored sketch: one decoded for each coupon count in list or set mode (a session's
+        sketch, a short window's), the ones in HLL mode each; NULL is the empty sketch."""
+        blobs = Blobs(columns[0])
+        coupons, values = hll_coupons(blobs), np.zeros(len(blobs.valid), dtype=np.int64)
+        listed = np.flatnonzero(coupons >= 0)
+        kinds, first, which = np.unique(coupons[listed], return_index=True, return_inverse=True)
+        estimates = [self.get_value(self.decode([blobs.cell(int(i))])) for i in listed[first]]
+        values[listed] = np.asarray(estimates, dtype=np.int64)[which] if len(kinds) else 0
+        for i in np.flatnonzero(blobs.valid & (coupons < 0)).tolist():
+            values[i] = self.get_value(self.decode([blobs.cell(i)]))
+        return pa.array(values, pa.int64())
 
     def merge_groups(self, columns: Sequence[pa.Array], offsets: np.ndarray) -> list[ds.hll_sketch]:
         """One union per group fed every row's sketch in order: the sketch folding ``merge`` makes, without a union and

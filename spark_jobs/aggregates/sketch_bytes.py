@@ -8,7 +8,8 @@ All numbers are little-endian.
 
 HLL sketch, updatable or compact serialisation, any mode (list, set or HLL array): an 8-byte preamble,
 byte 0 preamble ints, 1 serial version, 2 family (7), 3 lg_k, 4 lg of the coupon array, 5 flags,
-6 list count or current minimum, 7 mode (current mode, target HLL type); the mode's data follows.
+6 list count or current minimum, 7 mode (current mode in bits 0-1: 0 list, 1 set, 2 HLL array; target HLL type);
+the mode's data follows, a set's coupon count (uint32) first, at byte 8.
 
 KLL doubles sketch: the same first three bytes (family 15), then 3 flags (bit 0 empty, bit 1 level 0
 sorted, bit 2 one item), 4-5 ``k``, 6 ``m`` (8), 7 unused. Then, by layout:
@@ -26,12 +27,14 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["Blobs", "hll_lg_k", "kll_items", "kll_level0_header"]
+__all__ = ["Blobs", "hll_coupons", "hll_lg_k", "kll_items", "kll_level0_header"]
 
 # the preamble's first 8 bytes, HLL and KLL alike: where each field is
 PREAMBLE_BYTES = 8
 PREAMBLE_INTS, SERIAL_VERSION, FAMILY = 0, 1, 2
 HLL_LG_K, KLL_FLAGS, KLL_M = 3, 3, 6
+HLL_LIST_COUNT, HLL_MODE, HLL_SET_COUNT_AT = 6, 7, 8
+HLL_LIST, HLL_SET = 0, 1  # current modes
 HLL_FAMILY, KLL_FAMILY = 7, 15
 KLL_DEFAULT_M = 8
 KLL_PREAMBLE_INTS_SHORT, KLL_PREAMBLE_INTS_FULL = 2, 5  # empty or one item; full
@@ -78,6 +81,23 @@ def hll_lg_k(blobs: Blobs) -> np.ndarray:
     hll = h[:, FAMILY] == HLL_FAMILY
     lg_k[rows[hll]] = h[hll, HLL_LG_K]
     return lg_k
+
+
+def hll_coupons(blobs: Blobs) -> np.ndarray:
+    """Per row, for an HLL sketch in list or set mode (few distinct values: its estimate is a function of its coupon
+    count), one number naming its ``lg_k``, mode and coupon count; -1 for NULL, a sketch in HLL mode and a row that is
+    no HLL sketch."""
+    out = np.full(len(blobs.valid), -1, dtype=np.int64)
+    rows, h = blobs.preambles()
+    hll, mode = h[:, FAMILY] == HLL_FAMILY, h[:, HLL_MODE].astype(np.int64) & 3
+    count = h[:, HLL_LIST_COUNT].astype(np.int64)
+    in_set = hll & (mode == HLL_SET) & (np.diff(blobs.offsets)[rows] >= HLL_SET_COUNT_AT + 4)
+    data = np.frombuffer(blobs.view, dtype=np.uint8)
+    at = blobs.offsets[rows[in_set]][:, None] + HLL_SET_COUNT_AT + np.arange(4)
+    count[in_set] = np.ascontiguousarray(data[at]).view("<u4").ravel()
+    coupon = (hll & (mode == HLL_LIST)) | in_set
+    out[rows[coupon]] = (h[coupon, HLL_LG_K].astype(np.int64) << 40) | (mode[coupon] << 32) | count[coupon]
+    return out
 
 
 def kll_level0_header(blobs: Blobs) -> np.ndarray:

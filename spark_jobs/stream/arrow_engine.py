@@ -189,10 +189,9 @@ def _in_days(table: pa.Table, days: Set[dt.date]) -> pa.Array:
 
 def partial_rows(groups: pa.Table, schema: pa.Schema, *, batch: str, run_id: str, now: dt.datetime) -> pa.Table:
     """The batch's pre-aggregated rows as ``partials`` rows (source ``stream``), like ``batch_columns``."""
-    n = groups.num_rows
     constants = {"batch": batch, "source": STREAM, "run_id": run_id, "created_at": now}
-    arrays = [pa.array([constants[f.name]] * n, f.type) if f.name in constants else groups.column(f.name).cast(f.type)
-              for f in schema]
+    arrays = [pa.repeat(pa.scalar(constants[f.name], f.type), groups.num_rows) if f.name in constants
+              else groups.column(f.name).cast(f.type) for f in schema]
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
