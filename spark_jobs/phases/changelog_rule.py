@@ -158,13 +158,14 @@ class ChangelogRule:
 
 def _matched(before: pa.Table, after: pa.Table, keys: list[str]) -> pa.Table:
     """Each identity once, with its row in ``before`` (``_o``) and in ``after`` (``_n``), NULL where absent: a join
-    of the key columns and row numbers only (Arrow joins carry no list or map payload)."""
+    of the key columns and row numbers only (Arrow joins carry no list or map payload), hashing ``before`` (Arrow's
+    build side is the right one: a batch's served rows before are the few it touches, after it all it wrote)."""
     if not keys:
         return pa.table({"_o": pa.array([0] if before.num_rows else [None], pa.int64()),
                          "_n": pa.array([0] if after.num_rows else [None], pa.int64())})
     sides = [t.select(keys).append_column(name, pa.array(np.arange(t.num_rows, dtype=np.int64)))
              for t, name in ((before, "_o"), (after, "_n"))]
-    return arrow_join(sides[0], sides[1], keys, "full outer", coalesce_keys=True)
+    return arrow_join(sides[1], sides[0], keys, "full outer", coalesce_keys=True)
 
 
 def _present(side: pa.Table, both: pa.Table, index: str) -> pa.Array:
