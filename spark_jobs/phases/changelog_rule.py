@@ -158,8 +158,8 @@ class ChangelogRule:
 
 def _matched(before: pa.Table, after: pa.Table, keys: list[str]) -> pa.Table:
     """Each identity once, with its row in ``before`` (``_o``) and in ``after`` (``_n``), NULL where absent: a join
-    of the key columns and row numbers only (Arrow joins carry no list or map payload), hashing ``before`` (Arrow's
-    build side is the right one: a batch's served rows before are the few it touches, after it all it wrote)."""
+    of the key columns and row numbers only (Arrow joins carry no list or map payload). ``before`` is the hashed
+    (right) side: it holds the few served rows a batch touches, ``after`` every row the batch writes."""
     if not keys:
         return pa.table({"_o": pa.array([0] if before.num_rows else [None], pa.int64()),
                          "_n": pa.array([0] if after.num_rows else [None], pa.int64())})
