@@ -17,6 +17,7 @@ import psutil
 import pytest
 from deltalake import DeltaTable
 
+from spark_jobs.errors import ComputeError
 from spark_jobs.lake import PipelineTables
 from spark_jobs.server.runner import run_job
 from tests.builders import day_events, make_spec, write_day
@@ -74,11 +75,17 @@ def test_the_runner_passes_on_the_jobs_error_and_exit_code(spark_server, tmp_pat
 def test_a_client_that_goes_away_stops_its_job(spark_server, tmp_path):
     runner_pid = int((spark_server.state_dir / "runner.pid").read_text())
     before = {p.pid for p in psutil.Process(runner_pid).children()}
-    conns = []
-    job = threading.Thread(target=lambda: run_job(
-        spark_server.runner, ["generate", "--out", str(tmp_path / "big"), "--days", "30", "--rows-per-day", "2000000",
-                              "--quiet"], env=spark_server.env(), on_line=lambda _: None, on_start=conns.append),
-        daemon=True)
+    conns, errors = [], []
+
+    def client() -> None:
+        try:
+            run_job(spark_server.runner, ["generate", "--out", str(tmp_path / "big"), "--days", "30", "--rows-per-day",
+                                          "2000000", "--quiet"], env=spark_server.env(), on_line=lambda _: None,
+                    on_start=conns.append)
+        except ComputeError as exc:  # the client's side of the connection it closed
+            errors.append(str(exc))
+
+    job = threading.Thread(target=client, daemon=True)
     job.start()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not ({p.pid for p in psutil.Process(runner_pid).children()} - before):
@@ -90,6 +97,7 @@ def test_a_client_that_goes_away_stops_its_job(spark_server, tmp_path):
         time.sleep(0.1)
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie"
     job.join(timeout=30)
+    assert len(errors) == 1 and "closed the connection before the job ended" in errors[0]
 
 
 def test_a_server_that_is_down_fails_the_job_at_once_naming_the_fix(tmp_path):
