@@ -69,9 +69,9 @@ class ApproxCountDistinct(Builtin):
         blobs = Blobs(columns[0])
         coupons, values = hll_coupons(blobs), np.zeros(len(blobs.valid), dtype=np.int64)
         listed = np.flatnonzero(coupons >= 0)
-        kinds, first, which = np.unique(coupons[listed], return_index=True, return_inverse=True)
-        estimates = [self.get_value(self.decode([blobs.cell(int(i))])) for i in listed[first]]
-        values[listed] = np.asarray(estimates, dtype=np.int64)[which] if len(kinds) else 0
+        _, first, which = np.unique(coupons[listed], return_index=True, return_inverse=True)
+        values[listed] = np.array([self.get_value(self.decode([blobs.cell(int(i))])) for i in listed[first]],
+                                  dtype=np.int64)[which]
         for i in np.flatnonzero(blobs.valid & (coupons < 0)).tolist():
             values[i] = self.get_value(self.decode([blobs.cell(i)]))
         return pa.array(values, pa.int64())
