@@ -64,6 +64,10 @@ def merge_groups(rows: pa.Table, keys: list[str], entries: Sequence[BoundAggrega
     aggregate's merged accumulators, one per row, are in the dict by name: from its column-wise ``merge_groups_stored``
     or ``merge_groups`` (a DataSketches union per group, first/last by an Arrow sort) where it has one, else
     ``decode``/``merge_all`` per group (sets, a user-defined ``merge``)."""
+    if not keys:  # one group of all rows: Arrow's scalar aggregation has no lists, and makes a row of no rows
+        table, by_name = merge_groups(rows.append_column("__all", pa.repeat(0, rows.num_rows)), ["__all"], entries,
+                                      extra)
+        return table.drop_columns(["__all"]), by_name
     fast = [(c, how) for e in entries if e.function.arrow_merge for c, how in zip(e.acc_columns, e.function.arrow_merge,
                                                                                      strict=True)]
     slow = [e for e in entries if not e.function.arrow_merge]

@@ -1,12 +1,12 @@
-"""The stream's driver merge engine: a small mini-batch merged with the aggregates' Python algebra
-(:mod:`spark_jobs.phases.python_merge`), Arrow in, Arrow out, no Spark job but the window kind's reach over ``partials``
+"""The stream's driver merge engine: a mini-batch that fits in memory merged with the aggregates' Arrow algebra
+(:mod:`spark_jobs.phases.arrow_merge`), Arrow in, Arrow out, no Spark job but the window kind's reach over ``partials``
 where the state does not cover it; the state stays in memory between batches. The Spark engine's rules (a test holds
-the two to the same tables); keys alone in a batch (most, at a realistic spread) take a column-wise path."""
+the two to the same tables); keys alone in a batch (most, at a realistic spread) serve as they are."""
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,9 +18,8 @@ from spark_jobs.lake import Lake, PipelineTables
 from spark_jobs.lake.layout import ADOPTED, SPEC_VERSION, TS, table_schema
 from spark_jobs.lake.table_rules import DAY, STREAM
 from spark_jobs.phases import CompiledAggregates
-from spark_jobs.phases.arrow_merge import encoded_columns, value_columns
+from spark_jobs.phases.arrow_merge import Merged, encoded_columns, merge_groups, value_columns
 from spark_jobs.phases.changelog_rule import FIRST_SEEN, ChangelogRule
-from spark_jobs.phases.python_merge import LocalAggregates
 from spark_jobs.stream.open_sessions import state_answers
 from spark_jobs.stream.outputs import BatchOutputs, MiniBatch, stream_stamp
 from spark_jobs.stream.spark_engine import NEVER as _NEVER
@@ -33,9 +32,8 @@ if TYPE_CHECKING:
 __all__ = ["DRIVER_MAX_KEYS", "DRIVER_MAX_MERGED", "ArrowEngine", "Reached", "merge_on_driver", "partial_rows"]
 
 DRIVER_MAX_KEYS = 2_000_000  # (day, key, window) rows of a pre-aggregated batch brought to the driver
-DRIVER_MAX_MERGED = 200_000  # of those, rows merged one by one with the Python algebra (the others serve as they are)
+DRIVER_MAX_MERGED = 200_000  # of those, rows merged (sketches one by one); the others serve as they are
 DRIVER_MAX_STATE = 2_000_000  # state rows held in driver memory for it
-Row = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -48,7 +46,7 @@ class Reached:
     prune: tuple[str, Any, Any] | None = None  # where in ``aggregates`` the ``touched`` rows lie, when known
 
 
-def merge_on_driver(groups: pa.Table, state: pa.Table, local: LocalAggregates, *, schemas: Mapping[str, pa.Schema],
+def merge_on_driver(groups: pa.Table, state: pa.Table, compiled: CompiledAggregates, *, schemas: Mapping[str, pa.Schema],
                     batch_id: int, closes: dt.datetime | None, run_id: str, now: dt.datetime,
                     batch_days: Set[dt.date] = frozenset(), batch_rows: pa.Table | None = None,
                     reached: Reached | None = None,
@@ -58,27 +56,27 @@ def merge_on_driver(groups: pa.Table, state: pa.Table, local: LocalAggregates, *
     the counted stored rows in the batch's reach where the state does not cover it (sessions), else the state's rows of
     days without a batch combine and the ``batch_rows`` of days with one. ``served``: the touched rows of ``aggregates``
     as they are, for the changelog's before side (else the stored rows merged)."""
-    merge = _DriverMerge(local, schemas, run_id=run_id, now=now)
+    merge = _DriverMerge(compiled, schemas, run_id=run_id, now=now)
     if reached is None:  # the batch days' keys too: they are served with the batch partials that count for them
         reached = merge.reach_in_state(groups, state, batch_days, batch_rows)
     live = _live(groups, batch_days)
     quick = merge.alone(groups, live, state, reached.stored)
     rest, alone = groups.filter(pa.array(~quick)), groups.filter(pa.array(quick))
-    stored = reached.stored.to_pylist()
-    before, after = merge.served(stored), merge.served([*stored, *groups.filter(pa.array(live & ~quick)).to_pylist()])
-    quick_values, quick_rows = merge.alone_values(alone)
-    after_values, after_rows = merge.aggregates(after)
+    merged = groups.filter(pa.array(live & ~quick)).select(reached.stored.column_names).cast(reached.stored.schema)
+    quick_values, quick_rows = merge.rows(alone, {})
+    after_values, after_rows = merge.served(pa.concat_tables([reached.stored, merged]))
     new_state = (merge.kind.next_state_arrow(state, pa.concat_tables([after_rows, quick_rows]), merge.group, day=DAY)
                  if merge.kind.state_holds_served
                  else pa.concat_tables([merge.state(state, rest), alone.select(state.column_names).cast(state.schema)]))
     if closes is not None:
         new_state = new_state.filter(merge.kind.is_open_arrow(new_state, closes))
-    if local.compiled.retracting:
+    if compiled.retracting:
         new_state = new_state.filter(pc.not_equal(new_state.column("n_rows"), 0))
-    before_values, read_version = merge.values(before), reached.read_version
     if served is not None:
-        rows, read_version = served(reached.touched, read_version)
+        rows, read_version = served(reached.touched, reached.read_version)
         before_values = rows.select(merge.value_schema.names).cast(merge.value_schema)
+    else:
+        before_values, read_version = merge.served(reached.stored)[0], reached.read_version
     first_seen = groups.group_by(merge.group, use_threads=False).aggregate([(FIRST_SEEN, "min")]).rename_columns(
         [*merge.group, FIRST_SEEN])
     return BatchOutputs(
@@ -91,23 +89,23 @@ def merge_on_driver(groups: pa.Table, state: pa.Table, local: LocalAggregates, *
 
 
 class _DriverMerge:
-    """One batch's merges with the aggregates' Python algebra, over rows the window kind groups."""
+    """One batch's merges on the driver, column-wise (:func:`merge_groups`), over rows the window kind serves."""
 
-    def __init__(self, local: LocalAggregates, schemas: Mapping[str, pa.Schema], *, run_id: str,
+    def __init__(self, compiled: CompiledAggregates, schemas: Mapping[str, pa.Schema], *, run_id: str,
                  now: dt.datetime) -> None:
-        spec = local.compiled.spec
-        self.local, self.schemas, self.run_id, self.now = local, schemas, run_id, now
+        spec = compiled.spec
+        self.compiled, self.schemas, self.run_id, self.now = compiled, schemas, run_id, now
         self.kind: WindowKind = spec.window
         self.group, self.keys = list(spec.group_by), list(spec.key_columns)
-        self.rule = ChangelogRule.of(spec, local.names)
+        self.rule = ChangelogRule.of(spec, compiled.value_names)
         self.value_schema = pa.schema([*(schemas["aggregates"].field(c) for c in self.keys),
-                                       *(schemas["aggregates"].field(n) for n in local.names),
+                                       *(schemas["aggregates"].field(n) for n in compiled.value_names),
                                        pa.field("n_rows", pa.int64())])
 
     def reach_in_state(self, changed: pa.Table, state: pa.Table, batch_days: Set[dt.date],
                        batch_rows: pa.Table | None) -> Reached:
         """The window kind's reach of ``changed`` in the state and, for the days with a batch combine, its partials."""
-        columns = [*self.keys, "n_rows", *self.local.compiled.acc_columns, SPEC_VERSION]
+        columns = [*self.keys, "n_rows", *self.compiled.acc_columns, SPEC_VERSION]
         schema = pa.schema([self.schemas["partials"].field(c) for c in columns])
         held = self.kind.within_arrow(state, changed, self.group)  # the few rows in reach first: the state is large
         counted = [held.filter(pc.invert(_in_days(held, batch_days))).select(columns).cast(schema)]
@@ -118,64 +116,42 @@ class _DriverMerge:
     def alone(self, groups: pa.Table, live: np.ndarray, state: pa.Table, stored: pa.Table) -> np.ndarray:
         """The batch's rows that the window kind serves as they are: their served row and ``+I`` are the row itself
         (and so is their state row); never under retractions, where a row may cancel out."""
-        if self.local.compiled.retracting:
+        if self.compiled.retracting:
             return np.zeros(groups.num_rows, dtype=bool)
         return self.kind.alone_arrow(groups, live, state, stored, self.group)
 
-    def alone_values(self, alone: pa.Table) -> tuple[pa.Table, pa.Table]:
-        """The served values of rows alone (for the changelog) and their ``aggregates`` rows, column-wise."""
-        rows = alone if SPEC_VERSION in alone.column_names else alone.append_column(
-            SPEC_VERSION, pa.nulls(alone.num_rows, pa.int64()))
+    def served(self, stored: pa.Table) -> tuple[pa.Table, pa.Table]:
+        """The served rows the ``stored`` rows merge into, as :meth:`rows`."""
+        return self.rows(*merge_groups(self.kind.serve_arrow(stored, self.group), self.keys, self.compiled.entries))
+
+    def rows(self, rows: pa.Table, accs: Merged) -> tuple[pa.Table, pa.Table]:
+        """The values (for the changelog) and the ``aggregates`` rows (those that exist) of served ``rows`` whose
+        merged accumulators are ``accs`` (else their columns)."""
+        rows = rows if SPEC_VERSION in rows.column_names else rows.append_column(
+            SPEC_VERSION, pa.nulls(rows.num_rows, pa.int64()))
         rows = rows.set_column(rows.schema.get_field_index(SPEC_VERSION), SPEC_VERSION,
                                pc.fill_null(rows.column(SPEC_VERSION), ADOPTED))
-        entries, coverage = self.local.compiled.entries, self.local.compiled.coverage
-        values = value_columns(rows, {}, entries, coverage)
-        served = {**{k: rows.column(k) for k in self.keys}, **values, "n_rows": rows.column("n_rows")}
-        schema = self.schemas["aggregates"]
-        out = {**served, **encoded_columns(rows, {}, entries, schema, coverage),
+        entries, coverage, schema = self.compiled.entries, self.compiled.coverage, self.schemas["aggregates"]
+        values = {**{k: rows.column(k) for k in self.keys}, **value_columns(rows, accs, entries, coverage),
+                  "n_rows": rows.column("n_rows")}
+        out = {**values, **encoded_columns(rows, accs, entries, schema, coverage),
                "updated_at": pa.repeat(pa.scalar(self.now, TS), rows.num_rows),
                "run_id": pa.repeat(pa.scalar(self.run_id), rows.num_rows), SPEC_VERSION: rows.column(SPEC_VERSION)}
-        return (pa.table([served[f.name].cast(f.type) for f in self.value_schema], schema=self.value_schema),
-                pa.table([out[f.name].cast(f.type) for f in schema], schema=schema))
-
-    def served(self, rows: list[Row]) -> dict[tuple[Any, ...], tuple[list[Any], int, int]]:
-        """Each served row the stored ``rows`` merge into: merged accumulators, row count, spec version."""
-        return {key: (self.local.merge_rows(members), sum(r["n_rows"] for r in members), self.local.version(members))
-                for key, members in self.kind.serve_rows(rows, self.group).items()}
-
-    def values(self, served: Mapping[tuple[Any, ...], tuple[list[Any], int, int]]) -> pa.Table:
-        rows = [{**dict(zip(self.keys, key, strict=True)), **self.local.values(accs, version), "n_rows": n}
-                for key, (accs, n, version) in served.items()]
-        return pa.Table.from_pylist(rows, schema=self.value_schema)
-
-    def aggregates(self, served: Mapping[tuple[Any, ...], tuple[list[Any], int, int]]) -> tuple[pa.Table, pa.Table]:
-        """The served rows' values (for the changelog) and their ``aggregates`` rows (those that exist), read once."""
-        rows = [{**dict(zip(self.keys, key, strict=True)), **self.local.values(accs, version), "n_rows": n,
-                 **self.local.encode(accs, version), "updated_at": self.now, "run_id": self.run_id,
-                 SPEC_VERSION: version} for key, (accs, n, version) in served.items()]
-        table = pa.Table.from_pylist(rows, schema=self.schemas["aggregates"])
-        exists = table.filter(pc.not_equal(table.column("n_rows"), 0)) if self.local.compiled.retracting else table
-        return table.select(self.value_schema.names).cast(self.value_schema), exists
+        table = pa.table([out[f.name].cast(f.type) for f in schema], schema=schema)
+        exists = table.filter(pc.not_equal(table.column("n_rows"), 0)) if self.compiled.retracting else table
+        return pa.table([values[f.name].cast(f.type) for f in self.value_schema], schema=self.value_schema), exists
 
     def state(self, state: pa.Table, rest: pa.Table) -> pa.Table:
         """The state without the stored rows ``rest`` touches, and those merged with ``rest`` once."""
         day_keys = [DAY, *self.group]
-        touched = self.kind.within_arrow(state, rest, day_keys).to_pylist()
-        merged = [self._stored_row(members, state.column_names)
-                  for members in self.kind.merge_stored_rows([*touched, *rest.to_pylist()], day_keys).values()]
-        kept = self.kind.within_arrow(state, rest, day_keys, anti=True)
-        return pa.concat_tables([kept, pa.Table.from_pylist(merged, schema=state.schema)])
-
-    def _stored_row(self, members: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> Row:
-        if len(members) == 1:
-            return {c: members[0][c] for c in columns}
-        times = [t for r in members if (t := r["max_event_time"]) is not None]
-        version = self.local.version(members)
-        return {**{c: members[0][c] for c in (DAY, *self.group)},
-                **{b: f(r[b] for r in members) for b, f in zip(self.kind.bounds, (min, max), strict=False)},
-                "n_rows": sum(r["n_rows"] for r in members),
-                **self.local.encode(self.local.merge_rows(members), version),
-                "max_event_time": max(times) if times else None, SPEC_VERSION: version}
+        touched = self.kind.within_arrow(state, rest, day_keys)
+        both = pa.concat_tables([touched, rest.select(state.column_names).cast(state.schema)])
+        rows, accs = merge_groups(both, [*day_keys, *self.kind.bounds], self.compiled.entries,
+                                  [("max_event_time", "max")])
+        columns = encoded_columns(rows, accs, self.compiled.entries, state.schema, self.compiled.coverage)
+        merged = pa.table([(columns[f.name] if f.name in columns else rows.column(f.name)).cast(f.type)
+                           for f in state.schema], schema=state.schema)
+        return pa.concat_tables([self.kind.within_arrow(state, rest, day_keys, anti=True), merged])
 
 
 def _live(groups: pa.Table, batch_days: Set[dt.date]) -> np.ndarray:
@@ -200,7 +176,7 @@ class ArrowEngine:
 
     def __init__(self, spark: SparkSession, compiled: CompiledAggregates, lake: Lake,
                  max_keys: int = DRIVER_MAX_KEYS) -> None:
-        self.spark, self.local, self.lake, self.max_keys = spark, LocalAggregates(compiled), lake, max_keys
+        self.spark, self.compiled, self.lake, self.max_keys = spark, compiled, lake, max_keys
         spec = compiled.spec
         self.kind, self.group, self.keys = spec.window, list(spec.group_by), list(spec.key_columns)
         self.tables = PipelineTables(spec.lake, spec.name)
@@ -210,7 +186,7 @@ class ArrowEngine:
 
     def fits(self, batch: MiniBatch, keys: int) -> bool:
         """Whether a batch of ``keys`` pre-aggregated rows merges here: not too many, a state small enough, and at
-        most ``DRIVER_MAX_MERGED`` of them merged one by one. Past that many rows, the batch must be on the driver,
+        most ``DRIVER_MAX_MERGED`` of them merged. Past that many rows, the batch must be on the driver,
         and its rows that the window kind would not serve as they are beside the whole state are counted (the state
         holds what a batch reaches, but for the closed sessions a late row reaches: an estimate, not a bound)."""
         if keys > self.max_keys or sum(
@@ -218,7 +194,7 @@ class ArrowEngine:
             return False
         if keys <= DRIVER_MAX_MERGED:
             return True
-        if batch.collected is None or self.local.compiled.retracting:
+        if batch.collected is None or self.compiled.retracting:
             return False
         stored = self._schemas()["state"]
         state, groups = self._state(stored), batch.collected.select(stored.names).cast(stored)
@@ -235,14 +211,14 @@ class ArrowEngine:
             *self.partial_columns).toArrow() if batch.batch_files else None
         state = self._state(stored)
         reached = None if self.kind.state_covers_reach else self._reach(batch, groups, state, schemas)
-        return merge_on_driver(groups, state, self.local, schemas=schemas,
+        return merge_on_driver(groups, state, self.compiled, schemas=schemas,
                                batch_id=batch.batch_id, closes=batch.closes, run_id=batch.run_id,
                                now=dt.datetime.now(dt.UTC), batch_days=batch.batch_days, batch_rows=batch_rows,
                                reached=reached, served=self._served if batch.batch_days else None)
 
     def _served(self, touched: pa.Table, version: int | None) -> tuple[pa.Table, int | None]:
         """The touched rows of ``aggregates`` as they are (:func:`served_before`), on the driver."""
-        none = table_schema(self.local.compiled.spec, "aggregates").empty_table()
+        none = table_schema(self.compiled.spec, "aggregates").empty_table()
         if not touched.num_rows:
             return none, version
         rows, version = served_before(self.lake, self.tables, self.spark.createDataFrame(touched), version)
@@ -257,7 +233,7 @@ class ArrowEngine:
 
     def _schemas(self) -> dict[str, pa.Schema]:
         """Each output table's columns: as it is, or as its layout makes it for a table the batch creates."""
-        t, spec = self.tables, self.local.compiled.spec
+        t, spec = self.tables, self.compiled.spec
         return {name: self.lake.schema(path) or table_schema(spec, name) for name, path in (
             ("aggregates", t.aggregates), ("changelog", t.changelog), ("partials", t.partials),
             ("state", t.stream_state))}

@@ -9,17 +9,16 @@ bucket's last window closes. Rollups merge the complete windows (one a bucket)."
 from __future__ import annotations
 
 import datetime as dt
-from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
 from spark_jobs.durations import Duration
 from spark_jobs.key_match import join_on_keys, key_mask
-from spark_jobs.windows.kind import EPOCH, TS, F, Grouped, epoch_micros, floor_micros, floor_ticks, ticks
+from spark_jobs.windows.kind import EPOCH, TS, F, epoch_micros, floor_micros, floor_ticks, ticks
 from spark_jobs.windows.tumbling import TiledWindows
 
 if TYPE_CHECKING:
@@ -105,7 +104,7 @@ class Cumulative(TiledWindows):
         return rows.withColumn(_BUCKET, floor_micros(F.unix_micros(F.col("window_start")), self.size))
 
     # ------------------------------------------------------------------ Arrow and driver forms
-    def serve_arrow(self, rows: pa.Table) -> pa.Table:
+    def serve_arrow(self, rows: pa.Table, keys: Sequence[str]) -> pa.Table:
         bucket = floor_ticks(ticks(rows.column("window_start")), self.size)
         first = (ticks(rows.column("window_end")) - bucket) // self.step.micros
         counts = self.windows - first + 1
@@ -123,22 +122,11 @@ class Cumulative(TiledWindows):
         buckets = self._bucketed_arrow(changed, keys).group_by([*keys, _BUCKET], use_threads=False).aggregate([])
         start = buckets.column(_BUCKET).to_numpy()
         return self.serve_arrow(buckets.select(list(keys)).append_column("window_start", pa.array(start).cast(TS))
-                                .append_column("window_end", pa.array(start + self.step.micros).cast(TS)))
+                                .append_column("window_end", pa.array(start + self.step.micros).cast(TS)), keys)
 
     def within_arrow(self, stored: pa.Table, changed: pa.Table, keys: Sequence[str], *, anti: bool = False) -> pa.Table:
         hit = key_mask(self._bucketed_arrow(stored, keys), [*keys, _BUCKET], self._bucketed_arrow(changed, keys))
         return stored.filter(pa.array(~hit if anti else hit))
-
-    def serve_rows(self, rows: Iterable[Mapping[str, Any]], keys: Sequence[str]) -> Grouped:
-        out: Grouped = defaultdict(list)
-        step = dt.timedelta(seconds=self.step.seconds)
-        for row in rows:
-            bucket = _floor(row["window_start"], self.size)
-            first = (row["window_end"] - bucket) // step
-            key = tuple(row[c] for c in keys)
-            for k in range(first, self.windows + 1):
-                out[(*key, bucket, bucket + k * step)].append(row)
-        return out
 
     def rollup_rows(self, rows: pa.Table) -> pa.Table:
         """The complete windows: one a bucket, the merge of all its slices."""

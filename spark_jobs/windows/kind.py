@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 from abc import ABC, abstractmethod
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -26,7 +25,7 @@ from spark_jobs.spark_functions import F
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["BOUNDS", "RECOMBINE", "TS", "F", "Grouped", "Reach", "SizedWindows", "Stored", "WindowChange", "WindowKind",
+__all__ = ["BOUNDS", "RECOMBINE", "TS", "F", "Reach", "SizedWindows", "Stored", "WindowChange", "WindowKind",
            "epoch_micros", "floor_micros", "floor_ticks", "ticks"]
 
 BOUNDS = ("window_start", "window_end")
@@ -34,7 +33,6 @@ RECOMBINE = "every day's partials are dropped and must be recombined"  # the eff
 TS = pa.timestamp("us", tz="UTC")
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 Cost = Literal["settings", "stored", "raw"]
-Grouped = dict[tuple[Any, ...], list[Mapping[str, Any]]]  # a served or stored row's key and bounds -> its rows
 
 
 @dataclass(frozen=True)
@@ -199,7 +197,8 @@ class WindowKind(ABC):
         raise NotImplementedError(f"the stream's state of {self} windows holds stored rows")
 
     # ------------------------------------------------------------------ Arrow and driver forms of the above
-    def serve_arrow(self, rows: pa.Table) -> pa.Table:
+    def serve_arrow(self, rows: pa.Table, keys: Sequence[str]) -> pa.Table:
+        """The Arrow form of :meth:`serve`."""
         return rows
 
     def touched_arrow(self, changed: pa.Table, keys: Sequence[str]) -> pa.Table:
@@ -223,16 +222,6 @@ class WindowKind(ABC):
         once = counts.filter(pc.equal(counts.column("count_all"), 1))
         return live & key_mask(changed, columns, once) & ~key_mask(changed, columns, state) & ~key_mask(
             changed, columns, stored)
-
-    def serve_rows(self, rows: Iterable[Mapping[str, Any]], keys: Sequence[str]) -> Grouped:
-        return self.merge_stored_rows(rows, keys)
-
-    def merge_stored_rows(self, rows: Iterable[Mapping[str, Any]], keys: Sequence[str]) -> Grouped:
-        columns = [*keys, *self.bounds]
-        out: Grouped = defaultdict(list)
-        for row in rows:
-            out[tuple(row[c] for c in columns)].append(row)
-        return out
 
     def reach_in_state_arrow(self, changed: pa.Table, state: pa.Table, keys: Sequence[str]) -> pa.Table:
         raise NotImplementedError(f"the stream's state of {self} windows holds stored rows")

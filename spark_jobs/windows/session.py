@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -21,7 +20,7 @@ import pyarrow.compute as pc
 from spark_jobs.durations import Duration, utc
 from spark_jobs.key_match import join_on_keys
 from spark_jobs.persisted import persisted
-from spark_jobs.windows.kind import RECOMBINE, TS, F, Grouped, Reach, Stored, WindowChange, WindowKind, ticks
+from spark_jobs.windows.kind import RECOMBINE, TS, F, Reach, Stored, WindowChange, WindowKind, ticks
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -184,26 +183,12 @@ class Sessions(WindowKind):
         return kept.select(*columns).unionByName(fresh.select(*columns))
 
     # ------------------------------------------------------------------ Arrow forms
-    def serve_arrow(self, rows: pa.Table) -> pa.Table:
-        raise NotImplementedError("the driver merges sessions through Sessions.merge_stored_rows")
-
-    def merge_stored_rows(self, rows: Iterable[Mapping[str, Any]], keys: Sequence[str]) -> Grouped:
-        """The driver's form of :meth:`serve`."""
-        by_key: dict[tuple[Any, ...], list[Mapping[str, Any]]] = defaultdict(list)
-        for row in rows:
-            by_key[tuple(row[k] for k in keys)].append(row)
-        out: Grouped = {}
-        for key, partials in by_key.items():
-            partials.sort(key=lambda r: (r["window_start"], r["window_end"]))
-            sessions: list[list[Any]] = []  # [start, latest end, partials]
-            for row in partials:
-                if sessions and row["window_start"] <= sessions[-1][1]:
-                    sessions[-1][1] = max(sessions[-1][1], row["window_end"])
-                    sessions[-1][2].append(row)
-                else:
-                    sessions.append([row["window_start"], row["window_end"], [row]])
-            out.update({(*key, start, end): members for start, end, members in sessions})
-        return out
+    def serve_arrow(self, rows: pa.Table, keys: Sequence[str]) -> pa.Table:
+        labels = pa.array(session_labels(rows, keys))
+        spans = pa.table({"s": labels, "lo": rows.column("window_start"), "hi": rows.column("window_end")}).group_by(
+            "s", use_threads=False).aggregate([("lo", "min"), ("hi", "max")]).sort_by("s")
+        return rows.drop_columns(list(self.bounds)).append_column("window_start", spans.column("lo_min").take(labels)) \
+            .append_column("window_end", spans.column("hi_max").take(labels))
 
     def alone_arrow(self, changed: pa.Table, live: np.ndarray, state: pa.Table, stored: pa.Table,
                     keys: Sequence[str]) -> np.ndarray:

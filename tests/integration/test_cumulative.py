@@ -192,20 +192,10 @@ def test_the_spark_and_arrow_forms_of_each_question_agree(spark, rows, other, ho
         assert sorted(by_spark.toArrow().select(names).cast(by_arrow.schema).to_pylist(), key=repr) == \
             sorted(by_arrow.to_pylist(), key=repr)
 
-    same(WINDOW.serve(frames[0], ["page"]), WINDOW.serve_arrow(stored))
+    same(WINDOW.serve(frames[0], ["page"]), WINDOW.serve_arrow(stored, ["page"]))
     same(WINDOW.touched(frames[1], ["page"]), WINDOW.touched_arrow(changed, ["page"]))
     same(WINDOW.within(frames[0], frames[1], ["page"]), WINDOW.within_arrow(stored, changed, ["page"]))
     same(frames[0].where(WINDOW.is_open(watermark)), stored.filter(WINDOW.is_open_arrow(stored, watermark)))
-    grouped = WINDOW.serve_rows(stored.to_pylist(), ["page"])
-    assert sorted((k, len(v)) for k, v in grouped.items()) == sorted(
-        (k, len(v)) for k, v in _grouped(WINDOW.serve_arrow(stored)).items())
-
-
-def _grouped(served_rows: pa.Table) -> dict[tuple[Any, ...], list[Any]]:
-    out: dict[tuple[Any, ...], list[Any]] = {}
-    for r in served_rows.to_pylist():
-        out.setdefault((r["page"], r["window_start"], r["window_end"]), []).append(r)
-    return out
 
 
 def test_a_late_slice_of_an_open_bucket_is_counted_and_a_closed_one_leaves_state(spark, tmp_path):

@@ -13,7 +13,7 @@ import pytest
 from spark_jobs.aggregates.builtins import BUILTINS, RETRACTING
 from spark_jobs.errors import SpecError
 from spark_jobs.phases import CompiledAggregates, final_aggregate, partial_aggregate
-from spark_jobs.phases.python_merge import LocalAggregates
+from spark_jobs.phases.arrow_merge import merge_groups, value_columns
 from spark_jobs.spec import parse_spec
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "aggregates.md"
@@ -60,9 +60,6 @@ def test_its_spark_phases_and_its_driver_merge_equal_the_oracle(spark, spread):
     partials = partial_aggregate(halves[0], compiled).unionByName(partial_aggregate(halves[1], compiled))
     by_spark = {r["k"]: r["spread_v"] for r in final_aggregate(partials, compiled).collect()}
     assert by_spark == _oracle()
-    local = LocalAggregates(compiled)
-    by_key: dict[str, list[dict[str, Any]]] = {}
-    for r in partials.collect():
-        by_key.setdefault(r["k"], []).append(r.asDict())
-    by_driver = {k: local.values(local.merge_rows(rs))["spread_v"] for k, rs in by_key.items()}
-    assert by_driver == _oracle()
+    merged, accs = merge_groups(partials.toArrow(), ["k"], compiled.entries)
+    by_driver = value_columns(merged, accs, compiled.entries)["spread_v"].to_pylist()
+    assert dict(zip(merged.column("k").to_pylist(), by_driver, strict=True)) == _oracle()

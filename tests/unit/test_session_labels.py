@@ -1,10 +1,11 @@
-"""The column-wise session merge the stream's state uses against the row-wise one (``merge_stored_rows``, the
-driver's form of :meth:`Sessions.serve`): the same sessions from any partial sessions, NULL keys included; and the
-state's sessions a batch reaches and keeps."""
+"""The column-wise session merge the driver uses (``session_labels``, ``Sessions.serve_arrow``) against a row-wise
+one written here, as Flink's MergingWindowSet merges: the same sessions from any partial sessions, NULL keys included;
+and the state's sessions a batch reaches and keeps."""
 
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import pyarrow as pa
 from hypothesis import given, settings
@@ -35,16 +36,34 @@ def _sessions_of(labels: list[int]) -> set[frozenset[int]]:
     return {frozenset(v) for v in out.values()}
 
 
+def _row_wise(rows: list[dict[str, Any]], keys: list[str]) -> dict[tuple[Any, ...], set[int]]:
+    """Per key, partials sorted by start; one that starts at or before the latest end so far joins that session."""
+    by_key: dict[tuple[Any, ...], list[tuple[int, dict[str, Any]]]] = {}
+    for i, row in enumerate(rows):
+        by_key.setdefault(tuple(row[k] for k in keys), []).append((i, row))
+    out: dict[tuple[Any, ...], set[int]] = {}
+    for key, partials in by_key.items():
+        sessions: list[list[Any]] = []  # [start, latest end, members]
+        for i, row in sorted(partials, key=lambda p: (p[1]["window_start"], p[1]["window_end"])):
+            if sessions and row["window_start"] <= sessions[-1][1]:
+                sessions[-1][1] = max(sessions[-1][1], row["window_end"])
+                sessions[-1][2].add(i)
+            else:
+                sessions.append([row["window_start"], row["window_end"], {i}])
+        out.update({(*key, start, end): members for start, end, members in sessions})
+    return out
+
+
 @settings(max_examples=200, deadline=None)
 @given(spans)
 def test_the_column_wise_sessions_are_the_row_wise_ones(rows):
     table = _table(rows)
-    labels = session_labels(table, ["user"]).tolist()
-    reference = GAP.merge_stored_rows([{**r, "_i": i} for i, r in enumerate(table.to_pylist())], ["user"])
-    assert _sessions_of(labels) == {frozenset(r["_i"] for r in members) for members in reference.values()}
-    assert _sessions_of(session_labels(table, []).tolist()) == {
-        frozenset(r["_i"] for r in members)
-        for members in GAP.merge_stored_rows([{**r, "_i": i} for i, r in enumerate(table.to_pylist())], []).values()}
+    for keys in (["user"], []):
+        reference = _row_wise(table.to_pylist(), keys)
+        assert _sessions_of(session_labels(table, keys).tolist()) == {frozenset(m) for m in reference.values()}
+        served = GAP.serve_arrow(table, keys).to_pylist()
+        assert {i: (*(r[k] for k in keys), r["window_start"], r["window_end"]) for i, r in enumerate(served)} == {
+            i: session for session, members in reference.items() for i in members}
 
 
 def test_a_batch_reaches_the_state_sessions_it_touches_and_absorbs_them():
