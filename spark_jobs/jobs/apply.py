@@ -434,7 +434,8 @@ class _Migration:
         counted = (pc.field("source") == BATCH) | ~pc.field(DAY).isin(pa.array(days, pa.date32()))
         rows = open_table(self.tables.partials, partials).read(filter=counted if days else None)
         entries = self.kept.entries
-        merged, accs = merge_groups(self.spec.window.serve_arrow(rows, self.spec.group_by), list(self.spec.key_columns), entries)
+        served = self.spec.window.serve_arrow(rows, self.spec.group_by)
+        merged, accs = merge_groups(served, list(self.spec.key_columns), entries)
         if self.spec.source.op_column is not None:
             keep = pc.not_equal(merged.column("n_rows"), 0)
             merged = merged.filter(keep)

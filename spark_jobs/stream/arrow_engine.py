@@ -46,9 +46,9 @@ class Reached:
     prune: tuple[str, Any, Any] | None = None  # where in ``aggregates`` the ``touched`` rows lie, when known
 
 
-def merge_on_driver(groups: pa.Table, state: pa.Table, compiled: CompiledAggregates, *, schemas: Mapping[str, pa.Schema],
-                    batch_id: int, closes: dt.datetime | None, run_id: str, now: dt.datetime,
-                    batch_days: Set[dt.date] = frozenset(), batch_rows: pa.Table | None = None,
+def merge_on_driver(groups: pa.Table, state: pa.Table, compiled: CompiledAggregates, *,
+                    schemas: Mapping[str, pa.Schema], batch_id: int, closes: dt.datetime | None, run_id: str,
+                    now: dt.datetime, batch_days: Set[dt.date] = frozenset(), batch_rows: pa.Table | None = None,
                     reached: Reached | None = None,
                     served: Callable[[pa.Table, int | None], tuple[pa.Table, int | None]] | None = None
                     ) -> BatchOutputs:

@@ -56,7 +56,8 @@ def delta(compiled: CompiledAggregates, rows: list[tuple[str, int, Any, int]]) -
          for n, k, low, m in rows], schema=schema.append(pa.field("_first_seen", TS)))
 
 
-def run(compiled: CompiledAggregates, batches: list[list[tuple[str, int, Any, int]]]) -> tuple[list[str], pa.Table, Any]:
+def run(compiled: CompiledAggregates, batches: list[list[tuple[str, int, Any, int]]]
+        ) -> tuple[list[str], pa.Table, Any]:
     state = state_schema(compiled).empty_table()
     ops: list[str] = []
     result = None
