@@ -124,3 +124,20 @@ def test_partial_rows_lay_out_the_batch_like_the_partials_table():
     out = partial_rows(delta(compiled, [("Tom", 2, 12, 0)]), schema, batch="stream-4", run_id="r", now=T0)
     assert out.to_pylist() == [{"batch": "stream-4", "source": "stream", "event_date": T0.date(), "name": "Tom",
                                 "n_rows": 2, "cnt__count": 2, "low__value": 12, "run_id": "r", "created_at": T0}]
+
+
+def test_a_pipeline_without_keys_merges_all_rows_into_one_served_row():
+    """No ``group_by`` and no window: the driver's merge has no keys (one group of all rows, none for no rows)."""
+    compiled = CompiledAggregates(spec(group_by=[]))
+    state = pa.schema([f for f in state_schema(compiled) if f.name != "name"])
+    no_name = {k: pa.schema([f for f in v if f.name != "name"]) for k, v in schemas(compiled).items()}
+    rows = delta(compiled, [("-", 2, 5, 0)]).drop_columns(["name"])
+    ops, held = [], state.empty_table()
+    for batch_id, batch in enumerate([rows, rows.set_column(3, "low__value", pa.array([3])), rows.slice(0, 0)]):
+        out = merge_on_driver(batch, held, compiled, schemas=no_name, batch_id=batch_id, closes=None, run_id="r",
+                              now=T0)
+        ops += [(r["op"], r["cnt"], r["low"]) for r in out.changelog.to_pylist()]
+        held = out.state
+        assert held.num_rows == 1
+    assert ops == [("+I", 2, 5), ("-U", 2, 5), ("+U", 4, 3)]
+    assert out.aggregates.num_rows == 0  # an empty batch rewrites nothing
