@@ -30,9 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import unquote, urlparse
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 from deltalake import Schema as DeltaSchema
@@ -44,7 +42,7 @@ from spark_jobs.durations import utc
 from spark_jobs.errors import ConflictError, LakeError, SpecChangedError
 from spark_jobs.key_match import join_on_keys, key_mask
 from spark_jobs.lake._types import GUARD_PREFIX, AppTxn, Cluster, Commit, DataFile
-from spark_jobs.lake.arrow import fill_columns, split_by, split_rows
+from spark_jobs.lake.arrow import file_layout, fill_columns
 from spark_jobs.lake.tables import is_spec_shaped
 from spark_jobs.spark_functions import F
 
@@ -262,8 +260,8 @@ class EmbeddedLake:
         change): one commit against ``read_version``, which a concurrent writer makes conflict."""
         if (snapshot := self.table(path, read_version)) is None:
             raise LakeError(f"no Delta table at {path} to rewrite")
-        return self._commit_df(_layout(rows, cluster), path, partition_by=partition_by, snapshot=snapshot,
-                               app_txns=app_txns, metadata=metadata, sort_by=sort_by, overwrite=True)
+        return self._commit_df(rows, path, partition_by=partition_by, snapshot=snapshot, app_txns=app_txns,
+                               metadata=metadata, sort_by=sort_by, cluster=cluster, overwrite=True)
 
     def add_columns(self, path: str, fields: Sequence[pa.Field], *, app_txns: Sequence[AppTxn] = ()) -> Commit:
         """Add nullable columns, without rewriting a file: the rows already written read them as NULL."""
@@ -326,8 +324,8 @@ class EmbeddedLake:
             else:
                 assert not isinstance(touched, pa.Table)
                 affected, out = self._merge_keys_spark(rows, touched, path, snapshot.version(), keys, affected, pruned)
-        return self._commit_df(_layout(out, cluster), path, snapshot=snapshot, removes=[by_path[f] for f in affected],
-                               app_txn=app_txn, metadata=metadata, sort_by=sort_by)
+        return self._commit_df(out, path, snapshot=snapshot, removes=[by_path[f] for f in affected], app_txn=app_txn,
+                               metadata=metadata, sort_by=sort_by, cluster=cluster)
 
     def _merge_keys_spark(self, rows: DataFrame, touched: DataFrame, path: str, version: int, keys: list[str],
                           files: list[str], affected: list[str] | None) -> tuple[list[str], DataFrame]:
@@ -352,10 +350,10 @@ class EmbeddedLake:
         return Commit(DeltaTable(local).version(), rows_added=table.num_rows)
 
     # ---------------------------------------------------------------- internal
-    def _commit_df(self, df: DataFrame | pa.Table | list[pa.Table], path: str, *, partition_by: Sequence[str] = (),
+    def _commit_df(self, df: DataFrame | pa.Table, path: str, *, partition_by: Sequence[str] = (),
                    replace: Mapping[str, str] | None = None, removes: Sequence[DataFile] = (),
                    app_txn: AppTxn | None = None, app_txns: Sequence[AppTxn] = (),
-                   metadata: Mapping[str, Any] | None = None, sort_by: Sequence[str] = (),
+                   metadata: Mapping[str, Any] | None = None, sort_by: Sequence[str] = (), cluster: Cluster | None = None,
                    snapshot: DeltaTable | Literal["latest"] | None = "latest", overwrite: bool = False) -> Commit:
         """Stage the files and commit them in one transaction. A ``snapshot`` (None: the table did not
         exist) is what the write was planned from: it commits against that version, and a table created
@@ -364,15 +362,16 @@ class EmbeddedLake:
         ``overwrite`` replaces every row and may change the columns (a spec change)."""
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        df = [df] if isinstance(df, pa.Table) else df
-        schema = _nullable(df[0].schema if isinstance(df, list) else to_arrow_schema(df.schema, timezone="UTC"))
+        schema = _nullable(df.schema if isinstance(df, pa.Table) else to_arrow_schema(df.schema, timezone="UTC"))
         name = Path(_local(path)).name
         self._check_target(self.table(path) if isinstance(snapshot, str) else snapshot, path, schema, partition_by,
                            overwrite=overwrite)
-        if sort_by:  # sorted within each file to write
-            df = ([t.sort_by([(c, "ascending") for c in sort_by]) for t in df] if isinstance(df, list)
-                  else df.sortWithinPartitions(*sort_by))
-        staged = self._stage(df, path, partition_by)
+        if isinstance(df, pa.Table):
+            files: DataFrame | list[tuple[dict[str, Any], pa.Table]] = file_layout(df, cluster, partition_by, sort_by)
+        else:  # sorted within each file to write
+            files = _cluster_spark(df, cluster)
+            files = files.sortWithinPartitions(*sort_by) if sort_by else files
+        staged = self._stage(files, path, partition_by)
         txns = [*([app_txn] if app_txn else []), *app_txns]  # the input versions; on a spec-shaped table, the spec's
         if (spec := self.spec_txn) and is_spec_shaped(path) and all(t.app_id != spec.app_id for t in app_txns):
             txns.append(spec)
@@ -452,7 +451,7 @@ class EmbeddedLake:
                                     "planned its first write") from None
             return existing
 
-    def _stage(self, df: DataFrame | list[pa.Table], path: str,
+    def _stage(self, df: DataFrame | list[tuple[dict[str, Any], pa.Table]], path: str,
                partition_by: Sequence[str]) -> list[tuple[AddAction, int]]:
         """The rows as Parquet files staged inside the table, those holding rows moved into place: add actions, rows."""
         root = _local(path).rstrip("/")
@@ -509,10 +508,9 @@ def _guard(partition: Mapping[str, str] | None) -> str:
     return f"{GUARD_PREFIX}replace_partition:" + "/".join(f"{k}={v}" for k, v in sorted(partition.items()))
 
 
-def _write_arrow(tables: list[pa.Table], staging: str, partition_by: Sequence[str]) -> None:
-    """Parquet files as Spark lays them out: one per table and partition, Hive-style directories, written on
-    every core (Parquet encoding releases the GIL)."""
-    files = [(values, rows) for table in tables if table.num_rows for values, rows in _partitions(table, partition_by)]
+def _write_arrow(files: list[tuple[dict[str, Any], pa.Table]], staging: str, partition_by: Sequence[str]) -> None:
+    """Parquet files as Spark lays them out (:func:`file_layout`'s, Hive-style directories), written on every core
+    (Parquet encoding releases the GIL)."""
 
     def write(item: tuple[dict[str, Any], pa.Table]) -> None:
         values, rows = item
@@ -525,21 +523,6 @@ def _write_arrow(tables: list[pa.Table], staging: str, partition_by: Sequence[st
         list(pool.map(write, files))
 
 
-def _partitions(table: pa.Table, partition_by: Sequence[str]) -> list[tuple[dict[str, Any], pa.Table]]:
-    """``table``'s rows per value of the ``partition_by`` columns."""
-    if not partition_by:
-        return [({}, table)]
-    keys = list(partition_by)
-    rows = table.select(keys).append_column("__row", pa.array(np.arange(table.num_rows, dtype=np.int64)))
-    groups = rows.group_by(keys, use_threads=False).aggregate([("__row", "list")])
-    if groups.num_rows == 1:
-        return [(groups.select(keys).to_pylist()[0], table)]
-    members = groups.column("__row_list").combine_chunks()
-    piece = np.empty(table.num_rows, dtype=np.int64)
-    piece[members.flatten().to_numpy()] = np.repeat(np.arange(groups.num_rows), np.diff(members.offsets.to_numpy()))
-    return list(zip(groups.select(keys).to_pylist(), split_rows(table, piece, groups.num_rows), strict=True))
-
-
 def _partition_dir(value: Any) -> str:
     """A partition value as Spark names its directory (ExternalCatalogUtils.escapePathName)."""
     if value is None:
@@ -548,16 +531,10 @@ def _partition_dir(value: Any) -> str:
     return "".join(f"%{ord(ch):02X}" if ord(ch) < 0x20 or ch in '"#%\'*/:=?\\\x7f{[]^' else ch for ch in text)
 
 
-def _layout(rows: DataFrame | pa.Table, cluster: Cluster | None) -> DataFrame | list[pa.Table]:
-    """The rows in files by ``cluster``'s column: Spark partitions, or (driver rows are few) Arrow tables by value."""
+def _cluster_spark(rows: DataFrame, cluster: Cluster | None) -> DataFrame:
+    """The rows in Spark partitions by ``cluster``'s column (see :func:`file_layout` for the driver's rows)."""
     if cluster is None:
-        return [rows] if isinstance(rows, pa.Table) else rows
-    if isinstance(rows, pa.Table):
-        if cluster.tail_from is None:
-            return split_by(rows, cluster.column, cluster.files)
-        tail = pc.fill_null(pc.greater_equal(rows.column(cluster.column), cluster.tail_from), False)
-        pieces = [*split_by(rows.filter(pc.invert(tail)), cluster.column, cluster.files), rows.filter(tail)]
-        return [p for p in pieces if p.num_rows] or [rows]
+        return rows
     if cluster.tail_from is not None:  # two partitions at least: Spark plans a union of single partitions as one
         tail = F.coalesce(F.col(cluster.column) >= F.lit(cluster.tail_from), F.lit(False))
         return rows.where(~tail).repartitionByRange(max(2, cluster.files), cluster.column).union(

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs.durations import Duration, utc
-from spark_jobs.key_match import join_on_keys
+from spark_jobs.key_match import join_on_keys, run_starts
 from spark_jobs.persisted import persisted
 from spark_jobs.windows.kind import RECOMBINE, TS, F, Reach, Stored, WindowChange, WindowKind, ticks
 
@@ -310,13 +310,7 @@ def session_labels(rows: pa.Table, keys: Sequence[str]) -> np.ndarray:
     order = pc.sort_indices(rows, [*((k, "ascending") for k in keys), ("window_start", "ascending"),
                                    ("window_end", "ascending")]).to_numpy()  # NULL keys last, by default
     ordered = rows.take(order)
-    new_key = np.zeros(n, dtype=bool)
-    new_key[0] = True
-    for k in keys:
-        column = ordered.column(k).combine_chunks()
-        this, before = column.slice(1), column.slice(0, n - 1)  # NULL equals NULL and differs from a value
-        differ = pc.fill_null(pc.not_equal(this, before), pc.xor(pc.is_null(this), pc.is_null(before)))
-        new_key[1:] |= np.asarray(differ.to_numpy(zero_copy_only=False), dtype=bool)
+    new_key = run_starts(ordered.select(list(keys))) if keys else np.arange(n) == 0
     start, end = ticks(ordered.column("window_start")), ticks(ordered.column("window_end"))
     base, width = int(start.min()), int(end.max() - start.min()) + 1
     key_id = np.cumsum(new_key) - 1

@@ -7,14 +7,14 @@ import os
 import tempfile
 import time
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from spark_jobs.jobs.forked import forked_map
 from spark_jobs.lake import DataFile
-from spark_jobs.lake.arrow import read_data_files, split_by, split_rows
+from spark_jobs.lake._types import Cluster
+from spark_jobs.lake.arrow import file_layout, read_data_files
 
 
 def _pid_and_square(x: int) -> tuple[int, int]:
@@ -56,14 +56,18 @@ def test_a_workers_error_is_raised_here():
     assert forked_map(boom, [0, 1], workers=2) == [0, 1]  # and the next map works
 
 
-def test_split_rows_and_split_by_keep_every_row_once_in_order():
-    table = pa.table({"k": [3, 1, None, 2, 1, 3], "i": list(range(6))})
-    pieces = split_rows(table, np.array([1, 0, 1, 2, 0, 2]), 4)
-    assert [p.column("i").to_pylist() for p in pieces] == [[1, 4], [0, 2], [3, 5]]
-    ranges = split_by(table, "k", 2)
-    assert sorted(i for p in ranges for i in p.column("i").to_pylist()) == list(range(6))
-    assert all(len({v for v in p.column("k").to_pylist() if v is not None}) for p in ranges)
-    assert not set(ranges[0].column("k").to_pylist()) & set(ranges[1].column("k").to_pylist())
+def test_file_layout_keeps_every_row_once_by_range_then_partition_sorted_within():
+    table = pa.table({"k": [3, 1, None, 2, 1, 3, 2], "day": ["b", "a", "a", None, "b", "a", None],
+                      "s": [5, 4, 3, 2, 1, 0, 6], "i": list(range(7))})
+    files = file_layout(table, Cluster("k", 2), ["day"], ["s"])
+    assert sorted(i for _, f in files for i in f.column("i").to_pylist()) == list(range(7))
+    for values, f in files:
+        assert f.column("day").to_pylist() == [values["day"]] * f.num_rows
+        assert f.column("s").to_pylist() == sorted(f.column("s").to_pylist())
+    assert {(v["day"], tuple(f.column("i").to_pylist())) for v, f in files} == {
+        ("a", (2, 1)), ("b", (4,)), ("a", (5,)), ("b", (0,)), (None, (3, 6))}  # k < 2 (NULL too), then k >= 2
+    kept = file_layout(table, None, (), ())
+    assert kept == [({}, table)] and file_layout(table.slice(0, 0), None, ["day"], ()) == []
 
 
 def test_data_files_read_with_partition_values_and_later_columns_as_null(tmp_path):

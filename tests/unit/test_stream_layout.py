@@ -29,7 +29,7 @@ def test_sessions_a_later_batch_may_still_change_get_a_file_of_their_own(tmp_pat
     watermark and the gap (the open ones) in a file of their own, which the next batch rewrites alone."""
     import pyarrow as pa
 
-    from spark_jobs.lake._embedded import _layout
+    from spark_jobs.lake.arrow import file_layout
 
     spec = make_spec(tmp_path, window={"gap": "30 minutes"})  # the stream's watermark: 10 minutes by default
     span = (T0, T0 + dt.timedelta(days=2, hours=5))
@@ -39,7 +39,7 @@ def test_sessions_a_later_batch_may_still_change_get_a_file_of_their_own(tmp_pat
     assert cluster.tail_from == span[1] - dt.timedelta(minutes=40)
     ends = [T0 + dt.timedelta(hours=h) for h in range(0, 54)]
     rows = pa.table({"window_end": pa.array(ends, pa.timestamp("us", "UTC")), "n": list(range(len(ends)))})
-    pieces = _layout(rows, cluster)
+    pieces = [table for _, table in file_layout(rows, cluster, (), ())]
     assert sum(p.num_rows for p in pieces) == rows.num_rows
     *head, tail = pieces
     assert tail.column("window_end").to_pylist() == [e for e in ends if e >= cluster.tail_from]
