@@ -98,7 +98,10 @@ class ChangelogRule:
         ``first_seen`` None: the change comes from no batch of events, its rows go in identity order."""
         both = _matched(before, after, list(self.identity))
         was, gone = _present(before, both, "_o"), pc.invert(_present(after, both, "_n"))
-        changed = pc.and_(pc.and_(was, pc.invert(gone)), pc.invert(self._same(before, after, both)))
+        kept = np.asarray(pc.and_(was, pc.invert(gone)).to_numpy(zero_copy_only=False), dtype=bool)
+        changed = kept.copy()  # values compared for the rows on both sides alone (a batch's rows are mostly new)
+        changed[kept] = ~self._same(before, after, both.filter(pa.array(kept)))
+        changed = pa.array(changed)
         old_at, new_at = both.column("_o"), pc.add(both.column("_n"), before.num_rows)  # rows of before, then after
         pieces = [_entries(both, pc.and_(pc.invert(was), pc.invert(gone)), "+I", 0, new_at),
                   _entries(both, pc.and_(was, gone), "-D", 0, old_at),
@@ -131,7 +134,7 @@ class ChangelogRule:
         ops = pa.concat_arrays([pa.repeat(pa.scalar("-D"), old.num_rows), pa.repeat(pa.scalar("+I"), new.num_rows)])
         return _laid_out(ops, rows, stamp, schema)
 
-    def _same(self, before: pa.Table, after: pa.Table, both: pa.Table) -> pa.Array:
+    def _same(self, before: pa.Table, after: pa.Table, both: pa.Table) -> np.ndarray:
         """Null-safe equality of every value (NaN equal to NaN), as Spark's ``eqNullSafe`` of the two sides."""
         same = np.ones(both.num_rows, dtype=bool)
         for name in self.values:
@@ -143,7 +146,7 @@ class ChangelogRule:
                 same &= np.asarray(eq.to_numpy(zero_copy_only=False), dtype=bool)
             except (pa.ArrowNotImplementedError, pa.ArrowTypeError):  # nested values: Python's equality
                 same &= np.array([_equal(x, y) for x, y in zip(a.to_pylist(), b.to_pylist(), strict=True)], dtype=bool)
-        return pa.array(same)
+        return same
 
     def _first_seen(self, rows: pa.Table, first_seen: pa.Table | None) -> pa.Table:
         group = list(self.group)
