@@ -111,10 +111,8 @@ class ApproxPercentile(Builtin):
         header = kll_level0_header(blobs)
         items, at = kll_items(blobs, header, header >= 0)
         n = np.diff(at)
-        ranked = items[np.lexsort((items, np.repeat(np.arange(len(n)), n)))]
         found = n > 0
-        values = np.zeros(len(n))
-        values[found] = ranked[at[:-1][found] + np.maximum(np.ceil(self.q * n[found]).astype(np.int64), 1) - 1]
+        values = _ranked(items, at, np.maximum(np.ceil(self.q * n).astype(np.int64), 1) - 1)
         for i in np.flatnonzero((header < 0) & blobs.valid).tolist():  # compacted (or not a level-0 sketch)
             value = self.get_value(self.decode([blobs.cell(i)]))
             found[i], values[i] = value is not None, value if value is not None else 0.0
@@ -132,3 +130,26 @@ class ApproxPercentile(Builtin):
         empty = F.kll_sketch_get_n_double(accs[0]) == 0
         value = F.kll_sketch_get_quantile_double(accs[0], F.lit(self.q))
         return F.when(~empty, value.cast(self.input_type or "double"))
+
+
+def _ranked(items: np.ndarray, at: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """Per row, its items' ``rank``-th smallest (0 for a row without items). The rows of each small item count are
+    sorted as one 2-D array (a session's or a short window's sketch holds a few items); the others by one sort."""
+    n = np.diff(at)
+    out = np.zeros(len(n))
+    for count in np.unique(n[(n > 0) & (n <= _FEW)]).tolist():
+        rows = np.flatnonzero(n == count)
+        block = np.sort(items[at[rows][:, None] + np.arange(count)], axis=1)
+        out[rows] = block[np.arange(len(rows)), rank[rows]]
+    many = np.flatnonzero(n > _FEW)
+    if len(many):
+        size = n[many]
+        first = np.cumsum(size) - size
+        own = np.repeat(at[many] - first, size) + np.arange(int(size.sum()))  # their items, row after row
+        row = np.repeat(np.arange(len(many)), size)
+        ranked = items[own][np.lexsort((items[own], row))]
+        out[many] = ranked[first + rank[many]]
+    return out
+
+
+_FEW = 16  # items per row sorted as a 2-D block
