@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs.durations import Duration, utc
-from spark_jobs.key_match import join_on_keys, run_starts
+from spark_jobs.key_match import join_on_keys, key_mask, run_starts
 from spark_jobs.persisted import persisted
 from spark_jobs.windows.kind import RECOMBINE, TS, F, Reach, Stored, WindowChange, WindowKind, ticks
 
@@ -96,10 +96,11 @@ class Sessions(WindowKind):
         from pyspark.sql import Window
 
         by_key = Window.partitionBy(*keys).orderBy("window_start", "window_end")
-        latest = F.max("window_end").over(by_key.rowsBetween(Window.unboundedPreceding, -1))
-        new = F.when(latest.isNull() | (F.col("window_start") > latest), 1).otherwise(0)
-        rows = rows.withColumn("_new", new).withColumn(
-            "_session", F.sum("_new").over(by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)))
+        latest = F.max("window_end").over(by_key.rowsBetween(Window.unboundedPreceding, -1))  # once: Spark repeats it
+        rows = rows.withColumn("_new", latest).withColumn("_new", F.when(  # for each use of its column
+            F.col("_new").isNull() | (F.col("window_start") > F.col("_new")), 1).otherwise(0))
+        rows = rows.withColumn("_session", F.sum("_new").over(by_key.rowsBetween(Window.unboundedPreceding,
+                                                                                Window.currentRow)))
         session = Window.partitionBy(*keys, "_session")
         return rows.withColumns({"window_start": F.min("window_start").over(session),
                                  "window_end": F.max("window_end").over(session)}).drop("_new", "_session")
@@ -290,14 +291,22 @@ def _inside(rows: DataFrame, reached: DataFrame, group: list[str]) -> DataFrame:
 
 
 def _merged_with(rows: pa.Table, changed: pa.Table, keys: Sequence[str]) -> np.ndarray:
-    """Which ``rows`` merge into a session with a ``changed`` row of their key: :meth:`Sessions.serve`, column-wise."""
+    """Which ``rows`` merge into a session with a ``changed`` row of their key: :meth:`Sessions.serve`, column-wise, over
+    the rows of keys both hold (a batch's many sessions against the few stored ones in its reach: a few to cut)."""
+    out = np.zeros(rows.num_rows, dtype=bool)
+    near = key_mask(rows, keys, changed) if keys else np.ones(rows.num_rows, dtype=bool)
+    if not (near.any() and changed.num_rows):
+        return out
+    rows = rows.filter(pa.array(near))
+    changed = changed.filter(pa.array(key_mask(changed, keys, rows))) if keys else changed
     both = pa.concat_tables([t.select([*keys, "window_start", "window_end"]).cast(
         pa.schema([*(rows.schema.field(k) for k in keys), pa.field("window_start", TS), pa.field("window_end", TS)]))
         for t in (rows, changed)])
     labels = session_labels(both, keys)
     held = np.zeros(int(labels.max()) + 1 if len(labels) else 0, dtype=bool)
     held[labels[rows.num_rows:]] = True
-    return held[labels[:rows.num_rows]]
+    out[near] = held[labels[:rows.num_rows]]
+    return out
 
 
 def session_labels(rows: pa.Table, keys: Sequence[str]) -> np.ndarray:
