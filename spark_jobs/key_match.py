@@ -18,7 +18,7 @@ from spark_jobs.spark_functions import F
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["arrow_join", "join_on_keys", "key_mask", "run_starts"]
+__all__ = ["arrow_join", "join_on_keys", "key_mask"]
 
 _FLAG = "__null_"
 
@@ -72,16 +72,3 @@ def key_mask(table: pa.Table, keys: Sequence[str], probe: pa.Table) -> np.ndarra
     mask[hit.to_numpy()] = True
     return mask
 
-
-def run_starts(rows: pa.Table) -> np.ndarray:
-    """Whether each row's values differ from the row's before (the first row's always do), NULL equal to NULL: where
-    each run of equal keys starts in sorted rows."""
-    out = np.zeros(rows.num_rows, dtype=bool)
-    if rows.num_rows:
-        out[0] = True
-    for column in rows.columns:
-        column = column.combine_chunks()
-        this, before = column.slice(1), column.slice(0, max(rows.num_rows - 1, 0))
-        differ = pc.fill_null(pc.not_equal(this, before), pc.xor(pc.is_null(this), pc.is_null(before)))
-        out[1:] |= np.asarray(differ.to_numpy(zero_copy_only=False), dtype=bool)
-    return out

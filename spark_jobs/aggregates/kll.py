@@ -135,21 +135,12 @@ class ApproxPercentile(Builtin):
 def _ranked(items: np.ndarray, at: np.ndarray, rank: np.ndarray) -> np.ndarray:
     """Per row, its items' ``rank``-th smallest (0 for a row without items). The rows of each small item count are
     sorted as one 2-D array (a session's or a short window's sketch holds a few items); the others by one sort."""
-    n = np.diff(at)
-    out = np.zeros(len(n))
-    for count in np.unique(n[(n > 0) & (n <= _FEW)]).tolist():
+    n, out = np.diff(at), np.zeros(len(at) - 1)
+    for count in np.unique(n[(n > 0) & (n <= 16)]).tolist():
         rows = np.flatnonzero(n == count)
-        block = np.sort(items[at[rows][:, None] + np.arange(count)], axis=1)
-        out[rows] = block[np.arange(len(rows)), rank[rows]]
-    many = np.flatnonzero(n > _FEW)
-    if len(many):
-        size = n[many]
-        first = np.cumsum(size) - size
-        own = np.repeat(at[many] - first, size) + np.arange(int(size.sum()))  # their items, row after row
-        row = np.repeat(np.arange(len(many)), size)
-        ranked = items[own][np.lexsort((items[own], row))]
-        out[many] = ranked[first + rank[many]]
+        out[rows] = np.sort(items[at[rows][:, None] + np.arange(count)], axis=1)[np.arange(len(rows)), rank[rows]]
+    many = np.flatnonzero(n > 16)
+    first = np.cumsum(n[many]) - n[many]  # where each of their rows' items start, row after row
+    own = items[np.repeat(at[many] - first, n[many]) + np.arange(int(n[many].sum()))]
+    out[many] = own[np.lexsort((own, np.repeat(np.arange(len(many)), n[many])))][first + rank[many]]
     return out
-
-
-_FEW = 16  # items per row sorted as a 2-D block

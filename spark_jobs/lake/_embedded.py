@@ -366,12 +366,8 @@ class EmbeddedLake:
         name = Path(_local(path)).name
         self._check_target(self.table(path) if isinstance(snapshot, str) else snapshot, path, schema, partition_by,
                            overwrite=overwrite)
-        if isinstance(df, pa.Table):
-            files: DataFrame | list[tuple[dict[str, Any], pa.Table]] = file_layout(df, cluster, partition_by, sort_by)
-        else:  # sorted within each file to write
-            files = _cluster_spark(df, cluster)
-            files = files.sortWithinPartitions(*sort_by) if sort_by else files
-        staged = self._stage(files, path, partition_by)
+        staged = self._stage(file_layout(df, cluster, partition_by, sort_by) if isinstance(df, pa.Table)
+                             else _cluster_spark(df, cluster, sort_by), path, partition_by)
         txns = [*([app_txn] if app_txn else []), *app_txns]  # the input versions; on a spec-shaped table, the spec's
         if (spec := self.spec_txn) and is_spec_shaped(path) and all(t.app_id != spec.app_id for t in app_txns):
             txns.append(spec)
@@ -509,18 +505,16 @@ def _guard(partition: Mapping[str, str] | None) -> str:
 
 
 def _write_arrow(files: list[tuple[dict[str, Any], pa.Table]], staging: str, partition_by: Sequence[str]) -> None:
-    """Parquet files as Spark lays them out (:func:`file_layout`'s, Hive-style directories), written on every core
-    (Parquet encoding releases the GIL)."""
+    """Parquet files as Spark lays them out (Hive-style directories), written on every core (encoding releases the GIL)."""
 
-    def write(item: tuple[dict[str, Any], pa.Table]) -> None:
-        values, rows = item
+    def write(values: dict[str, Any], rows: pa.Table) -> None:
         folder = os.path.join(staging, *(f"{col}={_partition_dir(v)}" for col, v in values.items()))
         os.makedirs(folder, exist_ok=True)
         pq.write_table(rows.drop_columns(list(partition_by)), os.path.join(folder, f"part-{uuid.uuid4().hex}.parquet"),
                        compression="snappy")
 
     with ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(files)))) as pool:
-        list(pool.map(write, files))
+        list(pool.map(write, [v for v, _ in files], [t for _, t in files]))
 
 
 def _partition_dir(value: Any) -> str:
@@ -531,16 +525,16 @@ def _partition_dir(value: Any) -> str:
     return "".join(f"%{ord(ch):02X}" if ord(ch) < 0x20 or ch in '"#%\'*/:=?\\\x7f{[]^' else ch for ch in text)
 
 
-def _cluster_spark(rows: DataFrame, cluster: Cluster | None) -> DataFrame:
-    """The rows in Spark partitions by ``cluster``'s column (see :func:`file_layout` for the driver's rows)."""
-    if cluster is None:
-        return rows
-    if cluster.tail_from is not None:  # two partitions at least: Spark plans a union of single partitions as one
-        tail = F.coalesce(F.col(cluster.column) >= F.lit(cluster.tail_from), F.lit(False))
-        return rows.where(~tail).repartitionByRange(max(2, cluster.files), cluster.column).union(
+def _cluster_spark(rows: DataFrame, cluster: Cluster | None, sort_by: Sequence[str]) -> DataFrame:
+    """The rows in Spark partitions by ``cluster``, each sorted by ``sort_by`` as its file (the driver's: file_layout)."""
+    if cluster is not None and cluster.tail_from is not None:  # two partitions at least: Spark plans a union of
+        tail = F.coalesce(F.col(cluster.column) >= F.lit(cluster.tail_from), F.lit(False))  # single ones as one
+        rows = rows.where(~tail).repartitionByRange(max(2, cluster.files), cluster.column).union(
             rows.where(tail).repartition(1))
-    repartition = rows.repartition if cluster.by == "hash" else rows.repartitionByRange
-    return repartition(max(1, cluster.files), cluster.column)
+    elif cluster is not None:
+        rows = (rows.repartition if cluster.by == "hash" else rows.repartitionByRange)(max(1, cluster.files),
+                                                                                      cluster.column)
+    return rows.sortWithinPartitions(*sort_by) if sort_by else rows
 
 
 def _merge_keys_arrow(rows: pa.Table, touched: pa.Table, root: str, keys: list[str], files: list[str],

@@ -11,7 +11,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from spark_jobs.key_match import run_starts
 from spark_jobs.lake._types import Cluster, DataFile
 from spark_jobs.lake.storage import local_path
 
@@ -28,37 +27,34 @@ def fill_columns(table: pa.Table, schema: pa.Schema) -> pa.Table:
 
 def file_layout(table: pa.Table, cluster: Cluster | None, partition_by: Sequence[str],
                 sort_by: Sequence[str]) -> list[tuple[dict[str, Any], pa.Table]]:
-    """The rows of each file to write, with its partition values: by ``cluster`` (ranges of its column, the rows at or
-    past ``tail_from`` in a file of their own), then by partition, each sorted by ``sort_by`` (stable: else in stored
-    order). One sort and one ``take`` of the table for every file: a ``take`` per step cost a commit of a million
-    session rows 2 s, most of it re-reading a collected table's many chunks."""
-    if table.num_rows == 0:
-        return []
+    """The rows of each file to write, and its partition values: by ``cluster`` (ranges of its column; rows at or past
+    ``tail_from`` in a file of their own), then partition, each sorted by ``sort_by`` (stable). One sort and one ``take``
+    for every file: a ``take`` per step cost a commit of a million session rows 2 s, re-reading many collected chunks."""
+    if table.num_rows == 0 or not (cluster or partition_by or sort_by):
+        return [({}, table)] if table.num_rows else []
     order_by = {"__file": _cluster_pieces(table, cluster), **{c: table.column(c) for c in [*partition_by, *sort_by]}}
-    if len(order_by) == 1 and cluster is None:
-        return [({}, table)]
     keys = pa.table(order_by)
     order = pc.sort_indices(keys, [(c, "ascending") for c in order_by])
     table, keys = table.combine_chunks().take(order), keys.select(["__file", *partition_by]).take(order)
-    starts = np.flatnonzero(run_starts(keys))
-    ends = [*starts[1:].tolist(), table.num_rows]
-    values = keys.select(list(partition_by)).take(pa.array(starts)).to_pylist() if partition_by else [{}] * len(starts)
-    return [(v, table.slice(lo, hi - lo)) for v, lo, hi in zip(values, starts.tolist(), ends, strict=True)]
+    files = keys.group_by(list(keys.column_names), use_threads=False).aggregate([([], "count_all")])  # in order
+    at = [0, *np.cumsum(files.column("count_all").to_numpy()).tolist()]
+    values = files.select(list(partition_by)).to_pylist() if partition_by else [{}] * files.num_rows
+    return [(v, table.slice(lo, hi - lo)) for v, lo, hi in zip(values, at, at[1:], strict=False)]
 
 
 def _cluster_pieces(table: pa.Table, cluster: Cluster | None) -> np.ndarray:
     """Each row's file by ``cluster``: up to ``files`` contiguous ranges of its column's values (NULL in the first),
     each value in one; the tail after them."""
-    piece = np.zeros(table.num_rows, dtype=np.int64)
     if cluster is None:
-        return piece
+        return np.zeros(table.num_rows, dtype=np.int64)
     column = table.column(cluster.column)
-    tail = (pc.fill_null(pc.greater_equal(column, cluster.tail_from), False).to_numpy(zero_copy_only=False)
-            if cluster.tail_from is not None else np.zeros(table.num_rows, dtype=bool))
+
+    def at_least(bound: Any) -> np.ndarray:
+        return np.asarray(pc.fill_null(pc.greater_equal(column, bound), False).to_numpy(zero_copy_only=False))
+    tail = at_least(cluster.tail_from) if cluster.tail_from is not None else np.zeros(table.num_rows, dtype=bool)
     values = pc.unique(column.filter(pa.array(~tail))).drop_null().sort()
-    for i in range(1, min(cluster.files, len(values))):
-        piece += pc.fill_null(pc.greater_equal(column, values[int(i * len(values) / cluster.files)]),
-                              False).to_numpy(zero_copy_only=False)
+    piece = sum((at_least(values[int(i * len(values) / cluster.files)]).astype(np.int64)
+                 for i in range(1, min(cluster.files, len(values)))), np.zeros(table.num_rows, dtype=np.int64))
     piece[tail] = cluster.files
     return piece
 

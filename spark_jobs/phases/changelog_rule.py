@@ -98,10 +98,8 @@ class ChangelogRule:
         ``first_seen`` None: the change comes from no batch of events, its rows go in identity order."""
         both = _matched(before, after, list(self.identity))
         was, gone = _present(before, both, "_o"), pc.invert(_present(after, both, "_n"))
-        kept = np.asarray(pc.and_(was, pc.invert(gone)).to_numpy(zero_copy_only=False), dtype=bool)
-        changed = kept.copy()  # values compared for the rows on both sides alone (a batch's rows are mostly new)
-        changed[kept] = ~self._same(before, after, both.filter(pa.array(kept)))
-        changed = pa.array(changed)
+        changed = np.asarray(pc.and_(was, pc.invert(gone)).to_numpy(zero_copy_only=False), dtype=bool)  # both sides
+        changed[changed] = ~self._same(before, after, both.filter(changed))  # their values alone compared: most are new
         old_at, new_at = both.column("_o"), pc.add(both.column("_n"), before.num_rows)  # rows of before, then after
         pieces = [_entries(both, pc.and_(pc.invert(was), pc.invert(gone)), "+I", 0, new_at),
                   _entries(both, pc.and_(was, gone), "-D", 0, old_at),
@@ -177,7 +175,7 @@ def _present(side: pa.Table, both: pa.Table, index: str) -> pa.Array:
     return pc.fill_null(pc.not_equal(rows, 0), False)
 
 
-def _entries(both: pa.Table, mask: pa.Array, op: str, order: int, at: pa.ChunkedArray) -> pa.Table:
+def _entries(both: pa.Table, mask: pa.Array | np.ndarray, op: str, order: int, at: pa.ChunkedArray) -> pa.Table:
     """The matched identities under ``mask``, each with its row (``_at``) in before and after laid end to end."""
     rows = both.filter(mask)
     return rows.drop_columns(["_o", "_n"]).append_column("_at", at.filter(mask)).append_column(

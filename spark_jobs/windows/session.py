@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs.durations import Duration, utc
-from spark_jobs.key_match import join_on_keys, key_mask, run_starts
+from spark_jobs.key_match import join_on_keys, key_mask
 from spark_jobs.persisted import persisted
 from spark_jobs.windows.kind import RECOMBINE, TS, F, Reach, Stored, WindowChange, WindowKind, ticks
 
@@ -293,12 +293,11 @@ def _inside(rows: DataFrame, reached: DataFrame, group: list[str]) -> DataFrame:
 def _merged_with(rows: pa.Table, changed: pa.Table, keys: Sequence[str]) -> np.ndarray:
     """Which ``rows`` merge into a session with a ``changed`` row of their key: :meth:`Sessions.serve`, column-wise, over
     the rows of keys both hold (a batch's many sessions against the few stored ones in its reach: a few to cut)."""
-    out = np.zeros(rows.num_rows, dtype=bool)
-    near = key_mask(rows, keys, changed) if keys else np.ones(rows.num_rows, dtype=bool)
-    if not (near.any() and changed.num_rows):
+    near, out = key_mask(rows, keys, changed), np.zeros(rows.num_rows, dtype=bool)  # without keys: all rows or none
+    if not near.any():
         return out
-    rows = rows.filter(pa.array(near))
-    changed = changed.filter(pa.array(key_mask(changed, keys, rows))) if keys else changed
+    rows = rows.filter(near)
+    changed = changed.filter(key_mask(changed, keys, rows))
     both = pa.concat_tables([t.select([*keys, "window_start", "window_end"]).cast(
         pa.schema([*(rows.schema.field(k) for k in keys), pa.field("window_start", TS), pa.field("window_end", TS)]))
         for t in (rows, changed)])
@@ -319,7 +318,13 @@ def session_labels(rows: pa.Table, keys: Sequence[str]) -> np.ndarray:
     order = pc.sort_indices(rows, [*((k, "ascending") for k in keys), ("window_start", "ascending"),
                                    ("window_end", "ascending")]).to_numpy()  # NULL keys last, by default
     ordered = rows.take(order)
-    new_key = run_starts(ordered.select(list(keys))) if keys else np.arange(n) == 0
+    new_key = np.zeros(n, dtype=bool)
+    new_key[0] = True
+    for k in keys:
+        column = ordered.column(k).combine_chunks()
+        this, before = column.slice(1), column.slice(0, n - 1)  # NULL equals NULL and differs from a value
+        differ = pc.fill_null(pc.not_equal(this, before), pc.xor(pc.is_null(this), pc.is_null(before)))
+        new_key[1:] |= np.asarray(differ.to_numpy(zero_copy_only=False), dtype=bool)
     start, end = ticks(ordered.column("window_start")), ticks(ordered.column("window_end"))
     base, width = int(start.min()), int(end.max() - start.min()) + 1
     key_id = np.cumsum(new_key) - 1
