@@ -27,6 +27,7 @@ from spark_jobs.lake.coverage import day_versions, uncovered_days
 from spark_jobs.lake.layout import table_schema
 from spark_jobs.lake.reader import is_table, open_table
 from spark_jobs.lake.spec_record import RecordedSpec, fingerprint, has_data, normalise
+from spark_jobs.lake.table_rules import partition_day
 from spark_jobs.spec import AggregateSpec, PipelineSpec
 from spark_jobs.windows.kind import RECOMBINE
 
@@ -371,13 +372,7 @@ def pending_days(spec: PipelineSpec, record: RecordedSpec) -> list[str]:
 def landing_days(spec: PipelineSpec) -> list[str]:
     """The event days with a landing partition."""
     names = [p.rsplit("/", 1)[-1] for p in storage.list_dir(spec.source.path, dirs=True)]
-    return sorted(d for n in names if n.startswith("event_date=") and _is_date(d := n.removeprefix("event_date=")))
-
-
-def _is_date(text: str) -> bool:
-    with suppress(ValueError):
-        return len(text) == 10 and dt.date.fromisoformat(text) is not None
-    return False
+    return sorted(d for n in names if (d := partition_day(n)))
 
 
 def rejected_only_for(dead_letter: str, reasons: Sequence[str]) -> set[str]:

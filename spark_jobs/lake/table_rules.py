@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable
+from contextlib import suppress
 from typing import TYPE_CHECKING, Literal
 
 from spark_jobs.lake._types import Cluster, DataFile
@@ -17,8 +18,8 @@ if TYPE_CHECKING:
     from spark_jobs.spec import PipelineSpec, RollupSpec
 
 __all__ = ["BATCH", "DAY", "DAY_MARGIN", "DEAD_LETTER_PARTITIONS", "PARTIALS_PARTITIONS", "STREAM", "STREAM_FILE_ROWS",
-           "batch_days", "batch_files_in", "changelog_app_id", "counted_files", "day_bounds", "in_days", "is_batch", "reduce_app_id",
-           "rollup_app_id", "sort_keys", "stream_app_id", "stream_layout", "window_cluster"]
+           "batch_days", "batch_files_in", "changelog_app_id", "counted_files", "day_bounds", "in_days", "is_batch",
+           "partition_day", "reduce_app_id", "rollup_app_id", "sort_keys", "stream_app_id", "stream_layout", "window_cluster"]
 
 DAY = "event_date"
 BATCH, STREAM = "batch", "stream"  # the ``source`` partition of ``partials``
@@ -71,6 +72,14 @@ def counted_files(files: Iterable[DataFile]) -> dict[str, DataFile]:
 def day_bounds(lo: dt.datetime, hi: dt.datetime) -> tuple[dt.date, dt.date]:
     """The event days rows with times in [lo, hi] (windows included) can belong to."""
     return lo.date() - DAY_MARGIN, hi.date() + DAY_MARGIN
+
+
+def partition_day(name: str) -> str | None:
+    """The ISO date of a landing partition directory's name (``event_date=YYYY-MM-DD``), None if it holds none."""
+    day = name.removeprefix(f"{DAY}=")
+    with suppress(ValueError):
+        return day if day != name and len(day) == 10 and dt.date.fromisoformat(day) else None
+    return None
 
 
 def in_days(day: str | None, bounds: tuple[dt.date, dt.date]) -> bool:
