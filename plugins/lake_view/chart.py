@@ -25,9 +25,7 @@ def _nice_max(value: float) -> float:
 def _fmt(value: float) -> str:
     if abs(value) >= 1e6:
         return f"{value / 1e6:.3g}M"
-    if abs(value) >= 1e3:
-        return f"{value / 1e3:.3g}k"
-    return f"{value:.4g}"
+    return f"{value / 1e3:.3g}k" if abs(value) >= 1e3 else f"{value:.4g}"
 
 
 def svg_chart(series: Series, *, x_label: str = "window_start") -> str:

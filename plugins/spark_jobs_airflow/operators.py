@@ -124,9 +124,7 @@ def resolve_target(*, master: str | None = None, remote: str | None = None, conn
     else ``spark-submit`` to :func:`resolve_master`."""
     if not (remote or master):
         remote = (connect_conn_id and _remote_from_connection(connect_conn_id)) or os.environ.get("SPARK_REMOTE")
-    if remote:
-        return SparkTarget("connect", remote)
-    return SparkTarget("submit", resolve_master(master, conn_id))
+    return SparkTarget("connect", remote) if remote else SparkTarget("submit", resolve_master(master, conn_id))
 
 
 def _error_text(lines: Sequence[str]) -> str:

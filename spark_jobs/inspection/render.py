@@ -105,9 +105,7 @@ def jsonable(value: Any) -> Any:
         return value.total_seconds()
     if isinstance(value, bytes):
         return {"base64": base64.b64encode(value).decode()}
-    if isinstance(value, decimal.Decimal):
-        return str(value)
-    return value
+    return str(value) if isinstance(value, decimal.Decimal) else value
 
 
 def diff_to_dict(d: TableDiff) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from functools import reduce
 from operator import or_
 from typing import TYPE_CHECKING
 
+from spark_jobs.durations import Duration
 from spark_jobs.errors import InputError, SchemaMismatchError
 from spark_jobs.jobs.landing_files import Screen, screen, spark_read_error
 from spark_jobs.lake import storage
@@ -19,6 +20,7 @@ from spark_jobs.lake.table_rules import DAY, partition_day
 from spark_jobs.spark_failures import spark_errors
 from spark_jobs.spark_functions import F
 from spark_jobs.spec import OPS, PipelineSpec
+from spark_jobs.windows.kind import floor_micros
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -26,7 +28,6 @@ if TYPE_CHECKING:
 __all__ = ["CORRUPT", "classify", "read_landing", "read_one", "screen_partition", "spark_read_error", "with_raw"]
 
 CORRUPT = "_corrupt_record"
-_DAY_MICROS = 86_400_000_000
 _INTS = {"int", "smallint", "tinyint", "bigint", "string"}
 _CASTABLE = {  # spec type -> Parquet/Spark types that convert to it without losing meaning
     "string": {"string"}, "int": _INTS, "bigint": _INTS, "float": {"float", "double", "int", "bigint", "string"},
@@ -75,8 +76,8 @@ def read_landing(spark: SparkSession, spec: PipelineSpec, found: Screen) -> Data
     by_header: dict[tuple[str, ...], list[str]] = {}
     for path in files:
         by_header.setdefault(found.headers.get(path) or tuple(c for c, _ in spec.source.schema), []).append(path)
-    frames = [with_raw(reader.schema(_text_schema(list(header), day)).option("header", True).option("enforceSchema", False)
-                       .csv(group), spec, DAY) for header, group in by_header.items()]
+    frames = [with_raw(reader.schema(_text_schema(list(header), day)).option("header", True)
+                       .option("enforceSchema", False).csv(group), spec, DAY) for header, group in by_header.items()]
     return reduce(lambda out, frame: out.unionByName(frame), frames)
 
 
@@ -153,9 +154,9 @@ def classify(raw: DataFrame, spec: PipelineSpec, date: str | Column | None, *kee
         missing.append((ok & (F.col(op).isNull() | ~F.col(op).isin(*OPS)), F.concat(
             F.lit(f"{op}: bad change kind "), F.coalesce(F.col(op), F.lit("NULL")), F.lit(f"; use {', '.join(OPS)}"))))
     if date is not None:
-        day, micros = (F.lit(date) if isinstance(date, str) else date).cast("date"), F.unix_micros(et)
+        day, one = (F.lit(date) if isinstance(date, str) else date).cast("date"), Duration(86400)
         # the event's UTC day (the session's zone) by arithmetic: to_date's zone lookup took a tenth of a stream pass
-        missing.append((et.isNotNull() & (micros - F.pmod(micros, F.lit(_DAY_MICROS)) != F.unix_date(day) * _DAY_MICROS),
+        missing.append((et.isNotNull() & (floor_micros(F.unix_micros(et), one) != F.unix_date(day) * one.micros),
                         F.concat(F.lit(f"{spec.source.event_time} "), et.cast("string"),
                                  F.lit(" is outside partition event_date="), day.cast("string"))))
     # type reasons read the untyped columns, the others the typed ones: two selects

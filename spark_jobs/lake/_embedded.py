@@ -71,9 +71,7 @@ def _nullable_type(t: pa.DataType) -> pa.DataType:
         return pa.struct([pa.field(f.name, _nullable_type(f.type), nullable=True) for f in t])
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         return pa.list_(pa.field(t.value_field.name, _nullable_type(t.value_type), nullable=True))
-    if pa.types.is_map(t):
-        return pa.map_(t.key_type, _nullable_type(t.item_type))
-    return t
+    return pa.map_(t.key_type, _nullable_type(t.item_type)) if pa.types.is_map(t) else t
 
 
 def _nullable(schema: pa.Schema) -> pa.Schema:

@@ -80,9 +80,7 @@ class SparkDeltaLake(EmbeddedLake):
             writer = writer.partitionBy(*partition_by)
         if app_txn:
             writer = writer.option("txnAppId", app_txn.app_id).option("txnVersion", app_txn.version)
-        if metadata:
-            writer = writer.option("userMetadata", json.dumps(dict(metadata), default=str))
-        return writer
+        return writer.option("userMetadata", json.dumps(dict(metadata), default=str)) if metadata else writer
 
     def _done(self, path: str) -> Commit:
         failpoint(f"commit:{Path(path).name}:after")

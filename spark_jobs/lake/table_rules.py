@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 __all__ = ["BATCH", "DAY", "DAY_MARGIN", "DEAD_LETTER_PARTITIONS", "PARTIALS_PARTITIONS", "STREAM", "STREAM_FILE_ROWS",
            "batch_days", "batch_files_in", "changelog_app_id", "counted_files", "day_bounds", "in_days", "is_batch",
-           "partition_day", "reduce_app_id", "rollup_app_id", "sort_keys", "stream_app_id", "stream_layout", "window_cluster"]
+           "partition_day", "reduce_app_id", "rollup_app_id", "sort_keys", "stream_app_id", "stream_layout",
+           "window_cluster"]
 
 DAY = "event_date"
 BATCH, STREAM = "batch", "stream"  # the ``source`` partition of ``partials``
