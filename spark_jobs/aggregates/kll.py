@@ -133,14 +133,13 @@ class ApproxPercentile(Builtin):
 
 
 def _ranked(items: np.ndarray, at: np.ndarray, rank: np.ndarray) -> np.ndarray:
-    """Per row, its items' ``rank``-th smallest (0 for a row without items). The rows of each small item count are
-    sorted as one 2-D array (a session's or a short window's sketch holds a few items); the others by one sort."""
+    """Per row, its items' ``rank``-th smallest (0 for a row without items). The rows of each item count up to 16,
+    and of each power of two above (padded with +inf), are sorted as one 2-D array: ten times a ``lexsort`` of them."""
     n, out = np.diff(at), np.zeros(len(at) - 1)
-    for count in np.unique(n[(n > 0) & (n <= 16)]).tolist():
-        rows = np.flatnonzero(n == count)
-        out[rows] = np.sort(items[at[rows][:, None] + np.arange(count)], axis=1)[np.arange(len(rows)), rank[rows]]
-    many = np.flatnonzero(n > 16)
-    first = np.cumsum(n[many]) - n[many]  # where each of their rows' items start, row after row
-    own = items[np.repeat(at[many] - first, n[many]) + np.arange(int(n[many].sum()))]
-    out[many] = own[np.lexsort((own, np.repeat(np.arange(len(many)), n[many])))][first + rank[many]]
+    width = np.where(n > 16, 1 << np.ceil(np.log2(np.maximum(n, 1))).astype(np.int64), n)
+    for w in np.unique(width[width > 0]).tolist():
+        rows = np.flatnonzero(width == w)
+        index = at[rows][:, None] + np.arange(w)
+        block = np.where(index < at[rows + 1][:, None], items[np.minimum(index, len(items) - 1)], np.inf)
+        out[rows] = np.sort(block, axis=1)[np.arange(len(rows)), rank[rows]]
     return out
