@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 
-from spark_jobs.lake.table_rules import STREAM_FILE_ROWS, stream_layout
+import pytest
+
+from spark_jobs.lake.table_rules import STREAM_FILE_ROWS, partition_day, stream_layout
 from tests.builders import make_spec
 
 T0 = dt.datetime(2024, 3, 1, tzinfo=dt.UTC)
@@ -44,3 +46,11 @@ def test_sessions_a_later_batch_may_still_change_get_a_file_of_their_own(tmp_pat
     *head, tail = pieces
     assert tail.column("window_end").to_pylist() == [e for e in ends if e >= cluster.tail_from]
     assert all(max(p.column("window_end").to_pylist()) < cluster.tail_from for p in head)
+
+
+@pytest.mark.parametrize(("name", "day"), [("event_date=2024-03-01", "2024-03-01"), ("event_date=2024-02-30", None),
+                                           ("event_date=20240301", None), ("2024-03-01", None), ("event_date=", None)])
+def test_a_partition_directory_names_a_day_only_as_event_date_and_an_iso_date(name, day):
+    """The stream and the batch read ``event_date`` as a date (parsed once a file) only when every file's directory
+    holds one; ``plan`` lists landing days the same way."""
+    assert partition_day(name) == day
