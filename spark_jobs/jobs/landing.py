@@ -155,7 +155,7 @@ def classify(raw: DataFrame, spec: PipelineSpec, date: str | Column | None, *kee
             F.lit(f"{op}: bad change kind "), F.coalesce(F.col(op), F.lit("NULL")), F.lit(f"; use {', '.join(OPS)}"))))
     if date is not None:
         day, one = (F.lit(date) if isinstance(date, str) else date).cast("date"), Duration(86400)
-        # the event's UTC day (the session's zone) by arithmetic: to_date's zone lookup took a twentieth of a stream pass
+        # the event's UTC day (the session's zone) by arithmetic: to_date's zone lookup was a twentieth of a stream pass
         missing.append((et.isNotNull() & (floor_micros(F.unix_micros(et), one) != F.unix_date(day) * one.micros),
                         F.concat(F.lit(f"{spec.source.event_time} "), et.cast("string"),
                                  F.lit(" is outside partition event_date="), day.cast("string"))))
