@@ -1,5 +1,4 @@
-"""Spans of time as the spec writes them (``'1 hour'``, ``'90 s'``): parsed once, kept in seconds; and instants
-made UTC."""
+"""Spans of time as specs write them (``'1 hour'``, ``'90 s'``), parsed once and kept in seconds; instants made UTC."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""``min`` and ``max`` of a changelog source: a count per value, so retracting the extreme falls back
-to the next one."""
+"""``min`` and ``max`` of a changelog source: a count per value, so retracting the extreme falls back to the next."""
 
 from __future__ import annotations
 

@@ -58,10 +58,7 @@ class SparkDeltaLake(EmbeddedLake):
 
     def read(self, path: str, *, version: int | None = None,
              partitions: Sequence[tuple[str, str, Any]] | None = None) -> DataFrame:
-        reader = self.spark.read.format("delta")
-        if version is not None:
-            reader = reader.option("versionAsOf", version)
-        df = reader.load(path)
+        df = self.spark.read.format("delta").options(**({} if version is None else {"versionAsOf": version})).load(path)
         for col, op, value in partitions or ():
             df = df.where(f"`{col}` {op} {_quote(str(value))}")
         return df
@@ -76,10 +73,8 @@ class SparkDeltaLake(EmbeddedLake):
     def _writer(self, df: DataFrame, mode: str, partition_by: Sequence[str], app_txn: AppTxn | None,
                 metadata: Mapping[str, Any] | None) -> DataFrameWriter:
         writer = df.write.format("delta").mode(mode)
-        if partition_by:
-            writer = writer.partitionBy(*partition_by)
-        if app_txn:
-            writer = writer.option("txnAppId", app_txn.app_id).option("txnVersion", app_txn.version)
+        writer = writer.partitionBy(*partition_by) if partition_by else writer
+        writer = writer.option("txnAppId", app_txn.app_id).option("txnVersion", app_txn.version) if app_txn else writer
         return writer.option("userMetadata", json.dumps(dict(metadata), default=str)) if metadata else writer
 
     def _done(self, path: str) -> Commit:

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from spark_jobs.durations import Duration
 from spark_jobs.key_match import join_on_keys, key_mask
-from spark_jobs.windows.kind import EPOCH, TS, F, epoch_micros, floor_micros, floor_ticks, ticks
+from spark_jobs.windows.kind import EPOCH, TS, F, epoch_micros, floor_micros, floor_ticks, ticks, vs_watermark
 from spark_jobs.windows.tumbling import TiledWindows
 
 if TYPE_CHECKING:
@@ -77,13 +77,13 @@ class Cumulative(TiledWindows):
 
     def is_open(self, watermark: dt.datetime) -> Column:
         bucket_end = floor_micros(F.unix_micros(F.col("window_start")), self.size) + F.lit(self.size.micros)
-        return bucket_end > F.lit(epoch_micros(watermark))
+        return vs_watermark(bucket_end, ">", watermark)
 
     def open_only(self, rows: DataFrame, watermark: dt.datetime) -> DataFrame:
         """A slice whose windows up to its end have closed moves to the first open slice of its bucket, so that it
         counts in the open windows only (Flink's CUMULATE merges a late row into the first unfired window's slice)."""
         at = epoch_micros(watermark) // self.step.micros * self.step.micros
-        closed = F.col("window_end") <= F.lit(watermark)
+        closed = vs_watermark(F.unix_micros(F.col("window_end")), "<=", watermark)
         return rows.withColumns({"window_start": F.when(closed, F.timestamp_micros(F.lit(at))).otherwise(
             F.col("window_start")), "window_end": F.when(closed, F.timestamp_micros(F.lit(at + self.step.micros)))
             .otherwise(F.col("window_end"))})

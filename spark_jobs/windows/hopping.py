@@ -54,7 +54,7 @@ class Hopping(SizedWindows):
 
     def open_only(self, rows: DataFrame, watermark: dt.datetime) -> DataFrame:
         """A row's copies in the windows that closed are dropped; it counts in the open ones (Flink's HOP)."""
-        return rows.where(F.col("window_end").isNull() | (F.col("window_end") > F.lit(watermark)))
+        return rows.where(F.col("window_end").isNull() | self.is_open(watermark))
 
     def change_to(self, new: WindowKind) -> WindowChange:
         if not new.bounds:

@@ -12,6 +12,7 @@ import datetime as dt
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
 __all__ = ["BOUNDS", "RECOMBINE", "TS", "F", "Reach", "SizedWindows", "Stored", "WindowChange", "WindowKind",
-           "epoch_micros", "floor_micros", "floor_ticks", "ticks"]
+           "epoch_micros", "floor_micros", "floor_ticks", "ticks", "vs_watermark"]
 
 BOUNDS = ("window_start", "window_end")
 RECOMBINE = "every day's partials are dropped and must be recombined"  # the effect of a change that costs "raw"
@@ -142,7 +143,7 @@ class WindowKind(ABC):
 
     def is_open(self, watermark: dt.datetime) -> Column:
         """Whether a stored row still belongs to a window the watermark has not closed (one ending after it)."""
-        return F.col("window_end") > F.lit(watermark)
+        return vs_watermark(F.unix_micros(F.col("window_end")), ">", watermark)
 
     def with_late(self, rows: DataFrame, *, event_time: str, keys: Sequence[str], valid: Column,
                   watermark: dt.datetime) -> DataFrame:
@@ -271,7 +272,7 @@ class SizedWindows(WindowKind):
     def may_be_late(self, event_time: Column, watermark: dt.datetime) -> Column:
         step = self.start_step
         assert step is not None  # every sized kind has a grid of starts
-        return floor_micros(F.unix_micros(event_time), step) + F.lit(self.size.micros) <= F.lit(epoch_micros(watermark))
+        return vs_watermark(floor_micros(F.unix_micros(event_time), step) + F.lit(self.size.micros), "<=", watermark)
 
     def starts_between(self, lo: dt.datetime, hi: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
         return lo - dt.timedelta(seconds=self.size.seconds), hi
@@ -283,6 +284,13 @@ _DAY = dt.timedelta(days=1)  # windows reach at most a day past their events' da
 def floor_micros(micros: Column, step: Duration) -> Column:
     """The start of the ``step`` that holds ``micros``, counted from the epoch as Spark counts windows."""
     return micros - F.pmod(micros, F.lit(step.micros))
+
+
+def vs_watermark(micros: Column, op: str, watermark: dt.datetime) -> Column:
+    """``micros op watermark`` (epoch microseconds), the watermark a decimal: Spark writes a long literal into the code
+    it generates, and each batch's watermark made that code new, to compile and warm up again (not a decimal)."""
+    left, right = micros.cast("decimal(18,0)"), F.lit(Decimal(epoch_micros(watermark))).cast("decimal(18,0)")
+    return {"<": left < right, "<=": left <= right, ">": left > right, ">=": left >= right}[op]
 
 
 def ticks(column: pa.Array | pa.ChunkedArray) -> np.ndarray:

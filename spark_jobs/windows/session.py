@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from spark_jobs.durations import Duration, utc
 from spark_jobs.key_match import join_on_keys, key_mask
 from spark_jobs.persisted import persisted
-from spark_jobs.windows.kind import RECOMBINE, TS, F, Reach, Stored, WindowChange, WindowKind, ticks
+from spark_jobs.windows.kind import RECOMBINE, TS, F, Reach, Stored, WindowChange, WindowKind, ticks, vs_watermark
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -119,11 +119,11 @@ class Sessions(WindowKind):
         return cut.withColumnsRenamed(dict(zip(self.bounds, _CUT, strict=True)))  # for :meth:`assign`
 
     def may_be_late(self, event_time: Column, watermark: dt.datetime) -> Column:
-        return self._own_session(event_time)["window_end"] < F.lit(watermark)  # its session ends there or later
+        return vs_watermark(F.unix_micros(event_time) + F.lit(self.gap.micros), "<", watermark)  # its session's end
 
     def is_open(self, watermark: dt.datetime) -> Column:
         """An event at the watermark still joins a session ending there."""
-        return F.col("window_end") >= F.lit(watermark)
+        return vs_watermark(F.unix_micros(F.col("window_end")), ">=", watermark)
 
     def reach_of(self, changed: DataFrame, stored: Stored, keys: Sequence[str]) -> Reach:
         """The sessions the ``changed`` partial sessions reach, whole, reading only the days of stored partials they
