@@ -287,8 +287,8 @@ def floor_micros(micros: Column, step: Duration) -> Column:
 
 
 def vs_watermark(micros: Column, op: str, watermark: dt.datetime) -> Column:
-    """``micros op watermark`` (epoch microseconds), the watermark a decimal: Spark writes a long literal into the code
-    it generates, and each batch's watermark made that code new, to compile and warm up again (not a decimal)."""
+    """``micros op watermark`` in epoch microseconds, the watermark a decimal literal: Spark writes a long one into its
+    generated code, where each batch's watermark made the code new, to compile and warm up again; a decimal is not."""
     left, right = micros.cast("decimal(18,0)"), F.lit(Decimal(epoch_micros(watermark))).cast("decimal(18,0)")
     return {"<": left < right, "<=": left <= right, ">": left > right, ">=": left >= right}[op]
 
