@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_jobs.durations import Duration
+from spark_jobs.durations import Duration, utc
 from spark_jobs.key_match import join_on_keys, key_mask
 from spark_jobs.spark_functions import F
 
@@ -289,7 +289,7 @@ def floor_micros(micros: Column, step: Duration) -> Column:
 def vs_watermark(micros: Column, op: str, watermark: dt.datetime) -> Column:
     """``micros op watermark`` in epoch microseconds, the watermark a decimal literal: Spark writes a long one into its
     generated code, where each batch's watermark made the code new, to compile and warm up again; a decimal is not."""
-    left, right = micros.cast("decimal(18,0)"), F.lit(Decimal(epoch_micros(watermark))).cast("decimal(18,0)")
+    left, right = micros.cast("decimal(18,0)"), F.lit(Decimal(epoch_micros(utc(watermark)))).cast("decimal(18,0)")
     return {"<": left < right, "<=": left <= right, ">": left > right, ">=": left >= right}[op]
 
 
