@@ -286,7 +286,7 @@ def floor_micros(micros: Column, step: Duration) -> Column:
     return micros - F.pmod(micros, F.lit(step.micros))
 
 
-def vs_watermark(micros: Column, op: str, watermark: dt.datetime) -> Column:
+def vs_watermark(micros: Column, op: Literal["<", "<=", ">", ">="], watermark: dt.datetime) -> Column:
     """``micros op watermark`` in epoch microseconds, the watermark a decimal literal: Spark writes a long one into its
     generated code, where each batch's watermark made the code new, to compile and warm up again; a decimal is not."""
     left, right = micros.cast("decimal(18,0)"), F.lit(Decimal(epoch_micros(utc(watermark)))).cast("decimal(18,0)")
