@@ -290,7 +290,7 @@ def vs_watermark(micros: Column, op: Literal["<", "<=", ">", ">="], watermark: d
     """``micros op watermark`` in epoch microseconds, the watermark a decimal literal: Spark writes a long one into its
     generated code, where each batch's watermark made the code new, to compile and warm up again; a decimal is not."""
     left, right = micros.cast("decimal(18,0)"), F.lit(Decimal(epoch_micros(utc(watermark)))).cast("decimal(18,0)")
-    return {"<": left < right, "<=": left <= right, ">": left > right, ">=": left >= right}[op]
+    return getattr(left, {"<": "__lt__", "<=": "__le__", ">": "__gt__", ">=": "__ge__"}[op])(right)
 
 
 def ticks(column: pa.Array | pa.ChunkedArray) -> np.ndarray:

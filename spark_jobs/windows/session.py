@@ -119,7 +119,7 @@ class Sessions(WindowKind):
         return cut.withColumnsRenamed(dict(zip(self.bounds, _CUT, strict=True)))  # for :meth:`assign`
 
     def may_be_late(self, event_time: Column, watermark: dt.datetime) -> Column:
-        return vs_watermark(F.unix_micros(event_time) + F.lit(self.gap.micros), "<", watermark)  # its session's end
+        return vs_watermark(F.unix_micros(self._own_session(event_time)["window_end"]), "<", watermark)
 
     def is_open(self, watermark: dt.datetime) -> Column:
         """An event at the watermark still joins a session ending there."""
