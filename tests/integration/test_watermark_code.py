@@ -9,6 +9,7 @@ import pytest
 
 from spark_jobs.durations import Duration
 from spark_jobs.spark_functions import F
+from spark_jobs.stream.query import _session_conf
 from spark_jobs.windows import Cumulative, Hopping, Sessions, Tumbling
 
 pytestmark = pytest.mark.spark
@@ -36,14 +37,8 @@ def test_the_lateness_tests_compile_to_the_same_code_for_every_watermark(spark, 
         first = frame.orderBy("late").first()
         return [stages.apply(i)._2() for i in range(stages.size())], (first["late"], first["open"])
 
-    before = {k: spark.conf.get(k) for k in GENERATED}
-    for key, value in GENERATED.items():
-        spark.conf.set(key, value)
-    try:
+    with _session_conf(spark, GENERATED):
         early_code, early = generated(EVENT)
         late_code, late = generated(EVENT + dt.timedelta(days=3))
-    finally:
-        for key, value in before.items():
-            spark.conf.set(key, value)
     assert early == (False, True) and late == (True, False)  # each watermark is read: the answers differ
     assert early_code and early_code == late_code
