@@ -205,7 +205,8 @@ class _Migration:
         self.reduced = partials is not None and is_table(tables.aggregates) and (
             lake.txn_version(tables.aggregates, reduce_app_id(spec)) == partials)
         self.aggregates_read = lake.version(tables.aggregates) if self.reduced else None
-        self.meta = {"run_id": run_id, "job": "apply", "spec_version": target.version, "dropped_keys": diff.dropped_keys}
+        self.meta = {"run_id": run_id, "job": "apply", "spec_version": target.version, "dropped_keys": diff.dropped_keys,
+                     "coarsened": diff.coarsened}
         # the aggregates whose stored columns carry over: the new spec's, minus the ones added or changed
         kept = tuple(a for a in spec.aggregates if a.name not in diff.added)
         self.kept = CompiledAggregates(dataclasses.replace(spec, aggregates=kept, rollups=()), target)
@@ -403,7 +404,8 @@ class _Migration:
             rows = self.spec.window.coarsen_arrow(rows)
         if not self._merges():
             return rows, None
-        return merge_groups(rows, [*extra_keys, *self.spec.key_columns], self.kept.entries, extra)
+        return merge_groups(rows, [*extra_keys, *self.spec.key_columns], self.kept.entries, extra,
+                            order=[*extra_keys, *sort_keys(self.spec)])
 
     def _encoded(self, merged: pa.Table, accs: Merged | None, schema: pa.Schema) -> pa.Table:
         if accs is None:

@@ -93,8 +93,8 @@ def _told(aggregates: Snapshot, rule: ChangelogRule, schema: pa.Schema, version:
     writer = commit.info.get("job") or str(commit.info.get("operation", "")).lower()
     stamp = {"batch_id": None, "writer": writer, "run_id": commit.info.get("run_id"),
              "aggregates_version": commit.version}
-    try:
-        if dropped:
+    try:  # a key dropped or the windows coarsened: no row keeps its name
+        if dropped or json.loads(commit.info.get("coarsened") or "false"):
             after = aggregates.read_files(commit.added, columns)
             before = aggregates.read_files(commit.removed, [*columns, *dropped], [schema.field(k) for k in dropped])
             return rule.replaced(before, after, stamp, schema, dropped)

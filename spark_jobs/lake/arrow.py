@@ -30,12 +30,16 @@ def file_layout(table: pa.Table, cluster: Cluster | None, partition_by: Sequence
     """The rows of each file to write, and its partition values: by ``cluster`` (ranges of its column; rows at or past
     ``tail_from`` in a file of their own), then partition, each sorted by ``sort_by`` (stable). One sort and one ``take``
     for every file: a ``take`` per step cost a commit of a million session rows 2 s, re-reading many collected chunks."""
-    if table.num_rows == 0 or not (cluster or partition_by or sort_by):
-        return [({}, table)] if table.num_rows else []
+    if not table.num_rows or not (cluster or partition_by or sort_by):  # a file per core (of 256k rows at least)
+        step = max(1, -(-table.num_rows // max(1, min(os.cpu_count() or 1, table.num_rows // 262_144))))
+        return [({}, table.slice(lo, step)) for lo in range(0, table.num_rows, step)]
     order_by = {"__file": _cluster_pieces(table, cluster), **{c: table.column(c) for c in [*partition_by, *sort_by]}}
     keys = pa.table(order_by)
     order = pc.sort_indices(keys, [(c, "ascending") for c in order_by])
-    table, keys = table.combine_chunks().take(order), keys.select(["__file", *partition_by]).take(order)
+    edges = np.flatnonzero(np.diff(picks := order.to_numpy()) != 1) + 1  # rows merged in about their written order
+    table = (pa.concat_tables([table.slice(int(run[0]), len(run)) for run in np.split(picks, edges)])  # a few runs:
+             if len(edges) <= len(picks) // 1024 else table.combine_chunks().take(order))  # slices, no copy
+    keys = keys.select(["__file", *partition_by]).take(order)
     files = keys.group_by(list(keys.column_names), use_threads=False).aggregate([([], "count_all")])  # in order
     at = [0, *np.cumsum(files.column("count_all").to_numpy()).tolist()]
     values = files.select(list(partition_by)).to_pylist() if partition_by else [{}] * files.num_rows

@@ -58,7 +58,7 @@ Merged = dict[str, "list[Any] | Stored"]
 
 
 def merge_groups(rows: pa.Table, keys: list[str], entries: Sequence[BoundAggregate],
-                 extra: Sequence[tuple[str, str]] = ()) -> tuple[pa.Table, Merged]:
+                 extra: Sequence[tuple[str, str]] = (), order: Sequence[str] = ()) -> tuple[pa.Table, Merged]:
     """One row per ``keys``: ``n_rows``, the plain folds' columns (``arrow_merge``: counts, sums, min, max), the oldest
     ``spec_version`` and the ``extra`` (column, Arrow aggregation) pairs, by Arrow's hash aggregation. Every other
     aggregate's merged accumulators, one per row, are in the dict by name: from its column-wise ``merge_groups_stored``
@@ -82,6 +82,8 @@ def merge_groups(rows: pa.Table, keys: list[str], entries: Sequence[BoundAggrega
     grouped = with_rows.group_by(keys, use_threads=False).aggregate(aggs)
     grouped = grouped.rename_columns([n.removesuffix("_sum").removesuffix("_min").removesuffix("_max")
                                       .removesuffix("_list") for n in grouped.column_names])
+    if order:  # the groups in the order their rows are written: the writer's sort then copies no accumulator
+        grouped = grouped.take(pc.sort_indices(grouped, [(c, "ascending") for c in order]))
     if not slow:
         return grouped, {}
     members = grouped.column("__row").combine_chunks()  # each group's rows, in stored order

@@ -126,7 +126,8 @@ class ChangelogRule:
         """A change that renames every row (``old_keys``, group keys dropped): each old row ``-D`` under its old key,
         then each new row ``+I``, which a consumer keyed either way folds (matched by the new identity alone, each old
         row would read as an update of the row it merged into)."""
-        old, new = (t.filter(pc.not_equal(t.column("n_rows"), 0)) for t in (before, after))
+        old, new = (t if pc.all(kept := pc.not_equal(t.column("n_rows"), 0)).as_py() else t.filter(kept)
+                    for t in (before, after))
         rows = pa.concat_tables([old.select([*self.columns, *old_keys]), new.select(self.columns)],
                                 promote_options="default")  # the new rows' old keys NULL
         ops = pa.concat_arrays([pa.repeat(pa.scalar("-D"), old.num_rows), pa.repeat(pa.scalar("+I"), new.num_rows)])

@@ -7,6 +7,7 @@ import os
 import tempfile
 import time
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -68,6 +69,22 @@ def test_file_layout_keeps_every_row_once_by_range_then_partition_sorted_within(
         ("a", (2, 1)), ("b", (4,)), ("a", (5,)), ("b", (0,)), (None, (3, 6))}  # k < 2 (NULL too), then k >= 2
     kept = file_layout(table, None, (), ())
     assert kept == [({}, table)] and file_layout(table.slice(0, 0), None, ["day"], ()) == []
+
+
+def test_file_layout_slices_rows_in_a_few_runs_and_splits_a_large_table_without_a_layout(monkeypatch):
+    n = 4096  # two sorted runs, the second first (a merge's chunks): written as slices, not copied
+    table = pa.concat_tables([pa.table({"t": pa.array(range(n // 2, n)), "i": pa.array(range(n // 2))}),
+                              pa.table({"t": pa.array(range(n // 2)), "i": pa.array(range(n // 2, n))})])
+    ((_, sorted_rows),) = file_layout(table, None, (), ["t"])
+    assert sorted_rows.column("t").to_pylist() == list(range(n)) and sorted_rows.column("t").num_chunks == 2
+    shuffled = table.take(pa.array(np.random.default_rng(1).permutation(n)))
+    ((_, taken),) = file_layout(shuffled, None, (), ["t"])
+    assert taken.column("t").to_pylist() == list(range(n))
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    big = pa.table({"i": pa.array(range(700_000))})
+    parts = file_layout(big, None, (), ())
+    assert [p.num_rows for _, p in parts] == [350_000, 350_000]  # 700k rows: two files of at least 262,144
+    assert pa.concat_tables([p for _, p in parts]).column("i").to_pylist() == list(range(700_000))
 
 
 def test_data_files_read_with_partition_values_and_later_columns_as_null(tmp_path):

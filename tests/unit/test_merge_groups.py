@@ -160,3 +160,30 @@ def test_stored_values_are_the_values_of_the_decoded_accumulators(cls, input_typ
     columns = [pa.array([row[j] for row in cells], t) for j, t in enumerate(types)]
     want = [fn.get_value(fn.decode(list(row))) for row in zip(*(c.to_pylist() for c in columns), strict=True)]
     assert fn.stored_values(columns).cast(fn.value_type()).to_pylist() == want
+
+
+def test_groups_in_a_given_order_keep_their_accumulators():
+    from spark_jobs.aggregates.contract import BoundAggregate
+    from spark_jobs.phases.arrow_merge import merge_groups
+
+    rng = random.Random(7)
+    hll, total = ApproxCountDistinct("u", ["x"], {}), Sum("t", ["x"])
+    entries = [BoundAggregate("u", ("x",), hll), BoundAggregate("t", ("x",), total)]
+    keys = [rng.randrange(40) for _ in range(300)]
+    sketches = []
+    for k in keys:
+        sketch = hll.create_accumulator()
+        for v in range(k, k + rng.randrange(1, 30)):
+            sketch.update(v)
+        sketches.append(sketch.serialize_updatable())
+    rows = pa.table({"k": keys, "day": [k % 3 for k in keys], "n_rows": [1] * len(keys), "u__hll": sketches,
+                     "t__sum": [float(k) for k in keys], "t__count": [1] * len(keys)})
+    plain, plain_accs = merge_groups(rows, ["k", "day"], entries)
+    ordered, accs = merge_groups(rows, ["k", "day"], entries, order=["day", "k"])
+    assert ordered.select(["day", "k"]).to_pylist() == sorted(plain.select(["day", "k"]).to_pylist(),
+                                                              key=lambda r: (r["day"], r["k"]))
+    def by_key(table: pa.Table, sketches: Any) -> dict[int, tuple[float, bytes]]:
+        return {k: (t, s.serialize_updatable()) for k, t, s in zip(table.column("k").to_pylist(),
+                                                                   table.column("t__sum").to_pylist(), sketches,
+                                                                   strict=True)}
+    assert by_key(ordered, accs["u"]) == by_key(plain, plain_accs["u"])
