@@ -205,8 +205,8 @@ class _Migration:
         self.reduced = partials is not None and is_table(tables.aggregates) and (
             lake.txn_version(tables.aggregates, reduce_app_id(spec)) == partials)
         self.aggregates_read = lake.version(tables.aggregates) if self.reduced else None
-        self.meta = {"run_id": run_id, "job": "apply", "spec_version": target.version, "dropped_keys": diff.dropped_keys,
-                     "coarsened": diff.coarsened}
+        self.meta = {"run_id": run_id, "job": "apply", "spec_version": target.version,
+                     "dropped_keys": diff.dropped_keys, "coarsened": diff.coarsened}
         # the aggregates whose stored columns carry over: the new spec's, minus the ones added or changed
         kept = tuple(a for a in spec.aggregates if a.name not in diff.added)
         self.kept = CompiledAggregates(dataclasses.replace(spec, aggregates=kept, rollups=()), target)

@@ -147,11 +147,6 @@ def _overlapping(dt: DeltaTable, column: str, lo: Any, hi: Any) -> list[str]:
             if low is None or high is None or (utc(low) <= hi and utc(high) >= lo)]
 
 
-def _partition_values(rel: str) -> dict[str, str | None]:
-    pairs = (part.split("=", 1) for part in rel.split("/")[:-1] if "=" in part)
-    return {unquote(key): None if unquote(value) == _HIVE_NULL else unquote(value) for key, value in pairs}
-
-
 class EmbeddedLake:
     """Delta tables on a local (or mounted) file system, committed with delta-rs."""
 
@@ -489,8 +484,9 @@ def _place(src: str, rel: str, root: str) -> tuple[AddAction, int] | None:
     dest = os.path.join(root, rel)
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     os.replace(src, dest)
-    st = os.stat(dest)
-    return AddAction(rel, st.st_size, _partition_values(rel), int(st.st_mtime * 1000), True, stats), num_rows
+    st, pairs = os.stat(dest), (part.split("=", 1) for part in rel.split("/")[:-1] if "=" in part)
+    values = {unquote(key): None if unquote(value) == _HIVE_NULL else unquote(value) for key, value in pairs}
+    return AddAction(rel, st.st_size, values, int(st.st_mtime * 1000), True, stats), num_rows
 
 
 def _guard(partition: Mapping[str, str] | None) -> str:

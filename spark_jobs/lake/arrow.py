@@ -28,8 +28,8 @@ def fill_columns(table: pa.Table, schema: pa.Schema) -> pa.Table:
 def file_layout(table: pa.Table, cluster: Cluster | None, partition_by: Sequence[str],
                 sort_by: Sequence[str]) -> list[tuple[dict[str, Any], pa.Table]]:
     """The rows of each file to write, and its partition values: by ``cluster`` (ranges of its column; rows at or past
-    ``tail_from`` in a file of their own), then partition, each sorted by ``sort_by`` (stable). One sort and one ``take``
-    for every file: a ``take`` per step cost a commit of a million session rows 2 s, re-reading many collected chunks."""
+    ``tail_from`` in a file of their own), then partition, each sorted by ``sort_by`` (stable). One sort, then one
+    ``take`` for every file (one per step cost a million session rows 2 s), or slices of rows in a few sorted runs."""
     if not table.num_rows or not (cluster or partition_by or sort_by):  # a file per core (of 256k rows at least)
         step = max(1, -(-table.num_rows // max(1, min(os.cpu_count() or 1, table.num_rows // 262_144))))
         return [({}, table.slice(lo, step)) for lo in range(0, table.num_rows, step)]

@@ -123,14 +123,13 @@ class ChangelogRule:
 
     def replaced(self, before: pa.Table, after: pa.Table, stamp: Mapping[str, Any], schema: pa.Schema,
                  old_keys: Sequence[str]) -> pa.Table:
-        """A change that renames every row (``old_keys``, group keys dropped): each old row ``-D`` under its old key,
-        then each new row ``+I``, which a consumer keyed either way folds (matched by the new identity alone, each old
-        row would read as an update of the row it merged into)."""
-        old, new = (t if pc.all(kept := pc.not_equal(t.column("n_rows"), 0)).as_py() else t.filter(kept)
-                    for t in (before, after))
-        rows = pa.concat_tables([old.select([*self.columns, *old_keys]), new.select(self.columns)],
+        """A change that renames every row (group keys dropped, ``old_keys``; or windows coarsened): each old row
+        ``-D`` under its old name, then each new row ``+I``, which a consumer keyed either way folds (matched by the new
+        identity alone, each old row would read as an update of the row it merged into). Both are ``aggregates`` rows:
+        none has ``n_rows`` 0 (every writer drops a key retracted to nothing)."""
+        rows = pa.concat_tables([before.select([*self.columns, *old_keys]), after.select(self.columns)],
                                 promote_options="default")  # the new rows' old keys NULL
-        ops = pa.concat_arrays([pa.repeat(pa.scalar("-D"), old.num_rows), pa.repeat(pa.scalar("+I"), new.num_rows)])
+        ops = pa.concat_arrays([pa.repeat(pa.scalar(op), t.num_rows) for op, t in (("-D", before), ("+I", after))])
         return _laid_out(ops, rows, stamp, schema)
 
     def _same(self, before: pa.Table, after: pa.Table, both: pa.Table) -> np.ndarray:

@@ -56,7 +56,8 @@ class Cumulative(TiledWindows):
         return 0 < span <= self.size.seconds and span % self.step.seconds == 0
 
     def starts_between(self, lo: dt.datetime, hi: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
-        return _floor(lo, self.size), hi
+        size = dt.timedelta(seconds=self.size.seconds)
+        return EPOCH + (lo - EPOCH) // size * size, hi  # from the start of lo's bucket
 
     def explain(self, phase: str) -> str | None:
         return {"combine": f"cumulative windows: events in {self.step} slices; the slices are stored",
@@ -136,8 +137,3 @@ class Cumulative(TiledWindows):
     def _bucketed_arrow(self, rows: pa.Table, keys: Sequence[str]) -> pa.Table:
         bucket = floor_ticks(ticks(rows.column("window_start")), self.size)
         return rows.select(list(keys)).append_column(_BUCKET, pa.array(bucket))
-
-
-def _floor(t: dt.datetime, size: Duration) -> dt.datetime:
-    span = dt.timedelta(seconds=size.seconds)
-    return EPOCH + (t - EPOCH) // span * span
