@@ -18,7 +18,9 @@ import pyarrow as pa
 import pytest
 
 from spark_jobs.aggregates.builtins import ApproxCountDistinct, ApproxPercentile, Avg, Count, First, Last, Max, Min, Sum
+from spark_jobs.aggregates.contract import BoundAggregate
 from spark_jobs.aggregates.examples import WeightedAvg
+from spark_jobs.phases.arrow_merge import merge_groups
 
 T0 = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
 
@@ -163,9 +165,6 @@ def test_stored_values_are_the_values_of_the_decoded_accumulators(cls, input_typ
 
 
 def test_groups_in_a_given_order_keep_their_accumulators():
-    from spark_jobs.aggregates.contract import BoundAggregate
-    from spark_jobs.phases.arrow_merge import merge_groups
-
     rng = random.Random(7)
     hll, total = ApproxCountDistinct("u", ["x"], {}), Sum("t", ["x"])
     entries = [BoundAggregate("u", ("x",), hll), BoundAggregate("t", ("x",), total)]
