@@ -484,9 +484,9 @@ def _place(src: str, rel: str, root: str) -> tuple[AddAction, int] | None:
     dest = os.path.join(root, rel)
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     os.replace(src, dest)
-    st, pairs = os.stat(dest), (part.split("=", 1) for part in rel.split("/")[:-1] if "=" in part)
-    values = {unquote(key): None if unquote(value) == _HIVE_NULL else unquote(value) for key, value in pairs}
-    return AddAction(rel, st.st_size, values, int(st.st_mtime * 1000), True, stats), num_rows
+    values = {unquote(key): None if unquote(value) == _HIVE_NULL else unquote(value)  # its partition directories'
+              for key, value in (part.split("=", 1) for part in rel.split("/")[:-1] if "=" in part)}
+    return AddAction(rel, (st := os.stat(dest)).st_size, values, int(st.st_mtime * 1000), True, stats), num_rows
 
 
 def _guard(partition: Mapping[str, str] | None) -> str:
